@@ -1,0 +1,134 @@
+"""Start a process (in an emulated host or on this machine), wait for it, stop it, read its log.
+
+One job: process lifecycle. Every worker (trainer stage, iperf3, delay line) is started from an
+argv list with its output in a log file, leads its own process group (Mininet's `mnexec -d` and
+`start_new_session=True` both call setsid), and is stopped by signalling exactly that group:
+SIGTERM, a grace period, then SIGKILL. Nothing here kills by name.
+
+A `Spawner` is what callers use to start processes "in host X": `LocalSpawner` runs them on this
+machine (tests, loopback runs); `testbed.network.Network` provides one that runs them inside the
+Mininet host's namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+
+class HostProcess:
+    """A started process: its host, argv, pid and log file."""
+
+    def __init__(self, host: str, argv: Sequence[str], popen: subprocess.Popen, log_path: Path,
+                 on_exit: Callable[[int], None] | None = None) -> None:
+        self.host = host
+        self.argv = list(argv)
+        self.popen = popen
+        self.pid = popen.pid
+        self.log_path = log_path
+        self._on_exit = on_exit
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait for exit; raise TimeoutError naming the process if it runs past timeout_s."""
+        try:
+            rc = self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.describe()} still running after {timeout_s:.0f} s") from None
+        self._exited(rc)
+        return rc
+
+    def stop(self, grace_s: float = 3.0) -> int | None:
+        """SIGTERM the process group, wait grace_s, then SIGKILL it. Returns the exit code."""
+        if self.popen.poll() is None:
+            _killpg(self.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _killpg(self.pid, signal.SIGKILL)
+                self.popen.wait(timeout=5)
+        else:
+            # The leader is gone; children it left in the group still get the signal.
+            _killpg(self.pid, signal.SIGKILL)
+        rc = self.popen.returncode
+        self._exited(rc)
+        return rc
+
+    def output(self, tail_chars: int = 4000) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return text[-tail_chars:]
+
+    def describe(self) -> str:
+        return f"{Path(self.argv[0]).name} in {self.host} (pid {self.pid})"
+
+    def _exited(self, rc: int) -> None:
+        if self._on_exit is not None:
+            cb, self._on_exit = self._on_exit, None
+            cb(self.pid)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class Spawner(Protocol):
+    def spawn(self, host: str, argv: Sequence[str], log_path: Path,
+              env: dict[str, str] | None = None) -> HostProcess: ...
+
+
+@dataclass
+class LocalSpawner:
+    """Runs processes on this machine, each in a new session; remembers them for stop_all()."""
+
+    procs: list[HostProcess] = field(default_factory=list)
+
+    def spawn(self, host: str, argv: Sequence[str], log_path: Path,
+              env: dict[str, str] | None = None) -> HostProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as log:
+            popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = HostProcess(host, argv, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs.clear()
+
+
+def wait_all(procs: Sequence[HostProcess], timeout_s: float, poll_s: float = 0.05) -> None:
+    """Wait until every process exits 0. On the first failure or at the deadline, stop all of
+    them and raise RuntimeError with the failing process's log tail."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(procs)
+    try:
+        while pending:
+            for proc in list(pending):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                pending.remove(proc)
+                if rc != 0:
+                    raise RuntimeError(f"{proc.describe()} exited with {rc}:\n{proc.output()}")
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"{pending[0].describe()} still running after {timeout_s:.0f} s"
+                                   f":\n{pending[0].output()}")
+            time.sleep(poll_s)
+    finally:
+        for proc in pending:
+            proc.stop()
