@@ -1,0 +1,256 @@
+"""The `training:` section of a scenario, as frozen dataclasses checked at the edge.
+
+One job: turn a plain dict (from YAML) into a `TrainConfig`, or raise `ScenarioError` naming the
+field, the problem and the fix. Unknown keys are rejected. Nothing here imports torch, starts a
+process or reads the network; profile files are read only to check that the chosen target model
+is in them (`trainer/profiles.py` does the reading). Host placement against a real topology is
+checked by `validate_against_hosts`, which the launcher calls with the hosts it was given.
+
+    training:
+      model: {n_layer: 4, n_embd: 64, n_head: 4, seq_len: 32, vocab_size: 256}
+      stages: 2            # P pipeline stages
+      replicas: 2          # D data-parallel replicas per stage
+      micro_batches: 4     # M per replica per iteration
+      micro_batch_size: 2  # sequences per micro-batch
+      schedule: 1f1b       # gpipe | 1f1b
+      iterations: 10
+      lr: 0.003
+      optimizer: adamw     # adamw | sgd
+      seed: 0
+      compute: profile     # measured | profile
+      profile: {file: h200-transformer.json, width: 4096, seq: 2048, micro_batch: 1, n_layer: 32}
+      placement: [[dc0h1, dc0h2], [dc1h1, dc1h2]]   # optional: hosts[stage][replica]
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Sequence
+
+from testbed.errors import ScenarioError
+
+from trainer.schedule import SCHEDULES  # noqa: E402  (pure module, no torch)
+COMPUTE_MODES = ("measured", "profile")
+OPTIMIZERS = ("adamw", "sgd")
+
+
+# ---------------------------------------------------------------------------------------------
+# small checkers: each raises ScenarioError("<prefix>.<key>", ...)
+
+def _check_keys(d: Any, prefix: str, known: Sequence[str], required: Sequence[str]) -> dict:
+    if not isinstance(d, dict):
+        raise ScenarioError(prefix, f"expected a mapping, got {type(d).__name__}",
+                            f"write {prefix} as key: value pairs")
+    for key in d:
+        if key not in known:
+            raise ScenarioError(f"{prefix}.{key}", "unknown key",
+                                f"use one of: {', '.join(known)}")
+    for key in required:
+        if key not in d:
+            raise ScenarioError(f"{prefix}.{key}", "missing", f"set {prefix}.{key}")
+    return d
+
+
+def _pos_int(d: dict, key: str, prefix: str, default: int | None = None, minimum: int = 1) -> int:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{prefix}.{key}", f"{value!r} is not an integer",
+                            f"set an integer >= {minimum}")
+    if value < minimum:
+        raise ScenarioError(f"{prefix}.{key}", f"{value} is below {minimum}",
+                            f"set an integer >= {minimum}")
+    return value
+
+
+def _choice(d: dict, key: str, prefix: str, choices: Sequence[str], default: str | None) -> str:
+    value = d.get(key, default)
+    if value not in choices:
+        raise ScenarioError(f"{prefix}.{key}", f"unknown value {value!r}",
+                            f"use one of: {', '.join(choices)}")
+    return value
+
+
+def _pos_float(d: dict, key: str, prefix: str, default: float) -> float:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ScenarioError(f"{prefix}.{key}", f"{value!r} is not a positive number",
+                            "set a number > 0")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """The small GPT that really trains (see trainer/model.py GPTConfig)."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    seq_len: int        # tokens per sequence (the model's block size)
+    vocab_size: int
+
+    @classmethod
+    def from_dict(cls, d: Any, prefix: str) -> ModelConfig:
+        names = [f.name for f in fields(cls)]
+        _check_keys(d, prefix, names, names)
+        vals = {k: _pos_int(d, k, prefix) for k in names}
+        if vals["n_embd"] % vals["n_head"]:
+            raise ScenarioError(f"{prefix}.n_embd",
+                                f"{vals['n_embd']} is not divisible by n_head {vals['n_head']}",
+                                "pick n_embd a multiple of n_head")
+        if vals["vocab_size"] < 2:
+            raise ScenarioError(f"{prefix}.vocab_size", f"{vals['vocab_size']} is below 2",
+                                "set vocab_size >= 2")
+        return cls(**vals)
+
+    def gpt_config(self):  # -> trainer.model.GPTConfig (imported lazily: it pulls in torch)
+        from trainer.model import GPTConfig
+        return GPTConfig(n_layer=self.n_layer, n_embd=self.n_embd, n_head=self.n_head,
+                         block_size=self.seq_len, vocab_size=self.vocab_size)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileConfig:
+    """The target model and GPU whose compute times `compute: profile` imitates.
+
+    `file` names a profile under trainer/profiles/ (or is a path). One row of its `blocks` is
+    chosen by (width, seq, micro_batch); a stage owning L of the target's n_layer blocks holds
+    each forward/backward for L x the block's time and pads each activation it sends to the
+    block's activation_bytes (divided by the run's scale)."""
+
+    file: str
+    width: int
+    seq: int
+    micro_batch: int
+    n_layer: int        # layers of the *target* model, split over the stages like the real one
+
+    @classmethod
+    def from_dict(cls, d: Any, prefix: str, stages: int) -> ProfileConfig:
+        names = [f.name for f in fields(cls)]
+        _check_keys(d, prefix, names, names)
+        if not isinstance(d["file"], str) or not d["file"]:
+            raise ScenarioError(f"{prefix}.file", f"{d['file']!r} is not a file name",
+                                "name a profile in trainer/profiles/, e.g. h200-transformer.json")
+        cfg = cls(file=d["file"], width=_pos_int(d, "width", prefix),
+                  seq=_pos_int(d, "seq", prefix), micro_batch=_pos_int(d, "micro_batch", prefix),
+                  n_layer=_pos_int(d, "n_layer", prefix))
+        if cfg.n_layer < stages:
+            raise ScenarioError(f"{prefix}.n_layer",
+                                f"{stages} stages but the target model has {cfg.n_layer} layers",
+                                "set profile.n_layer >= stages")
+        from trainer.profiles import find_block  # raises ScenarioError for a missing row/file
+        find_block(cfg, prefix)
+        return cfg
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """Pipeline (P stages) x data parallel (D replicas) training of a small GPT."""
+
+    model: ModelConfig
+    stages: int                      # P
+    replicas: int = 1                # D
+    micro_batches: int               # M per replica per iteration
+    micro_batch_size: int = 1        # sequences per micro-batch
+    schedule: str = "1f1b"
+    iterations: int = 10
+    lr: float = 3e-3
+    optimizer: str = "adamw"
+    seed: int = 0
+    compute: str = "measured"
+    profile: ProfileConfig | None = None
+    placement: tuple[tuple[str, ...], ...] | None = None   # hosts[stage][replica]
+
+    @property
+    def n_workers(self) -> int:
+        return self.stages * self.replicas
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.replicas * self.micro_batches * self.micro_batch_size * self.model.seq_len
+
+    @classmethod
+    def from_dict(cls, d: Any, field_prefix: str = "training") -> TrainConfig:
+        p = field_prefix
+        names = [f.name for f in fields(cls)]
+        _check_keys(d, p, names, ["model", "stages", "micro_batches"])
+        model = ModelConfig.from_dict(d["model"], f"{p}.model")
+        stages = _pos_int(d, "stages", p)
+        if stages > model.n_layer:
+            raise ScenarioError(f"{p}.stages",
+                                f"{stages} stages but the model has {model.n_layer} layers",
+                                "set stages <= n_layer")
+        replicas = _pos_int(d, "replicas", p, 1)
+        compute = _choice(d, "compute", p, COMPUTE_MODES, "measured")
+        profile = None
+        if compute == "profile":
+            if d.get("profile") is None:
+                raise ScenarioError(f"{p}.profile", "missing (compute is 'profile')",
+                                    "add profile: {file, width, seq, micro_batch, n_layer}")
+            profile = ProfileConfig.from_dict(d["profile"], f"{p}.profile", stages)
+        elif d.get("profile") is not None:
+            raise ScenarioError(f"{p}.profile", "given but compute is 'measured'",
+                                "set compute: profile or drop profile")
+        seed = d.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ScenarioError(f"{p}.seed", f"{seed!r} is not an integer >= 0", "set seed: 0")
+        return cls(model=model, stages=stages, replicas=replicas,
+                   micro_batches=_pos_int(d, "micro_batches", p),
+                   micro_batch_size=_pos_int(d, "micro_batch_size", p, 1),
+                   schedule=_choice(d, "schedule", p, SCHEDULES, "1f1b"),
+                   iterations=_pos_int(d, "iterations", p, 10),
+                   lr=_pos_float(d, "lr", p, 3e-3),
+                   optimizer=_choice(d, "optimizer", p, OPTIMIZERS, "adamw"),
+                   seed=seed, compute=compute, profile=profile,
+                   placement=_placement(d.get("placement"), f"{p}.placement", stages, replicas))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        if self.placement is not None:
+            out["placement"] = [list(row) for row in self.placement]
+        if self.profile is None:
+            del out["profile"]
+        return out
+
+
+def _placement(value: Any, prefix: str, stages: int,
+               replicas: int) -> tuple[tuple[str, ...], ...] | None:
+    if value is None:
+        return None
+    fix = f"give a list of {stages} lists of {replicas} host names (hosts[stage][replica])"
+    if not isinstance(value, (list, tuple)) or len(value) != stages:
+        raise ScenarioError(prefix, f"expected {stages} rows (one per stage)", fix)
+    rows = []
+    seen: set[str] = set()
+    for s, row in enumerate(value):
+        if not isinstance(row, (list, tuple)) or len(row) != replicas:
+            raise ScenarioError(f"{prefix}[{s}]", f"expected {replicas} host names", fix)
+        for r, host in enumerate(row):
+            if not isinstance(host, str) or not host:
+                raise ScenarioError(f"{prefix}[{s}][{r}]", f"{host!r} is not a host name", fix)
+            if host in seen:
+                raise ScenarioError(f"{prefix}[{s}][{r}]", f"host {host!r} is used twice",
+                                    "place one worker per host (one host = one GPU)")
+            seen.add(host)
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+def validate_against_hosts(cfg: TrainConfig, n_hosts: int, host_names: Sequence[str] = (),
+                           field_prefix: str = "training") -> None:
+    """Raise ScenarioError when the P x D workers do not fit the topology's hosts. When
+    host_names is given, an explicit placement must name only those hosts."""
+    if cfg.n_workers > n_hosts:
+        raise ScenarioError(f"{field_prefix}.stages",
+                            f"{cfg.stages} stages x {cfg.replicas} replicas = {cfg.n_workers} "
+                            f"workers but the topology has {n_hosts} hosts",
+                            "lower stages or replicas, or add hosts (one worker per host)")
+    if cfg.placement is not None and host_names:
+        known = set(host_names)
+        for s, row in enumerate(cfg.placement):
+            for r, host in enumerate(row):
+                if host not in known:
+                    raise ScenarioError(f"{field_prefix}.placement[{s}][{r}]",
+                                        f"host {host!r} is not in the topology",
+                                        f"use one of: {', '.join(host_names)}")

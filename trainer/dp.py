@@ -1,0 +1,63 @@
+"""Data parallelism inside one stage: a gloo process group over the stage's D replicas.
+
+One job: average gradients across replicas. Each worker belongs to exactly one such group (its
+stage's), so the stage group is the process's default group: master = the stage's replica 0 IP
+and port. Gloo picks its own interface from the hostname unless told, which inside a Mininet
+host can resolve to an address that namespace does not have; so we name the interface that
+carries this worker's IP (GLOO_SOCKET_IFNAME), found with SIOCGIFADDR.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_for_ip(ip: str) -> str:
+    """Name of the local interface holding IPv4 address ip (e.g. 'lo', 'dc0h1-eth0')."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                res = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:        # interface without an IPv4 address
+                continue
+            if socket.inet_ntoa(res[20:24]) == ip:
+                return name
+    raise RuntimeError(f"no local interface has address {ip}; is the worker in the right host?")
+
+
+def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, world_size: int,
+                     timeout_s: float) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = interface_for_ip(my_ip)
+    dist.init_process_group(backend="gloo", init_method=f"tcp://{master_ip}:{master_port}",
+                            rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def average_gradients(params: list[torch.nn.Parameter], world_size: int,
+                      pad_bytes: int = 0) -> int:
+    """All-reduce the gradients as one flat float buffer and divide by world_size; returns the
+    bytes all-reduced. pad_bytes (profile mode) grows the buffer with zeros to the size of the
+    target model's stage gradients, so the network carries the right volume."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    n_real = flat.numel()
+    extra = max(0, pad_bytes // flat.element_size() - n_real)
+    if extra:
+        flat = torch.cat([flat, flat.new_zeros(extra)])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat = flat[:n_real] / world_size
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n
+    return flat.element_size() * (n_real + extra)

@@ -1,0 +1,197 @@
+"""Start a P x D training run on a list of hosts through a Spawner, wait, merge its records.
+
+One job: run lifecycle. `plan_workers` is pure (placement, ports, per-worker specs, profile
+hold times and pad sizes). `launch` writes the specs, starts one `python -m trainer.worker` per
+stage replica through the given `Spawner` (testbed/procs.py: `LocalSpawner` here, a Mininet-host
+spawner in the testbed), waits for all with a deadline, stops all on the first failure and
+raises with that worker's log tail, then merges the per-worker JSONL files.
+
+Default placement: workers in stage-major order (s0r0, s0r1, ..., s1r0, ...) fill the hosts DC
+by DC (DCs in order of first appearance, hosts in list order within a DC). So the replicas of a
+stage share a DC where they fit, and the pipeline crosses the WAN between stages.
+
+Run folder:
+    trainer_plan.json           placement, ports, stage costs, predicted timeline
+    specs/trainer-s{S}r{R}.json one per worker (trainer/spec.py)
+    logs/{host}-trainer.log     worker stdout/stderr
+    spans/trainer-s{S}r{R}.jsonl, loss/trainer-s{S}r{R}.jsonl   per worker
+    trainer_spans.jsonl, trainer_loss.jsonl                      merged
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from testbed.errors import TestbedError
+from testbed.procs import HostProcess, Spawner, wait_all
+from trainer.config import TrainConfig, validate_against_hosts
+from trainer.events import merge_jsonl
+from trainer.pipeline import split_layers
+from trainer.profiles import find_block, stage_costs
+from trainer.schedule import schedule_table, simulate
+from trainer.spec import Peer, WorkerSpec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostInfo:
+    name: str
+    ip: str
+    dc: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainRun:
+    run_dir: Path
+    spans_path: Path
+    loss_path: Path
+    plan_path: Path
+    specs: list[WorkerSpec]
+    wall_s: float
+
+
+def worker_name(stage: int, replica: int, host: str) -> str:
+    return f"s{stage}r{replica}@{host}"
+
+
+def plan_placement(cfg: TrainConfig, hosts: Sequence[HostInfo]) -> list[list[HostInfo]]:
+    """hosts[stage][replica]: the explicit placement, else the default rule (module docstring)."""
+    validate_against_hosts(cfg, len(hosts), [h.name for h in hosts])
+    by_name = {h.name: h for h in hosts}
+    if cfg.placement is not None:
+        return [[by_name[name] for name in row] for row in cfg.placement]
+    dcs: list[str] = []
+    for h in hosts:
+        if h.dc not in dcs:
+            dcs.append(h.dc)
+    ordered = [h for dc in dcs for h in hosts if h.dc == dc]
+    return [[ordered[s * cfg.replicas + r] for r in range(cfg.replicas)]
+            for s in range(cfg.stages)]
+
+
+def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, scale: float = 1.0,
+                 base_port: int = 29500, connect_timeout_s: float = 60.0,
+                 recv_timeout_s: float = 120.0) -> list[WorkerSpec]:
+    """One spec per worker, in stage-major order. Ports: stage s>0 replica r listens on
+    base_port + s*D + r; stage s's gloo store is on base_port + P*D + s (at replica 0's IP).
+    scale divides every padded byte count (the emulated WAN is scaled down by the same factor)."""
+    if scale <= 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    place = plan_placement(cfg, hosts)
+    P, D = cfg.stages, cfg.replicas
+    costs = stage_costs(cfg.profile, P) if cfg.compute == "profile" else None
+    block = find_block(cfg.profile) if cfg.profile is not None else None
+    specs = []
+    for s in range(P):
+        for r in range(D):
+            h = place[s][r]
+            name = worker_name(s, r, h.name)
+            prev = nxt = None
+            if s > 0:
+                ph = place[s - 1][r]
+                prev = Peer(name=worker_name(s - 1, r, ph.name), host=ph.name, ip=ph.ip,
+                            port=base_port + s * D + r)
+            if s < P - 1:
+                nh = place[s + 1][r]
+                nxt = Peer(name=worker_name(s + 1, r, nh.name), host=nh.name, ip=nh.ip,
+                           port=base_port + (s + 1) * D + r)
+            hold_f = hold_b = 0.0
+            pad = ar_pad = 0
+            if costs is not None and block is not None:
+                hold_f, hold_b = costs[s].forward_ms, costs[s].backward_ms
+                pad = int(costs[s].activation_bytes / scale)
+                ar_pad = int(costs[s].layers * block["params"] * 2 / scale)  # bf16 gradients
+            tag = f"trainer-s{s}r{r}"
+            specs.append(WorkerSpec(
+                run_id=run_dir.name, name=name, stage=s, replica=r, host=h.name, ip=h.ip,
+                dc=h.dc, listen_port=base_port + s * D + r if s > 0 else None, prev=prev,
+                next=nxt, dp_master_ip=place[s][0].ip, dp_master_port=base_port + P * D + s,
+                config=cfg.to_dict(), scale=scale, hold_forward_ms=hold_f, hold_backward_ms=hold_b,
+                pad_bytes=pad, allreduce_pad_bytes=ar_pad,
+                spans_path=str(run_dir / "spans" / f"{tag}.jsonl"),
+                loss_path=str(run_dir / "loss" / f"{tag}.jsonl"),
+                connect_timeout_s=connect_timeout_s, recv_timeout_s=recv_timeout_s))
+    return specs
+
+
+def predicted_timeline(cfg: TrainConfig, specs: Sequence[WorkerSpec]) -> dict:
+    """Simulated iteration (profile hold times, no communication): the prediction that sits
+    next to the measurement. Empty in measured mode (durations unknown beforehand)."""
+    if cfg.compute != "profile":
+        return {}
+    hold = {s.stage: (s.hold_forward_ms, s.hold_backward_ms) for s in specs}
+    sim = simulate(schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches),
+                   [hold[s][0] for s in range(cfg.stages)], [hold[s][1] for s in range(cfg.stages)])
+    return {"iteration_time_s": sim.window_ms / 1e3, "bubble_fraction": sim.mean_bubble,
+            "per_stage_bubble": sim.bubble}
+
+
+def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"]
+                                          if env.get("PYTHONPATH") else "")
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: Spawner,
+           scale: float = 1.0, base_port: int = 29500, timeout_s: float = 600.0,
+           python: str = sys.executable, env: dict[str, str] | None = None,
+           connect_timeout_s: float = 60.0) -> TrainRun:
+    """Run training to the end; raise TestbedError (with the failing worker's log tail) if any
+    worker fails or the run passes timeout_s. hosts are in topology order; scale divides padded
+    message sizes."""
+    run_dir = Path(run_dir)
+    specs = plan_workers(cfg, hosts, run_dir, scale, base_port, connect_timeout_s,
+                         recv_timeout_s=max(30.0, timeout_s))
+    plan_path = run_dir / "trainer_plan.json"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = {"config": cfg.to_dict(), "scale": scale, "base_port": base_port,
+            "layers_per_stage": [len(x) for x in split_layers(cfg.model.n_layer, cfg.stages)],
+            "workers": [{"name": s.name, "stage": s.stage, "replica": s.replica, "host": s.host,
+                         "ip": s.ip, "dc": s.dc, "listen_port": s.listen_port,
+                         "hold_forward_ms": s.hold_forward_ms,
+                         "hold_backward_ms": s.hold_backward_ms, "pad_bytes": s.pad_bytes,
+                         "allreduce_pad_bytes": s.allreduce_pad_bytes} for s in specs],
+            "predicted": predicted_timeline(cfg, specs)}
+    plan_path.write_text(json.dumps(plan, indent=1))
+    env = worker_env(env)
+    procs: list[HostProcess] = []
+    t0 = time.monotonic()
+    try:
+        # Last stage first: listeners come up before their connectors (connect retries anyway).
+        for spec in reversed(specs):
+            spec_path = run_dir / "specs" / f"trainer-s{spec.stage}r{spec.replica}.json"
+            spec.write(spec_path)
+            argv = [python, "-m", "trainer.worker", "--spec", str(spec_path)]
+            procs.append(spawner.spawn(spec.host, argv, run_dir / "logs" /
+                                       f"{spec.host}-trainer.log", env))
+        wait_all(procs, timeout_s)
+    except (RuntimeError, TimeoutError) as exc:
+        for proc in procs:
+            proc.stop()
+        raise TestbedError(f"training run in {run_dir} failed: {exc}") from exc
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+    wall_s = time.monotonic() - t0
+    spans_path, loss_path = run_dir / "trainer_spans.jsonl", run_dir / "trainer_loss.jsonl"
+    merge_jsonl([Path(s.spans_path) for s in specs], spans_path)
+    merge_jsonl([Path(s.loss_path) for s in specs
+                 if s.stage == cfg.stages - 1], loss_path, sort_key="iteration")
+    return TrainRun(run_dir=run_dir, spans_path=spans_path, loss_path=loss_path,
+                    plan_path=plan_path, specs=specs, wall_s=wall_s)
+
+
+def hosts_from_dicts(rows: Sequence[dict]) -> list[HostInfo]:
+    """[{'name', 'ip', 'dc'}, ...] -> HostInfo list (convenience for scenario code)."""
+    return [HostInfo(name=r["name"], ip=r["ip"], dc=r["dc"]) for r in rows]
+

@@ -1,0 +1,146 @@
+"""Training metrics from a finished run's files: bubbles, GPU utilization, throughput, loss.
+
+One job: numbers from records. Reads only trainer_spans.jsonl, trainer_loss.jsonl and
+trainer_plan.json (written by trainer/launch.py); no torch, no network, no processes, so tables
+rebuild anywhere.
+
+Per iteration i: window_i = [earliest compute start (F, B, OPT) over all workers, latest compute
+end]. Per worker: compute_i = sum of its F + B + OPT durations; gpu_utilization_i =
+compute_i / window_i (the paper's metric: compute over wall per host); bubble_i = 1 - that, so
+idle includes waiting for activations, gradients and the all-reduce. Averages skip iteration 0
+(warm-up) when there are >= 3 iterations. The run's figures are means over workers.
+
+`pipeline_bubble_fraction` is the same over F and B only (window from the first forward to the
+last backward, excluding the all-reduce and optimizer step): the quantity the textbook formula
+(P-1)/(M+P-1) and trainer/schedule.py's simulator predict.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from trainer.events import COMPUTE_SPANS, read_jsonl
+from trainer.schedule import bubble_fraction as formula_bubble
+
+
+def _cv(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean > 0 else 0.0
+
+
+def iterations_used(n_iterations: int) -> list[int]:
+    return list(range(1, n_iterations)) if n_iterations >= 3 else list(range(n_iterations))
+
+
+def iteration_windows(spans: Sequence[dict],
+                      names: Sequence[str] = COMPUTE_SPANS) -> dict[int, tuple[int, int]]:
+    """iteration -> (first start ns, last end ns) of the named spans (default: compute) over
+    all workers."""
+    win: dict[int, tuple[int, int]] = {}
+    for r in spans:
+        if r["name"] in names and r.get("iteration") is not None:
+            lo, hi = win.get(r["iteration"], (r["t_start_ns"], r["t_end_ns"]))
+            win[r["iteration"]] = (min(lo, r["t_start_ns"]), max(hi, r["t_end_ns"]))
+    return win
+
+
+def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: dict) -> dict:
+    cfg = plan["config"]
+    P, D, M = cfg["stages"], cfg["replicas"], cfg["micro_batches"]
+    windows = iteration_windows(spans)
+    pp_windows = iteration_windows(spans, ("F", "B"))
+    n_it = len(windows)
+    if n_it == 0:
+        raise ValueError("no compute spans in the run's records")
+    used = iterations_used(n_it)
+    compute = defaultdict(float)                      # (stage, replica, it) -> ns
+    compute_pp = defaultdict(float)                   # same, F and B only
+    op_ms = defaultdict(list)                          # (stage, replica, name) -> [ms]
+    comm = defaultdict(lambda: {"count": 0, "bytes": 0, "total_s": 0.0})
+    for r in spans:
+        it, dur = r.get("iteration"), r["t_end_ns"] - r["t_start_ns"]
+        if r["name"] in COMPUTE_SPANS and it is not None:
+            compute[(r["stage"], r["replica"], it)] += dur
+            if r["name"] != "OPT":
+                compute_pp[(r["stage"], r["replica"], it)] += dur
+            if it in used:
+                op_ms[(r["stage"], r["replica"], r["name"])].append(dur / 1e6)
+        elif r["name"] != "SETUP" and it in used:
+            c = comm[r["name"]]
+            c["count"] += 1
+            c["bytes"] += r.get("bytes") or 0
+            c["total_s"] += dur / 1e9
+    workers = {(w["stage"], w["replica"]): w for w in plan["workers"]}
+    stages_out = []
+    for (s, rep), w in sorted(workers.items()):
+        utils = [compute[(s, rep, it)] / (windows[it][1] - windows[it][0]) for it in used]
+        util = statistics.fmean(utils)
+        pp_util = statistics.fmean(compute_pp[(s, rep, it)] / (pp_windows[it][1] -
+                                                                pp_windows[it][0]) for it in used)
+        stages_out.append({
+            "stage": s, "replica": rep, "dc": w["dc"], "host": w["host"],
+            "bubble_fraction": 1.0 - util, "gpu_utilization": util,
+            "pipeline_bubble_fraction": 1.0 - pp_util,
+            "compute_s": statistics.fmean(compute[(s, rep, it)] for it in used) / 1e9,
+            "forward_ms": _mean(op_ms[(s, rep, "F")]), "backward_ms": _mean(op_ms[(s, rep, "B")]),
+            "forward_cv": _cv(op_ms[(s, rep, "F")]), "backward_cv": _cv(op_ms[(s, rep, "B")]),
+        })
+    window_s = [(windows[it][1] - windows[it][0]) / 1e9 for it in used]
+    starts = sorted(windows[it][0] for it in range(n_it))
+    periods = [(b - a) / 1e9 for a, b in zip(starts, starts[1:])]
+    iteration_time_s = statistics.fmean(window_s)
+    util = statistics.fmean(x["gpu_utilization"] for x in stages_out)
+    tokens = D * M * cfg["micro_batch_size"] * cfg["model"]["seq_len"]
+    return {
+        "iteration_time_s": iteration_time_s,
+        "iteration_period_s": statistics.fmean(periods) if periods else iteration_time_s,
+        "tokens_per_s": tokens / iteration_time_s,
+        "bubble_fraction": 1.0 - util,
+        "gpu_utilization": util,
+        "pipeline_bubble_fraction": statistics.fmean(x["pipeline_bubble_fraction"]
+                                                     for x in stages_out),
+        "bubble_fraction_formula": formula_bubble(P, M),
+        "loss": loss_per_iteration(losses),
+        "stages": stages_out,
+        "compute": cfg["compute"],
+        "schedule": cfg["schedule"],
+        "n_stages": P, "replicas": D, "micro_batches": M,
+        "iterations": n_it, "iterations_averaged": used,
+        "op_duration_cv_max": max((max(x["forward_cv"], x["backward_cv"]) for x in stages_out),
+                                  default=0.0),
+        "communication": {k: dict(v) for k, v in sorted(comm.items())},
+        "predicted": plan.get("predicted", {}),
+        "scale": plan.get("scale"),
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def loss_per_iteration(losses: Sequence[dict]) -> list[float]:
+    """Mean over the last stage's replicas of each replica's mean micro-batch loss."""
+    by_it: dict[int, list[float]] = defaultdict(list)
+    for r in losses:
+        by_it[r["iteration"]].append(r["loss"])
+    return [statistics.fmean(by_it[it]) for it in sorted(by_it)]
+
+
+def compute_metrics(run_dir: Path) -> dict[str, Any]:
+    """Metrics of the run in run_dir (the folder given to trainer.launch.launch)."""
+    run_dir = Path(run_dir)
+    plan = json.loads((run_dir / "trainer_plan.json").read_text())
+    return metrics_from_records(read_jsonl(run_dir / "trainer_spans.jsonl"),
+                                read_jsonl(run_dir / "trainer_loss.jsonl"), plan)
+
+
+def write_metrics(run_dir: Path) -> Path:
+    out = Path(run_dir) / "trainer_metrics.json"
+    out.write_text(json.dumps(compute_metrics(run_dir), indent=1))
+    return out

@@ -1,0 +1,80 @@
+"""Compute profiles: read a profile file and turn it into per-stage hold times and pad sizes.
+
+One job: profile lookup. A profile (trainer/profiles/*.json, see PROVENANCE.md there) lists
+`blocks` rows {width, heads, seq, micro_batch, forward_ms, backward_ms, activation_bytes}. A stage
+that owns L blocks of the target model costs L x one block forward/backward; what it sends per
+micro-batch is one block's activation_bytes (the hidden state, same size in both directions).
+No torch here; the worker only sees the numbers this module computes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from testbed.errors import ScenarioError
+
+if TYPE_CHECKING:
+    from trainer.config import ProfileConfig
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageCost:
+    """What one micro-batch costs on one stage of the target model."""
+
+    layers: int
+    forward_ms: float
+    backward_ms: float
+    activation_bytes: int    # per micro-batch, before dividing by the run's scale
+
+
+def profile_path(name: str) -> Path:
+    """A bare name is looked up in trainer/profiles/; anything else is a path."""
+    candidate = PROFILE_DIR / name
+    return candidate if candidate.exists() else Path(name)
+
+
+@lru_cache(maxsize=8)
+def load_profile(name: str) -> dict:
+    path = profile_path(name)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"profile {name!r} not found (looked in {PROFILE_DIR} and {path})")
+
+
+def find_block(cfg: ProfileConfig, prefix: str = "training.profile") -> dict:
+    """The profile row for (width, seq, micro_batch), or ScenarioError naming what exists."""
+    try:
+        profile = load_profile(cfg.file)
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        raise ScenarioError(f"{prefix}.file", str(exc),
+                            f"name a file in {PROFILE_DIR} or give a path") from None
+    blocks = profile.get("blocks", [])
+    for key, value in (("width", cfg.width), ("seq", cfg.seq), ("micro_batch", cfg.micro_batch)):
+        have = sorted({b[key] for b in blocks})
+        if value not in have:
+            raise ScenarioError(f"{prefix}.{key}", f"no block with {key} {value} in {cfg.file}",
+                                f"use one of: {', '.join(map(str, have))}")
+        blocks = [b for b in blocks if b[key] == value]
+    return blocks[0]
+
+
+def stage_costs(cfg: ProfileConfig, n_stages: int) -> list[StageCost]:
+    """Per-stage forward/backward ms and activation bytes, splitting the target's n_layer blocks
+    over n_stages the same way the real model is split."""
+    from trainer.pipeline import split_layers  # pure, no torch at import time
+    block = find_block(cfg)
+    costs = []
+    for layers in split_layers(cfg.n_layer, n_stages):
+        n = len(layers)
+        costs.append(StageCost(layers=n, forward_ms=n * float(block["forward_ms"]),
+                               backward_ms=n * float(block["backward_ms"]),
+                               activation_bytes=int(block["activation_bytes"])))
+    return costs

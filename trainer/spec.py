@@ -1,0 +1,63 @@
+"""The per-worker spec file: everything one stage replica needs, written by the launcher.
+
+One job: the launcher/worker contract, as a dataclass that round-trips through JSON. A worker
+finds its peers only here: `next` is the listener of stage s+1 replica d (ip, port) it connects
+to; `listen_port` is where it accepts stage s-1 replica d (bound to its own `ip`); `dp_master_*`
+is the TCPStore of its stage's data-parallel group (the stage's replica 0).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Peer:
+    name: str            # worker name, e.g. "s1r0@dc1h1" (the hello that is checked)
+    host: str
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerSpec:
+    run_id: str
+    name: str
+    stage: int
+    replica: int
+    host: str
+    ip: str
+    dc: str
+    listen_port: int | None          # stage > 0: accept stage s-1 here
+    prev: Peer | None                # who connects to us (stage > 0)
+    next: Peer | None                # whom we connect to (stage < P-1)
+    dp_master_ip: str
+    dp_master_port: int
+    config: dict                     # TrainConfig.to_dict()
+    scale: float
+    hold_forward_ms: float = 0.0     # profile mode: hold each F/B to this long (0 = measured)
+    hold_backward_ms: float = 0.0
+    pad_bytes: int = 0               # pad each activation/gradient message to this many bytes
+    allreduce_pad_bytes: int = 0     # pad the gradient all-reduce buffer to this many bytes
+    spans_path: str
+    loss_path: str
+    connect_timeout_s: float = 60.0
+    recv_timeout_s: float = 120.0
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> WorkerSpec:
+        d = json.loads(Path(path).read_text())
+        for key in ("prev", "next"):
+            if d.get(key) is not None:
+                d[key] = Peer(**d[key])
+        return cls(**d)

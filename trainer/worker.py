@@ -1,0 +1,220 @@
+"""One pipeline stage replica (one emulated host = one "GPU"): `python -m trainer.worker --spec F`.
+
+One job: execute the schedule table for this stage, iteration after iteration, and record what
+happened. The spec file (trainer/spec.py, written by trainer/launch.py) says which stage and
+replica this is, where the neighbours listen and where the stage's data-parallel master is.
+
+Per iteration: run this stage's row of the schedule (trainer/schedule.py): F = receive the
+activation (or make the tokens), run the stage, send the output; B = receive the gradient (or
+start from the loss), backward, send the input's gradient. Then average gradients over the D
+replicas (gloo) and step the optimizer. Every step is a span in this worker's JSONL file
+(trainer/events.py); the last stage also writes the loss per iteration.
+
+compute=profile: each F/B still runs the real model, then sleeps until the profile's duration for
+the target model has passed since it started, and messages are padded to the target's bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import TrainConfig
+from trainer.data import MarkovTokens, global_index
+from trainer.dp import average_gradients, init_stage_group
+from trainer.events import SpanLog
+from trainer.pipeline import plan_stages
+from trainer.schedule import parse_action, schedule_table
+from trainer.spec import WorkerSpec
+from trainer.stage import StageModule, build_stage
+from trainer.transport import (KIND_ACT, KIND_GRAD, Channel, Listener, SendRecord, connect)
+
+
+def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr)
+    # weight_decay=0 and foreach=False: the per-parameter update must not depend on how the
+    # parameters are grouped, so a stage and a single process step identically.
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, foreach=False)
+
+
+def _hold(t_start_ns: int, hold_ms: float) -> None:
+    """Sleep until hold_ms after t_start_ns (no-op if already past or hold_ms is 0)."""
+    if hold_ms > 0:
+        left_s = (t_start_ns + int(hold_ms * 1e6) - time.time_ns()) / 1e9
+        if left_s > 0:
+            time.sleep(left_s)
+
+
+class StageWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.cfg = TrainConfig.from_dict(spec.config)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.plan = plan_stages(self.cfg.model.n_layer, self.cfg.stages)[spec.stage]
+        self.module: StageModule = build_stage(self.cfg.model.gpt_config(), self.plan,
+                                               self.cfg.seed).to(self.device)
+        self.params = list(self.module.parameters())
+        self.opt = make_optimizer(self.cfg, self.params)
+        self.data = MarkovTokens(self.cfg.model.vocab_size, self.cfg.seed)
+        self.table_row = schedule_table(self.cfg.schedule, self.cfg.stages,
+                                        self.cfg.micro_batches)[spec.stage]
+        self.log = SpanLog(Path(spec.spans_path),
+                           {"stage": spec.stage, "replica": spec.replica, "host": spec.host,
+                            "dc": spec.dc})
+        self.prev: Channel | None = None
+        self.next: Channel | None = None
+        self.dp = self.cfg.replicas > 1
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def run(self) -> None:
+        listener = None
+        try:
+            t0 = time.time_ns()
+            if self.spec.stage > 0:
+                listener = Listener(self.spec.ip, self.spec.listen_port)
+            if self.spec.next is not None:
+                nxt = self.spec.next
+                self.next = connect(nxt.ip, nxt.port, hello=self.spec.name, peer=nxt.name,
+                                    timeout_s=self.spec.connect_timeout_s, bind_ip=self.spec.ip,
+                                    on_sent=self._on_sent)
+            if listener is not None:
+                assert self.spec.prev is not None
+                self.prev = listener.accept(self.spec.prev.name, self.spec.connect_timeout_s,
+                                            on_sent=self._on_sent)
+            if self.dp:
+                init_stage_group(self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
+                                 self.spec.replica, self.cfg.replicas,
+                                 self.spec.connect_timeout_s)
+            self.log.span("SETUP", t0, time.time_ns(), None)
+            Path(self.spec.loss_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(self.spec.loss_path, "w") as loss_file:
+                for it in range(self.cfg.iterations):
+                    losses = self.iteration(it)
+                    if self.plan.last:
+                        loss_file.write(json.dumps({
+                            "iteration": it, "stage": self.spec.stage,
+                            "replica": self.spec.replica, "loss": sum(losses) / len(losses),
+                            "microbatch_losses": losses}) + "\n")
+                        loss_file.flush()
+                    self.log.flush()
+            for ch in (self.next, self.prev):
+                if ch is not None:
+                    ch.close(self.spec.recv_timeout_s)
+        finally:
+            for ch in (self.next, self.prev):
+                if ch is not None:
+                    try:
+                        ch.sock.close()
+                    except OSError:
+                        pass
+            if listener is not None:
+                listener.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.log.close()
+
+    def _on_sent(self, rec: SendRecord) -> None:  # called from a sender thread
+        self.log.span("SEND_F" if rec.kind == KIND_ACT else "SEND_B", rec.t_start_ns,
+                      rec.t_end_ns, rec.iteration, rec.microbatch,
+                      bytes=rec.payload_bytes + rec.pad_bytes, t_enqueue_ns=rec.t_enqueue_ns)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # -- one iteration --------------------------------------------------------------------
+    def iteration(self, it: int) -> list[float]:
+        cfg, spec = self.cfg, self.spec
+        saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # mb -> (input, output)
+        losses: list[float] = []
+        for action in self.table_row:
+            kind, mb = parse_action(action)
+            if kind == "F":
+                saved[mb] = self.forward(it, mb, losses)
+            else:
+                self.backward(it, mb, *saved.pop(mb))
+        if self.dp:
+            t = time.time_ns()
+            n_bytes = average_gradients(self.params, cfg.replicas, spec.allreduce_pad_bytes)
+            self.log.span("ALLREDUCE", t, time.time_ns(), it, bytes=n_bytes)
+        t = time.time_ns()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self._sync()
+        self.log.span("OPT", t, time.time_ns(), it)
+        return losses
+
+    def forward(self, it: int, mb: int, losses: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, spec = self.cfg, self.spec
+        index = global_index(spec.replica, cfg.micro_batches, mb)
+        tokens, targets = self.data.micro_batch(it, index, cfg.micro_batch_size,
+                                                cfg.model.seq_len)
+        if self.plan.first:
+            inp = tokens.to(self.device)
+        else:
+            assert self.prev is not None
+            t = time.time_ns()
+            got = self.prev.recv(KIND_ACT, it, mb, spec.recv_timeout_s)
+            self.log.span("RECV_F", t, time.time_ns(), it, mb,
+                          bytes=got.payload_bytes + got.pad_bytes, t_arrived_ns=got.t_last_ns)
+            inp = got.tensor.to(self.device).requires_grad_(True)
+        t_start = time.time_ns()
+        out = self.module(inp, targets.to(self.device) if self.plan.last else None)
+        if self.plan.last:
+            losses.append(out.item())    # .item() syncs the device
+        self._sync()
+        t_compute = time.time_ns()
+        _hold(t_start, spec.hold_forward_ms)
+        self.log.span("F", t_start, time.time_ns(), it, mb, compute_ns=t_compute - t_start)
+        if not self.plan.last:
+            assert self.next is not None
+            self.next.send(KIND_ACT, it, mb, out.detach(), pad_to_bytes=spec.pad_bytes)
+        return inp, out
+
+    def backward(self, it: int, mb: int, inp: torch.Tensor, out: torch.Tensor) -> None:
+        cfg, spec = self.cfg, self.spec
+        if self.plan.last:
+            t_start = time.time_ns()
+            (out / cfg.micro_batches).backward()   # mean over this replica's M micro-batches
+        else:
+            assert self.next is not None
+            t = time.time_ns()
+            got = self.next.recv(KIND_GRAD, it, mb, spec.recv_timeout_s)
+            self.log.span("RECV_B", t, time.time_ns(), it, mb,
+                          bytes=got.payload_bytes + got.pad_bytes, t_arrived_ns=got.t_last_ns)
+            t_start = time.time_ns()
+            out.backward(got.tensor.to(self.device))
+        self._sync()
+        t_compute = time.time_ns()
+        _hold(t_start, spec.hold_backward_ms)
+        self.log.span("B", t_start, time.time_ns(), it, mb, compute_ns=t_compute - t_start)
+        if not self.plan.first:
+            assert self.prev is not None and inp.grad is not None
+            self.prev.send(KIND_GRAD, it, mb, inp.grad, pad_to_bytes=spec.pad_bytes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path, help="worker spec JSON")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)        # many workers share few cores; one thread each
+    # The receiver thread must get the GIL soon after a message lands, not after the default
+    # 5 ms switch interval: that delay would sit on the pipeline's critical path at every hop.
+    sys.setswitchinterval(0.0005)
+    spec = WorkerSpec.load(args.spec)
+    print(f"worker {spec.name}: stage {spec.stage} replica {spec.replica} on {spec.host} "
+          f"({spec.ip})", flush=True)
+    StageWorker(spec).run()
+    print(f"worker {spec.name}: done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
