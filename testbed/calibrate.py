@@ -1,0 +1,162 @@
+"""Calibration: measure every WAN link of a built network with real tools, compare with config.
+
+One job: for each link a<->b, between the first host of a and the first host of b:
+  - rtt_ms:            median ping RTT on the idle path (should be 2 x delay_ms)
+  - goodput_mbit:      iperf3 TCP goodput with N parallel flows (should be ~rate_mbit)
+  - goodput_1flow_mbit one flow (with `scale`, window-limited: predicted by buffer / RTT)
+  - rtt_loaded_ms:     median ping RTT while a paced TCP load runs at LOAD_FRACTION of the
+                       rate in the same direction (the delay line must hold its delay under load;
+                       queueing from overdriving the link is left out on purpose)
+Goodput is what the receiver got, at the TCP payload level; HTB counts Ethernet frames, so the
+ceiling at MTU 1500 is 1448/1514 = 95.6% of the configured rate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from testbed.network import Network, tcp_buffer_sysctls
+from testbed.topo import WanPlan
+from traffic import iperf, ping
+
+LOAD_FRACTION = 0.9          # paced load for rtt_loaded_ms, as a fraction of rate_mbit
+TCP_PAYLOAD_FRACTION = 1448 / 1514
+BASE_PORT = 5201
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    seconds: float = 4.0     # per iperf3 test, after a 1 s omitted warm-up
+    streams: int = 4
+    ping_count: int = 21
+    ping_interval_s: float = 0.1
+
+
+def predicted_1flow_mbit(net: Network, w: WanPlan) -> float | None:
+    """With `scale`, one TCP flow can have at most ~the receive buffer in flight per RTT."""
+    sysctls = tcp_buffer_sysctls(net.scenario.scale)
+    if not sysctls:
+        return None
+    rmem_max = int(sysctls["net.ipv4.tcp_rmem"].split()[2])
+    rtt_s = 2 * w.link.delay_ms / 1e3
+    window_mbit = rmem_max * 8 / rtt_s / 1e6 if rtt_s > 0 else float("inf")
+    return min(window_mbit, w.link.rate_mbit * TCP_PAYLOAD_FRACTION)
+
+
+def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dict[str, Any]:
+    src = net.plan.hosts_in(w.link.a)[0]
+    dst = net.plan.hosts_in(w.link.b)[0]
+    idle = _ping(net, src.name, dst.ip, settings)
+    multi = _iperf(net, src.name, dst.name, dst.ip, port, settings, streams=settings.streams)
+    net.check()
+    single = _iperf(net, src.name, dst.name, dst.ip, port, settings, streams=1)
+    net.check()
+    loaded = _ping_under_load(net, src.name, dst.name, dst.ip, port, settings,
+                              load_mbit=LOAD_FRACTION * w.link.rate_mbit * TCP_PAYLOAD_FRACTION)
+    net.check()
+    return {
+        "between": [w.link.a, w.link.b],
+        "hosts": [src.name, dst.name],
+        "configured": {"delay_ms": w.link.delay_ms, "rate_mbit": w.link.rate_mbit,
+                       "jitter_ms": w.link.jitter_ms, "loss_pct": w.link.loss_pct,
+                       "queue_bytes": w.link.queue_bytes},
+        "measured": {"rtt_ms": round(idle.median_ms, 3), "rtt_min_ms": round(idle.min_ms, 3),
+                     "rtt_loaded_ms": round(loaded.median_ms, 3),
+                     "goodput_mbit": round(multi.received_mbit, 2),
+                     "goodput_1flow_mbit": round(single.received_mbit, 2),
+                     "streams": settings.streams, "retransmits": multi.retransmits,
+                     "ping_loss_pct": round(idle.loss_pct, 1)},
+        "predicted": {"rtt_ms": 2 * w.link.delay_ms,
+                      "goodput_max_mbit": round(w.link.rate_mbit * TCP_PAYLOAD_FRACTION, 2),
+                      "goodput_1flow_mbit": _round(predicted_1flow_mbit(net, w))},
+        "samples": {"rtt_ms": list(idle.samples_ms), "rtt_loaded_ms": list(loaded.samples_ms)},
+    }
+
+
+def calibrate(net: Network, settings: Settings = Settings(),
+              progress: Callable[[str], None] = print) -> dict[str, Any]:
+    links = []
+    total = len(net.plan.wan)
+    for i, w in enumerate(net.plan.wan):
+        progress(f"[{i + 1}/{total}] measuring {w.link.a} <-> {w.link.b} "
+                 f"({w.link.delay_ms:g} ms, {w.link.rate_mbit:g} Mbit/s)")
+        links.append(measure_link(net, w, settings, BASE_PORT + i))
+    return {"scenario": net.scenario.name, "backend": net.backend, "scale": net.scenario.scale,
+            "settings": {"seconds": settings.seconds, "streams": settings.streams,
+                         "ping_count": settings.ping_count, "load_fraction": LOAD_FRACTION},
+            "links": links}
+
+
+def table(doc: dict[str, Any]) -> str:
+    """Configured vs measured, with error %, one row per link and quantity."""
+    rows = [("link", "quantity", "configured", "measured", "error %")]
+    for link in doc["links"]:
+        name = "<->".join(link["between"])
+        c, m, p = link["configured"], link["measured"], link["predicted"]
+        rows.append((name, "rtt_ms", f"{p['rtt_ms']:g}", f"{m['rtt_ms']:.2f}", _err(m["rtt_ms"], p["rtt_ms"])))
+        rows.append((name, "rtt_loaded_ms", f"{p['rtt_ms']:g}", f"{m['rtt_loaded_ms']:.2f}",
+                     _err(m["rtt_loaded_ms"], p["rtt_ms"])))
+        rows.append((name, "goodput_mbit", f"{c['rate_mbit']:g}", f"{m['goodput_mbit']:.1f}",
+                     _err(m["goodput_mbit"], c["rate_mbit"])))
+        want1 = p["goodput_1flow_mbit"] or c["rate_mbit"]
+        rows.append((name, "goodput_1flow_mbit", f"{want1:g}", f"{m['goodput_1flow_mbit']:.1f}",
+                     _err(m["goodput_1flow_mbit"], want1)))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)) for r in rows)
+
+
+def _err(measured: float, want: float) -> str:
+    return f"{100 * (measured - want) / want:+.1f}" if want else "-"
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def _ping(net: Network, src: str, dst_ip: str, s: Settings) -> ping.PingResult:
+    out = net.run(src, ping.ping_argv(dst_ip, s.ping_count, s.ping_interval_s),
+                  timeout_s=s.ping_count * s.ping_interval_s + 10, name="ping")
+    return ping.parse_ping(out, s.ping_count)
+
+
+def _start_server(net: Network, host: str, port: int):
+    proc = net.spawn(host, iperf.server_argv(port), net.run_dir / "logs" / f"{host}-iperf3-s-{port}.log")
+    deadline = time.monotonic() + 5
+    while "listening" not in proc.output(400):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.stop()
+            raise RuntimeError(f"iperf3 server in {host} did not start: {proc.output()}")
+        time.sleep(0.02)
+    return proc
+
+
+def _iperf(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings, *, streams: int,
+           rate_mbit: float | None = None) -> iperf.IperfResult:
+    server = _start_server(net, dst, port)
+    try:
+        out = net.run(src, iperf.client_argv(dst_ip, port, seconds=s.seconds, streams=streams,
+                                             rate_mbit=rate_mbit),
+                      timeout_s=s.seconds + 20, name=f"iperf3-c-P{streams}")
+        server.wait(5)
+    finally:
+        server.stop()
+    return iperf.parse_iperf(out)
+
+
+def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings,
+                     load_mbit: float) -> ping.PingResult:
+    server = _start_server(net, dst, port)
+    count = max(5, int((s.seconds - 0.5) / s.ping_interval_s))
+    try:
+        client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds + 1, streams=1,
+                                                  rate_mbit=load_mbit),
+                           net.run_dir / "logs" / f"{src}-iperf3-load.log")
+        time.sleep(1.0)  # let the load reach its rate before sampling
+        out = net.run(src, ping.ping_argv(dst_ip, count, s.ping_interval_s),
+                      timeout_s=count * s.ping_interval_s + 10, name="ping-loaded")
+        client.wait(s.seconds + 20)
+    finally:
+        server.stop()
+    return ping.parse_ping(out, count)

@@ -1,0 +1,415 @@
+"""The emulated multi-datacenter network: build it, run processes in its hosts, tear it down.
+
+One job: lifecycle. `Network` is a context manager: `start()` builds the Mininet topology from
+`testbed.topo`, routes between DCs, applies shaping (`testbed.shaping`), starts and supervises
+the delay lines (`testbed.delayline`) when the kernel has no netem, and records everything in a
+`testbed.registry.Registry`; `stop()` (also on errors, Ctrl-C and SIGTERM) undoes it all in
+reverse. Measuring lives in `traffic/` and `testbed.calibrate`; planning in `testbed.topo`.
+
+A dead delay line turns its link into a black hole (NFQUEUE fails closed), so a supervisor
+thread watches it and interrupts the main thread with a `TestbedError` naming the link.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from mininet.link import Link
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.nodelib import LinuxBridge
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from testbed import shaping
+from testbed.delayline import QueueSpec
+from testbed.errors import ScenarioError, TestbedError
+from testbed.procs import HostProcess
+from testbed.registry import Registry
+from testbed.scenario import MTU_BYTES, REAL_TCP_RMEM_MAX_BYTES, REAL_TCP_WMEM_MAX_BYTES, Scenario
+from testbed.topo import Plan, ScenarioTopo, make_plan
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REQUIRED_TOOLS = {"mnexec": "mininet", "brctl": "bridge-utils", "iptables": "iptables",
+                  "ifconfig": "net-tools", "ip": "iproute2"}
+MIN_TCP_BUFFER_BYTES = 4096
+RTNH_F_ONLINK = 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DelayLineProc:
+    gateway: str
+    queues: tuple[QueueSpec, ...]
+    links: tuple[str, ...]     # "a->b" per queue, for error messages
+    proc: HostProcess
+
+
+def probe_netem(ipr: IPRoute) -> bool:
+    """Does this kernel have netem? Try it on lo of a namespace we own, then remove it."""
+    index = ipr.link_lookup(ifname="lo")[0]
+    try:
+        ipr.tc("add", "netem", index, 0x10000, delay=1000)
+    except NetlinkError as exc:
+        if exc.code in (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL):
+            return False
+        raise
+    ipr.tc("del", "netem", index, 0x10000)
+    return True
+
+
+def tcp_buffer_sysctls(scale: float) -> dict[str, str]:
+    """Per-host TCP buffer limits scaled down with the WAN (so one flow stays window-limited
+    as it would be on the real link). scale 1 leaves the namespace defaults alone."""
+    if scale == 1.0:
+        return {}
+    rmem = max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_RMEM_MAX_BYTES / scale))
+    wmem = max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_WMEM_MAX_BYTES / scale))
+    return {
+        "net.ipv4.tcp_rmem": f"{min(4096, rmem)} {min(131072, rmem)} {rmem}",
+        "net.ipv4.tcp_wmem": f"{min(4096, wmem)} {min(16384, wmem)} {wmem}",
+        "net.core.rmem_max": str(rmem),
+        "net.core.wmem_max": str(wmem),
+    }
+
+
+class Network:
+    """`with Network(scenario, run_dir) as net:` builds, and always tears down, the testbed."""
+
+    def __init__(self, scenario: Scenario, run_dir: Path, *, backend: str | None = None,
+                 run_id: str | None = None, log=print) -> None:
+        self.scenario = scenario
+        self.plan: Plan = make_plan(scenario)
+        self.run_dir = run_dir
+        self.requested_backend = backend or scenario.backend
+        self.backend = ""
+        self.run_id = run_id or run_dir.name
+        self.log = log
+        self.net: Mininet | None = None
+        self.registry: Registry | None = None
+        self.procs: list[HostProcess] = []
+        self.delaylines: list[DelayLineProc] = []
+        self.failure: str | None = None
+        self._stop_supervisor = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._old_handlers: dict[int, object] = {}
+        self.timings_s: dict[str, float] = {}
+        self._owner_pid = os.getpid()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> "Network":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        check_environment()
+        self._check_names_free()
+        if self.requested_backend not in ("auto", "netem", "delayline"):
+            raise ScenarioError("--backend", f"{self.requested_backend!r} is not a backend",
+                                "use auto, netem or delayline")
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.registry = Registry(self.run_id)
+        self.registry.add_interfaces(self.plan.root_interfaces())
+        self._install_signal_handlers()
+        setLogLevel("error")
+        self.net = Mininet(topo=ScenarioTopo(self.plan), switch=LinuxBridge, controller=None,
+                           link=Link, build=False, autoSetMacs=False, waitConnected=False)
+        try:
+            self.net.build()
+        finally:
+            for node in self.net.hosts:
+                if getattr(node, "pid", None):
+                    self.registry.add_pid(node.pid, f"mininet host {node.name}")
+        self.net.start()
+        self._verify_interfaces()
+        self._configure_gateways()
+        self._configure_hosts()
+        self.backend = self._choose_backend()
+        self._shape()
+        if self.backend == "delayline":
+            self._start_delaylines()
+        self._start_supervisor()
+        self.timings_s["up"] = time.monotonic() - t0
+
+    def stop(self) -> None:
+        if os.getpid() != self._owner_pid:
+            return  # a forked child (pyroute2's netns helper) never tears down the network
+        t0 = time.monotonic()
+        self._stop_supervisor.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=2)
+            self._supervisor = None
+        for proc in reversed(self.procs):
+            proc.stop(grace_s=2)
+        self.procs.clear()
+        for dl in reversed(self.delaylines):
+            dl.proc.stop(grace_s=2)
+        self.delaylines.clear()
+        if self.net is not None:
+            net, self.net = self.net, None
+            net.stop()
+        for name in self.plan.root_interfaces():
+            if Path(f"/sys/class/net/{name}").exists():
+                with IPRoute() as ipr:
+                    ipr.link("del", ifname=name)
+        if self.registry is not None:
+            self.registry.close()
+            self.registry = None
+        self._restore_signal_handlers()
+        self.timings_s["down"] = time.monotonic() - t0
+
+    # ---- running things in hosts -----------------------------------------------------------
+    def node(self, name: str):
+        if self.net is None:
+            raise TestbedError("the network is not running")
+        try:
+            return self.net[name]
+        except KeyError:
+            raise TestbedError(f"no host {name!r} in scenario {self.scenario.name}") from None
+
+    def spawn(self, host: str, argv: Sequence[str], log_path: Path,
+              env: dict[str, str] | None = None) -> HostProcess:
+        """Start argv inside host's namespace (its own process group), output to log_path."""
+        node = self.node(host)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as log:
+            popen = node.popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT))
+        assert self.registry is not None
+        self.registry.add_pid(popen.pid, f"{Path(argv[0]).name} in {host}")
+        proc = HostProcess(host, argv, popen, log_path, on_exit=self._forget)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, host: str, argv: Sequence[str], timeout_s: float, name: str = "") -> str:
+        """Run argv in host to completion; return its output. Raise TestbedError on failure."""
+        log_path = self.run_dir / "logs" / f"{host}-{name or Path(argv[0]).name}.log"
+        proc = self.spawn(host, argv, log_path)
+        try:
+            rc = proc.wait(timeout_s)
+        except TimeoutError as exc:
+            proc.stop()
+            raise TestbedError(str(exc)) from None
+        out = proc.output(tail_chars=10_000_000)
+        if rc != 0:
+            raise TestbedError(f"{' '.join(argv)} in {host} exited with {rc}: {out[-500:]}")
+        return out
+
+    def host_ip(self, name: str) -> str:
+        return self.plan.host(name).ip
+
+    def check(self) -> None:
+        """Raise if a supervised process (a delay line) has died."""
+        if self.failure:
+            raise TestbedError(self.failure)
+
+    def _forget(self, pid: int) -> None:
+        self.procs = [p for p in self.procs if p.pid != pid]
+
+    # ---- building --------------------------------------------------------------------------
+    def _check_names_free(self) -> None:
+        taken = [n for n in self.plan.root_interfaces() if Path(f"/sys/class/net/{n}").exists()]
+        if taken:
+            raise TestbedError(f"interface {taken[0]} already exists (a crashed run?); "
+                               f"run: sudo python run_testbed.py cleanup")
+
+    def _ipr(self, node_name: str) -> IPRoute:
+        return IPRoute(netns=f"/proc/{self.node(node_name).pid}/ns/net")
+
+    def _verify_interfaces(self) -> None:
+        """Every host and gateway holds the interfaces the plan gave it (read via netlink)."""
+        want: dict[str, set[str]] = {h.name: {h.intf} for h in self.plan.hosts}
+        for gw in self.plan.gateways.values():
+            want[gw] = {f"{gw}-eth0"}
+        for w in self.plan.wan:
+            for end in w.ends():
+                want[end.gateway].add(end.intf)
+        for name, intfs in want.items():
+            with self._ipr(name) as ipr:
+                have = {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+            if not intfs <= have:
+                raise TestbedError(f"{name} lacks {sorted(intfs - have)} after Mininet built it "
+                                   f"(has {sorted(have)}); the build was disturbed, run again")
+
+    def _configure_gateways(self) -> None:
+        for dc, gw in self.plan.gateways.items():
+            self._sysctl(gw, {"net.ipv4.ip_forward": "1"})
+            with self._ipr(gw) as ipr:
+                for route in self.plan.routes:
+                    if route.gateway == gw:
+                        # onlink: the next hop is on this veth; don't wait for its carrier.
+                        ipr.route("add", dst=route.dst, gateway=route.via, flags=RTNH_F_ONLINK,
+                                  oif=ipr.link_lookup(ifname=route.intf)[0])
+
+    def _configure_hosts(self) -> None:
+        sysctls = tcp_buffer_sysctls(self.scenario.scale)
+        for h in self.plan.hosts:
+            if sysctls:
+                self._sysctl(h.name, sysctls)
+        for dc in self.scenario.dcs:
+            if dc.rate_mbit is None:
+                continue
+            queue = max(100 * MTU_BYTES, int(dc.rate_mbit * 1e6 / 8 * 0.01))
+            for i, h in enumerate(self.plan.hosts_in(dc.name), start=2):
+                with self._ipr(h.name) as ipr:
+                    shaping.apply(ipr, shaping.plan_link(h.intf, dc.rate_mbit, queue))
+                with IPRoute() as ipr:
+                    shaping.apply(ipr, shaping.plan_link(f"{self.plan.bridges[dc.name]}-eth{i}",
+                                                         dc.rate_mbit, queue))
+
+    def _sysctl(self, node_name: str, values: dict[str, str]) -> None:
+        node = self.node(node_name)
+        for key, value in values.items():
+            path = "/proc/sys/" + key.replace(".", "/")
+            out = node.cmd(f"echo '{value}' > {path} && echo ok")
+            if "ok" not in out:
+                raise TestbedError(f"could not set {key}={value} in {node_name}: {out.strip()}")
+
+    def _choose_backend(self) -> str:
+        first_gw = next(iter(self.plan.gateways.values()))
+        with self._ipr(first_gw) as ipr:
+            has_netem = probe_netem(ipr)
+        if self.requested_backend == "netem" and not has_netem:
+            raise ScenarioError("backend", "netem was asked for but this kernel has no netem",
+                                "use backend: delayline or auto")
+        if self.requested_backend == "auto":
+            return "netem" if has_netem else "delayline"
+        return self.requested_backend
+
+    def _shape(self) -> None:
+        for w in self.plan.wan:
+            link = w.link
+            netem = None
+            if self.backend == "netem":
+                netem = {"delay_ms": link.delay_ms, "jitter_ms": link.jitter_ms,
+                         "loss_pct": link.loss_pct}
+            for end in w.ends():
+                with self._ipr(end.gateway) as ipr:
+                    shaping.apply(ipr, shaping.plan_link(end.intf, link.rate_mbit,
+                                                         link.queue_bytes, netem=netem))
+                    got = shaping.read_back(ipr, end.intf)
+                want = int(link.rate_mbit * 1e6)
+                if abs(got.get("rate_bps", 0) - want) > max(8, want * 0.001):
+                    raise TestbedError(f"{end.intf}: kernel holds rate {got.get('rate_bps')} bit/s, "
+                                       f"asked for {want}")
+
+    def _start_delaylines(self) -> None:
+        per_gw: dict[str, list[tuple[QueueSpec, str, str]]] = {}
+        for w in self.plan.wan:
+            link = w.link
+            maxlen = max(1024, 4 * link.queue_bytes // MTU_BYTES)
+            # a->b is delayed as it enters b's gateway, and b->a as it enters a's.
+            for k, (src, dst) in enumerate(((w.end_a, w.end_b), (w.end_b, w.end_a))):
+                spec = QueueSpec(num=2 * w.index + k + 1, delay_ms=link.delay_ms,
+                                 jitter_ms=link.jitter_ms, loss_pct=link.loss_pct, maxlen=maxlen)
+                name = f"{src.gateway.removesuffix('-gw')}->{dst.gateway.removesuffix('-gw')}"
+                per_gw.setdefault(dst.gateway, []).append((spec, dst.intf, name))
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+        started = []
+        for gw, items in per_gw.items():
+            argv = [sys.executable, "-m", "testbed.delayline"]
+            for spec, _intf, _name in items:
+                argv += ["--queue", spec.format()]
+            proc = self.spawn(gw, argv, self.run_dir / "logs" / f"{gw}-delayline.log", env=env)
+            self.procs.remove(proc)  # supervised separately, stopped after the workers
+            started.append((gw, items, proc))
+        for gw, items, proc in started:
+            _wait_ready(proc, timeout_s=10)
+            for spec, intf, _name in items:
+                out = self.node(gw).cmd(f"iptables -w -A FORWARD -i {intf} -j NFQUEUE "
+                                        f"--queue-num {spec.num} && echo ok")
+                if "ok" not in out:
+                    raise TestbedError(f"iptables NFQUEUE rule in {gw} failed: {out.strip()}")
+            self.delaylines.append(DelayLineProc(gateway=gw, queues=tuple(s for s, _, _ in items),
+                                                 links=tuple(n for _, _, n in items), proc=proc))
+
+    # ---- supervision -----------------------------------------------------------------------
+    def _start_supervisor(self) -> None:
+        if not self.delaylines:
+            return
+        main_id = threading.main_thread().ident
+
+        def watch() -> None:
+            while not self._stop_supervisor.wait(0.1):
+                for dl in self.delaylines:
+                    rc = dl.proc.poll()
+                    if rc is not None and not self._stop_supervisor.is_set():
+                        self.failure = (f"delay line in {dl.gateway} (links {', '.join(dl.links)}) "
+                                        f"died with exit code {rc}; those links dropped every "
+                                        f"packet, so the run was stopped. Log: {dl.proc.log_path}")
+                        if main_id is not None:
+                            signal.pthread_kill(main_id, signal.SIGUSR1)
+                        return
+
+        self._supervisor = threading.Thread(target=watch, name="delayline-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        owner = os.getpid()
+
+        # pyroute2 forks helper processes (for netns sockets) that inherit these handlers and
+        # are stopped with SIGTERM; in such a child the handler must just die, or the child's
+        # copy of our stack would run the teardown and destroy the real network.
+        def in_owner(signum: int) -> bool:
+            if os.getpid() == owner:
+                return True
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return False
+
+        def on_usr1(signum, frame):  # noqa: ARG001
+            if in_owner(signum):
+                raise TestbedError(self.failure or "a supervised process died")
+
+        def on_term(signum, frame):  # noqa: ARG001
+            if in_owner(signum):
+                raise KeyboardInterrupt(f"signal {signum}")
+
+        for sig, handler in ((signal.SIGUSR1, on_usr1), (signal.SIGTERM, on_term)):
+            self._old_handlers[sig] = signal.signal(sig, handler)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
+
+def _wait_ready(proc: HostProcess, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if "READY" in proc.output(200):
+            return
+        if proc.poll() is not None:
+            raise TestbedError(f"{proc.describe()} failed to start: {proc.output().strip()}")
+        time.sleep(0.01)
+    raise TestbedError(f"{proc.describe()} not ready after {timeout_s:.0f} s: {proc.output().strip()}")
+
+
+def check_environment() -> None:
+    """Root and the system tools Mininet and the delay line need; one clear line if missing."""
+    if os.geteuid() != 0:
+        raise TestbedError("building the emulated network needs root; run with sudo")
+    missing = [f"{tool} (apt package {pkg})" for tool, pkg in REQUIRED_TOOLS.items()
+               if shutil.which(tool) is None]
+    if missing:
+        raise TestbedError(f"missing tools: {', '.join(missing)}; run: sudo make setup")

@@ -1,0 +1,81 @@
+"""Run folders under results/ and atomic writes into them.
+
+One job: where results go. Each run gets a new folder `<scenario>-<UTC time>-<commit>` (a
+suffix is added rather than ever reusing a folder), and every file is written to a temporary
+name and renamed, so a reader never sees half a file and no earlier run is overwritten.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return "nogit"
+    return out.stdout.strip() or "nogit"
+
+
+def new_run_dir(out_dir: Path, scenario_name: str) -> Path:
+    """Create and return a fresh run folder; never an existing one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    base = f"{scenario_name}-{stamp}-{git_commit()}"
+    for n in range(1, 1000):
+        path = out_dir / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise RuntimeError(f"could not make a new run folder under {out_dir}")
+
+
+def write_json(path: Path, doc: Any) -> Path:
+    write_text(path, json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def provenance() -> dict[str, Any]:
+    """Versions and machine facts written into each run (iperf3's `start` block, in spirit)."""
+    def version(argv: list[str]) -> str:
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return "missing"
+        return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
+
+    info: dict[str, Any] = {
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": git_commit(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "iperf3": version(["iperf3", "--version"]),
+    }
+    for dist in ("pyroute2", "torch", "mininet"):
+        try:
+            info[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            info[dist] = "missing"
+    return info

@@ -1,0 +1,267 @@
+"""Scenario files (topologies/*.yaml) -> frozen, validated dataclasses.
+
+One job: turn YAML into a `Scenario` or raise `ScenarioError` naming the field, the bad value and
+the fix. Nothing here touches the kernel; `testbed.topo` plans addresses from a Scenario and
+`testbed.network` builds it. The `training` section is validated by `trainer.config.TrainConfig`.
+
+Form (every WAN link: one-way delay per direction, rate per direction):
+
+    name: three_dc
+    scale: 100                 # optional: emulated WAN is this many times slower than the real one
+    backend: auto              # optional: auto | netem | delayline
+    dcs:
+      - {name: east, hosts: 2, rate_mbit: 1000}     # rate_mbit: optional intra-DC host link rate
+    wan:
+      - {between: [east, west], delay_ms: 20, rate_mbit: 100, jitter_ms: 0, loss_pct: 0,
+         queue: 2000}          # queue: packets (int) or bytes ("4MB"); default >= BDP
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.errors import ScenarioError
+
+BACKENDS = ("auto", "netem", "delayline")
+SYSTEMS = ("baseline", "atlas", "bubbletea")
+MTU_BYTES = 1500
+MIN_QUEUE_PACKETS = 100
+DC_NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
+MAX_HOSTS_PER_DC = 99
+MAX_DCS = 200
+# Linux defaults for TCP buffer limits on a real server, scaled down by `scale` in each host.
+REAL_TCP_RMEM_MAX_BYTES = 6291456
+REAL_TCP_WMEM_MAX_BYTES = 4194304
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataCenter:
+    name: str
+    hosts: int
+    rate_mbit: float | None = None  # intra-DC host link rate; None = unshaped veth
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WanLink:
+    a: str
+    b: str
+    delay_ms: float     # one way, each direction
+    rate_mbit: float    # each direction
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+    queue_bytes: int = 0  # per direction; always >= the bandwidth-delay product unless set lower
+
+    @property
+    def between(self) -> tuple[str, str]:
+        return (self.a, self.b)
+
+    @property
+    def bdp_bytes(self) -> int:
+        """Bandwidth x round-trip delay, the smallest queue that keeps one link full."""
+        return int(self.rate_mbit * 1e6 / 8 * (2 * self.delay_ms + 2 * self.jitter_ms) / 1e3)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scenario:
+    name: str
+    dcs: tuple[DataCenter, ...]
+    wan: tuple[WanLink, ...]
+    scale: float = 1.0
+    backend: str = "auto"
+    systems: tuple[str, ...] = ("baseline",)
+    training: dict[str, Any] | None = None
+    path: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def dc(self, name: str) -> DataCenter:
+        for dc in self.dcs:
+            if dc.name == name:
+                return dc
+        raise KeyError(name)
+
+    def host_names(self) -> list[str]:
+        return [f"{dc.name}-h{i}" for dc in self.dcs for i in range(1, dc.hosts + 1)]
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file. Raises ScenarioError (one line) on any problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError("scenario", f"no file {str(path)!r}",
+                            "give a path such as topologies/two_dc.yaml")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ScenarioError("scenario", f"{p} is not valid YAML{where}",
+                            "fix the syntax") from None
+    return parse_scenario(data, path=str(p))
+
+
+def parse_scenario(data: Any, path: str = "") -> Scenario:
+    top = _mapping(data, "scenario")
+    _no_unknown(top, "", {"name", "dcs", "wan", "scale", "backend", "systems", "training"})
+    name = top.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+        raise ScenarioError("name", f"{name!r} is not a valid name",
+                            "use 1-64 letters, digits, '_', '-' or '.'")
+    dcs = _parse_dcs(top.get("dcs"))
+    wan = _parse_wan(top.get("wan", []), dcs)
+    _check_connected(dcs, wan)
+    scale = _number(top.get("scale", 1.0), "scale", low=1.0, high=1e6)
+    backend = top.get("backend", "auto")
+    if backend not in BACKENDS:
+        raise ScenarioError("backend", f"{backend!r} is not a backend",
+                            f"use one of {', '.join(BACKENDS)}")
+    systems = top.get("systems", ["baseline"])
+    if isinstance(systems, str):
+        systems = [systems]
+    if not isinstance(systems, list) or not systems:
+        raise ScenarioError("systems", f"{systems!r} is not a list",
+                            f"use a list of {', '.join(SYSTEMS)}")
+    for i, s in enumerate(systems):
+        if s not in SYSTEMS:
+            raise ScenarioError(f"systems[{i}]", f"{s!r} is not a system",
+                                f"use one of {', '.join(SYSTEMS)}")
+    training = top.get("training")
+    if training is not None and not isinstance(training, dict):
+        raise ScenarioError("training", "must be a mapping", "see topologies/two_dc.yaml")
+    return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, backend=backend,
+                    systems=tuple(systems), training=training, path=path, raw=top)
+
+
+def _parse_dcs(value: Any) -> tuple[DataCenter, ...]:
+    if not isinstance(value, list) or not value:
+        raise ScenarioError("dcs", "missing or empty", "list at least one {name: ..., hosts: N}")
+    if len(value) > MAX_DCS:
+        raise ScenarioError("dcs", f"{len(value)} DCs", f"use at most {MAX_DCS}")
+    out: list[DataCenter] = []
+    for i, item in enumerate(value):
+        where = f"dcs[{i}]"
+        d = _mapping(item, where)
+        _no_unknown(d, where, {"name", "hosts", "rate_mbit"})
+        name = d.get("name")
+        if not isinstance(name, str) or not DC_NAME_RE.match(name):
+            raise ScenarioError(f"{where}.name", f"{name!r} is not a valid DC name",
+                                "use 1-6 lowercase letters/digits starting with a letter "
+                                "(it prefixes interface names, which Linux caps at 15 chars)")
+        if any(dc.name == name for dc in out):
+            raise ScenarioError(f"{where}.name", f"{name!r} appears twice", "give each DC its own name")
+        hosts = d.get("hosts")
+        if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= MAX_HOSTS_PER_DC:
+            raise ScenarioError(f"{where}.hosts", f"{hosts!r} is not a host count",
+                                f"use an integer from 1 to {MAX_HOSTS_PER_DC}")
+        rate = d.get("rate_mbit")
+        if rate is not None:
+            rate = _number(rate, f"{where}.rate_mbit", low=0.1, high=100000)
+        out.append(DataCenter(name=name, hosts=hosts, rate_mbit=rate))
+    return tuple(out)
+
+
+def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
+    if not isinstance(value, list):
+        raise ScenarioError("wan", "must be a list of links", "e.g. - {between: [a, b], delay_ms: 20, rate_mbit: 100}")
+    names = [dc.name for dc in dcs]
+    out: list[WanLink] = []
+    seen: set[frozenset[str]] = set()
+    for i, item in enumerate(value):
+        where = f"wan[{i}]"
+        d = _mapping(item, where)
+        _no_unknown(d, where, {"between", "delay_ms", "rate_mbit", "jitter_ms", "loss_pct", "queue"})
+        between = d.get("between")
+        if (not isinstance(between, list) or len(between) != 2
+                or not all(isinstance(x, str) for x in between)):
+            raise ScenarioError(f"{where}.between", f"{between!r} is not a pair of DC names",
+                                "use between: [dc1, dc2]")
+        for x in between:
+            if x not in names:
+                raise ScenarioError(f"{where}.between", f"{x!r} is not a DC",
+                                    f"use one of {', '.join(names)}")
+        if between[0] == between[1]:
+            raise ScenarioError(f"{where}.between", f"links {between[0]!r} to itself",
+                                "name two different DCs")
+        key = frozenset(between)
+        if key in seen:
+            raise ScenarioError(f"{where}.between", f"{between} is listed twice", "keep one link per DC pair")
+        seen.add(key)
+        for req in ("delay_ms", "rate_mbit"):
+            if req not in d:
+                raise ScenarioError(f"{where}.{req}", "missing", f"set {req} (a number)")
+        delay = _number(d["delay_ms"], f"{where}.delay_ms", low=0.0, high=10000)
+        rate = _number(d["rate_mbit"], f"{where}.rate_mbit", low=0.01, high=100000)
+        jitter = _number(d.get("jitter_ms", 0), f"{where}.jitter_ms", low=0.0, high=10000)
+        if jitter > delay:
+            raise ScenarioError(f"{where}.jitter_ms", f"{jitter} is more than delay_ms {delay}",
+                                "use jitter_ms <= delay_ms")
+        loss = _number(d.get("loss_pct", 0), f"{where}.loss_pct", low=0.0, high=100.0)
+        link = WanLink(a=between[0], b=between[1], delay_ms=delay, rate_mbit=rate,
+                       jitter_ms=jitter, loss_pct=loss)
+        queue = _parse_queue(d.get("queue"), f"{where}.queue", link)
+        out.append(WanLink(a=link.a, b=link.b, delay_ms=delay, rate_mbit=rate, jitter_ms=jitter,
+                           loss_pct=loss, queue_bytes=queue))
+    return tuple(out)
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(p|pkts|packets|b|kb|mb|kib|mib)\s*$", re.I)
+_SIZE_BYTES = {"b": 1, "kb": 1000, "mb": 1000**2, "kib": 1024, "mib": 1024**2}
+
+
+def _parse_queue(value: Any, where: str, link: WanLink) -> int:
+    """Queue size in bytes. Default: 2 x BDP, at least MIN_QUEUE_PACKETS full-size packets."""
+    floor = MIN_QUEUE_PACKETS * MTU_BYTES
+    if value is None:
+        return max(2 * link.bdp_bytes, floor)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value * MTU_BYTES
+    m = _SIZE_RE.match(str(value))
+    if not m or float(m.group(1)) <= 0:
+        raise ScenarioError(where, f"{value!r} is not a queue size",
+                            "use packets (e.g. 2000) or bytes with a unit (e.g. '4MB', '512KiB')")
+    num, unit = float(m.group(1)), m.group(2).lower()
+    if unit in ("p", "pkts", "packets"):
+        return int(num * MTU_BYTES)
+    return int(num * _SIZE_BYTES[unit])
+
+
+def _check_connected(dcs: tuple[DataCenter, ...], wan: tuple[WanLink, ...]) -> None:
+    reached = {dcs[0].name}
+    changed = True
+    while changed:
+        changed = False
+        for link in wan:
+            if (link.a in reached) != (link.b in reached):
+                reached |= {link.a, link.b}
+                changed = True
+    missing = [dc.name for dc in dcs if dc.name not in reached]
+    if missing:
+        raise ScenarioError("wan", f"no path from {dcs[0].name!r} to {', '.join(map(repr, missing))}",
+                            "add WAN links so every DC is reachable")
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ScenarioError(where or "scenario", f"expected a mapping, got {type(value).__name__}",
+                            "write key: value pairs")
+    return value
+
+
+def _no_unknown(d: dict[str, Any], where: str, allowed: set[str]) -> None:
+    for key in d:
+        if key not in allowed:
+            prefix = f"{where}." if where else ""
+            raise ScenarioError(f"{prefix}{key}", "unknown field",
+                                f"use one of {', '.join(sorted(allowed))}")
+
+
+def _number(value: Any, where: str, *, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(where, f"{value!r} is not a number", f"use a number from {low:g} to {high:g}")
+    if not low <= float(value) <= high:
+        raise ScenarioError(where, f"{value} is out of range", f"use a number from {low:g} to {high:g}")
+    return float(value)

@@ -1,0 +1,118 @@
+"""Rate (and, with netem, delay) shaping of emulated links, planned as data, applied via pyroute2.
+
+One job: the qdisc tree on each shaped interface. `plan_*` functions are pure and return
+`TcOp`s; `apply()` sends them through pyroute2 and `read_back()` checks what the kernel holds.
+The delay line (NFQUEUE, testbed.delayline) is not here; testbed.network starts it.
+
+Per shaped interface (egress), one tree:
+
+    <if> -- htb 1:0 (default 1:10) -- htb class 1:10 (rate, ceil = rate) -- leaf 10:0
+                                                                           bfifo  (delayline backend:
+                                                                                   limit = queue bytes)
+                                                                           netem  (netem backend: delay,
+                                                                                   jitter, loss, limit)
+A WAN link a<->b gets this tree on a's WAN interface (a->b) and on b's (b->a). With the delay line,
+the delay of a->b is added after the rate, in b's FORWARD chain, as on a real path (queue, then
+propagation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import tcmsg
+from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
+
+from testbed.scenario import MTU_BYTES
+
+# bfifo takes the same option struct (u32 limit) as pfifo, in bytes; pyroute2 lists only pfifo.
+tcmsg.plugins.setdefault("bfifo", sched_pfifo)
+
+ROOT_HANDLE = 0x10000      # 1:0
+CLASS_HANDLE = 0x10010     # 1:10
+LEAF_HANDLE = 0x100000     # 10:0
+GSO_MAX_BYTES = 65536
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TcOp:
+    """One pyroute2 tc call: ipr.tc(command, kind, index_of(intf), handle, **params)."""
+    command: str
+    kind: str
+    intf: str
+    handle: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def burst_bytes(rate_bps: float) -> int:
+    """HTB bucket: 1 ms at the rate, but never less than two GSO super-packets, which the kernel
+    hands HTB whole (a smaller bucket makes HTB undershoot the rate)."""
+    return int(max(rate_bps / 8 * 0.001, 2 * GSO_MAX_BYTES))
+
+
+def plan_link(intf: str, rate_mbit: float, queue_bytes: int, *, netem: dict[str, float] | None = None) -> list[TcOp]:
+    """The tree above for one interface. netem: {delay_ms, jitter_ms, loss_pct} or None."""
+    rate_bps = int(rate_mbit * 1e6)
+    burst = burst_bytes(rate_bps)
+    ops = [
+        TcOp(command="add", kind="htb", intf=intf, handle=ROOT_HANDLE,
+             params={"default": 0x10, "r2q": max(1, rate_bps // 8 // 60000)}),
+        TcOp(command="add-class", kind="htb", intf=intf, handle=CLASS_HANDLE,
+             params={"parent": ROOT_HANDLE, "rate": f"{rate_bps}bit", "ceil": f"{rate_bps}bit", "burst": burst,
+                     "cburst": burst, "quantum": 60000}),
+    ]
+    if netem is None:
+        ops.append(TcOp(command="add", kind="bfifo", intf=intf, handle=LEAF_HANDLE,
+                        params={"parent": CLASS_HANDLE, "limit": int(queue_bytes)}))
+    else:
+        ops.append(TcOp(command="add", kind="netem", intf=intf, handle=LEAF_HANDLE,
+                        params={"parent": CLASS_HANDLE,
+                                "delay": int(netem.get("delay_ms", 0) * 1000),
+                                "jitter": int(netem.get("jitter_ms", 0) * 1000),
+                                "loss": netem.get("loss_pct", 0),
+                                "limit": max(1000, queue_bytes // MTU_BYTES)}))
+    return ops
+
+
+def apply(ipr: IPRoute, ops: list[TcOp]) -> None:
+    """Send each op; a NetlinkError propagates (nothing is silently ignored)."""
+    for op in ops:
+        ipr.tc(op.command, op.kind, _index(ipr, op.intf), op.handle, **op.params)
+
+
+def set_rate(ipr: IPRoute, intf: str, rate_mbit: float) -> None:
+    """Change a shaped interface's rate at run time (the class must exist: change-class)."""
+    rate_bps = int(rate_mbit * 1e6)
+    burst = burst_bytes(rate_bps)
+    ipr.tc("change-class", "htb", _index(ipr, intf), CLASS_HANDLE, parent=ROOT_HANDLE,
+           rate=f"{rate_bps}bit", ceil=f"{rate_bps}bit", burst=burst, cburst=burst, quantum=60000)
+
+
+def read_back(ipr: IPRoute, intf: str) -> dict[str, Any]:
+    """What the kernel holds on intf: {'rate_bps': .., 'leaf': kind, 'limit': ..}."""
+    index = _index(ipr, intf)
+    out: dict[str, Any] = {}
+    for cls in ipr.get_classes(index=index):
+        if cls["handle"] != CLASS_HANDLE:
+            continue
+        opts = cls.get_attr("TCA_OPTIONS")
+        parms = opts.get_attr("TCA_HTB_PARMS")
+        rate64 = opts.get_attr("TCA_HTB_RATE64")
+        out["rate_bps"] = int(rate64 or parms["rate"]) * 8
+    for q in ipr.get_qdiscs(index=index):
+        if q["handle"] == LEAF_HANDLE:
+            out["leaf"] = q.get_attr("TCA_KIND")
+    return out
+
+
+def remove(ipr: IPRoute, intf: str) -> None:
+    ipr.tc("del", "htb", _index(ipr, intf), ROOT_HANDLE)
+
+
+def _index(ipr: IPRoute, intf: str) -> int:
+    found = ipr.link_lookup(ifname=intf)
+    if not found:
+        raise FileNotFoundError(f"no interface {intf!r} in this namespace")
+    return found[0]

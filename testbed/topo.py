@@ -1,0 +1,160 @@
+"""Scenario -> an addressing and routing plan (pure), and that plan -> a Mininet Topo.
+
+One job: decide names, interfaces, addresses and routes; build nothing. `testbed.network` turns
+the Topo into namespaces and applies the routes and shaping.
+
+    DC d (0-based):  hosts  <dc>-h<i>   10.<d+1>.0.<i>/24   default via the DC gateway
+                     gateway <dc>-gw    10.<d+1>.0.254/24 on <dc>-gw-eth0 (to the DC bridge)
+                     bridge  <dc>-s     a Linux bridge in the root namespace
+    WAN link k:      <a>-gw-eth<n> 10.254.x.y/30  <->  <b>-gw-eth<m> 10.254.x.y+1/30
+Routes between DCs follow the lowest total one-way delay over the WAN links.
+"""
+
+from __future__ import annotations
+
+import heapq
+import ipaddress
+from dataclasses import dataclass
+
+from mininet.topo import Topo
+
+from testbed.scenario import Scenario, WanLink
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostPlan:
+    name: str
+    dc: str
+    ip: str        # without prefix length
+    intf: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WanEnd:
+    gateway: str
+    intf: str
+    ip: str        # without prefix length
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WanPlan:
+    link: WanLink
+    index: int
+    end_a: WanEnd
+    end_b: WanEnd
+
+    def ends(self) -> tuple[WanEnd, WanEnd]:
+        return (self.end_a, self.end_b)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Route:
+    gateway: str
+    dst: str       # subnet, e.g. 10.2.0.0/24
+    via: str       # next-hop address on a WAN link
+    intf: str      # the gateway's interface on that link
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    scenario: Scenario
+    hosts: tuple[HostPlan, ...]
+    gateways: dict[str, str]      # dc -> gateway name
+    gateway_ips: dict[str, str]   # dc -> gateway address on the DC subnet
+    subnets: dict[str, str]       # dc -> subnet
+    bridges: dict[str, str]       # dc -> bridge name
+    wan: tuple[WanPlan, ...]
+    routes: tuple[Route, ...]
+
+    def host(self, name: str) -> HostPlan:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def hosts_in(self, dc: str) -> list[HostPlan]:
+        return [h for h in self.hosts if h.dc == dc]
+
+    def root_interfaces(self) -> list[str]:
+        """Names this plan creates in the root namespace (bridges and their ports)."""
+        names = list(self.bridges.values())
+        for dc in self.scenario.dcs:
+            names += [f"{self.bridges[dc.name]}-eth{i}" for i in range(1, dc.hosts + 2)]
+        return names
+
+
+def make_plan(scenario: Scenario) -> Plan:
+    hosts: list[HostPlan] = []
+    gateways, gateway_ips, subnets, bridges = {}, {}, {}, {}
+    for d, dc in enumerate(scenario.dcs):
+        subnets[dc.name] = f"10.{d + 1}.0.0/24"
+        gateways[dc.name] = f"{dc.name}-gw"
+        gateway_ips[dc.name] = f"10.{d + 1}.0.254"
+        bridges[dc.name] = f"{dc.name}-s"
+        for i in range(1, dc.hosts + 1):
+            name = f"{dc.name}-h{i}"
+            hosts.append(HostPlan(name=name, dc=dc.name, ip=f"10.{d + 1}.0.{i}", intf=f"{name}-eth0"))
+    next_port = {dc.name: 1 for dc in scenario.dcs}
+    wan: list[WanPlan] = []
+    base = int(ipaddress.IPv4Address("10.254.0.0"))
+    for k, link in enumerate(scenario.wan):
+        ip_a = str(ipaddress.IPv4Address(base + 4 * k + 1))
+        ip_b = str(ipaddress.IPv4Address(base + 4 * k + 2))
+        ends = []
+        for dc, ip in ((link.a, ip_a), (link.b, ip_b)):
+            ends.append(WanEnd(gateway=gateways[dc], intf=f"{gateways[dc]}-eth{next_port[dc]}", ip=ip))
+            next_port[dc] += 1
+        wan.append(WanPlan(link=link, index=k, end_a=ends[0], end_b=ends[1]))
+    routes = _routes(scenario, wan, gateways, subnets)
+    return Plan(scenario=scenario, hosts=tuple(hosts), gateways=gateways, gateway_ips=gateway_ips,
+                subnets=subnets, bridges=bridges, wan=tuple(wan), routes=tuple(routes))
+
+
+def _routes(scenario: Scenario, wan: list[WanPlan], gateways: dict[str, str],
+            subnets: dict[str, str]) -> list[Route]:
+    """Shortest paths by one-way delay (Dijkstra from every DC); one route per (gateway, DC)."""
+    adj: dict[str, list[tuple[float, str, tuple[str, str]]]] = {dc.name: [] for dc in scenario.dcs}
+    for w in wan:
+        adj[w.link.a].append((w.link.delay_ms, w.link.b, (w.end_b.ip, w.end_a.intf)))
+        adj[w.link.b].append((w.link.delay_ms, w.link.a, (w.end_a.ip, w.end_b.intf)))
+    routes = []
+    for src in adj:
+        dist = {src: 0.0}
+        first_hop: dict[str, tuple[str, str]] = {}
+        heap: list[tuple[float, str, tuple[str, str] | None]] = [(0.0, src, None)]
+        while heap:
+            d, node, hop = heapq.heappop(heap)
+            if d > dist.get(node, float("inf")):
+                continue
+            for delay, nxt, nxt_ip in adj[node]:
+                nd = d + delay
+                if nd < dist.get(nxt, float("inf")):
+                    dist[nxt] = nd
+                    first_hop[nxt] = hop or nxt_ip
+                    heapq.heappush(heap, (nd, nxt, first_hop[nxt]))
+        for dst, (via, intf) in sorted(first_hop.items()):
+            routes.append(Route(gateway=gateways[src], dst=subnets[dst], via=via, intf=intf))
+    return routes
+
+
+class ScenarioTopo(Topo):
+    """Mininet Topo of a Plan: only nodes and links with their addresses (Mininet's build())."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        super().__init__()
+
+    def build(self) -> None:  # noqa: D102 - Mininet's hook
+        plan = self.plan
+        for d, dc in enumerate(plan.scenario.dcs):
+            bridge = self.addSwitch(plan.bridges[dc.name], dpid=f"{d + 1:016x}")
+            gw = self.addHost(plan.gateways[dc.name], ip=f"{plan.gateway_ips[dc.name]}/24")
+            self.addLink(gw, bridge, intfName1=f"{gw}-eth0", intfName2=f"{bridge}-eth1")
+            for i, h in enumerate(plan.hosts_in(dc.name), start=2):
+                self.addHost(h.name, ip=f"{h.ip}/24",
+                             defaultRoute=f"via {plan.gateway_ips[dc.name]}")
+                self.addLink(h.name, bridge, intfName1=h.intf, intfName2=f"{bridge}-eth{i}")
+        for w in plan.wan:
+            self.addLink(w.end_a.gateway, w.end_b.gateway,
+                         intfName1=w.end_a.intf, intfName2=w.end_b.intf,
+                         params1={"ip": f"{w.end_a.ip}/30"}, params2={"ip": f"{w.end_b.ip}/30"})
