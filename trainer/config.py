@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
 from testbed.errors import ScenarioError
+from trainer.schedule import SCHEDULES  # pure module, no torch
 
-from trainer.schedule import SCHEDULES  # noqa: E402  (pure module, no torch)
 COMPUTE_MODES = ("measured", "profile")
 OPTIMIZERS = ("adamw", "sgd")
 

@@ -1,0 +1,204 @@
+"""Trainer parts in one process: stage split, data, transport over real loopback TCP, metrics on
+hand-made spans, the plot and the profile script's CPU smoke run."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from trainer.config import TrainConfig
+from trainer.data import MarkovTokens
+from trainer.metrics import metrics_from_records
+from trainer.model import GPTConfig
+from trainer.pipeline import plan_stages, split_layers
+from trainer.stage import build_full_model, build_stage
+from trainer.transport import KIND_ACT, KIND_GRAD, Listener, connect
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- stage split ------------------------------------------------------------------------------
+
+def test_split_layers_is_contiguous_and_even():
+    assert split_layers(5, 2) == [(0, 1, 2), (3, 4)]
+    assert split_layers(4, 4) == [(0,), (1,), (2,), (3,)]
+    for n in range(1, 9):
+        for p in range(1, n + 1):
+            parts = split_layers(n, p)
+            assert [i for part in parts for i in part] == list(range(n))
+            assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    with pytest.raises(ValueError):
+        split_layers(2, 3)
+    plans = plan_stages(4, 2)
+    assert plans[0].module_names() == ["wte", "wpe", "h.0", "h.1"]
+    assert plans[1].module_names() == ["h.2", "h.3", "ln_f", "lm_head"]
+
+
+def test_chained_stages_equal_the_whole_model():
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=64)
+    x, y = MarkovTokens(64, 0).micro_batch(0, 0, 2, 16)
+    full = build_full_model(cfg, seed=3)
+    stages = [build_stage(cfg, plan, seed=3) for plan in plan_stages(3, 3)]
+    h = x
+    for st in stages[:-1]:
+        h = st(h)
+    assert torch.allclose(stages[-1](h, y), full(x, y))
+    n_stage_params = sum(sum(p.numel() for p in st.parameters()) for st in stages)
+    assert n_stage_params == full.num_params()   # every parameter on exactly one stage
+
+
+def test_data_is_deterministic_and_learnable():
+    a, b = MarkovTokens(64, 7), MarkovTokens(64, 7)
+    xa, ya = a.micro_batch(3, 5, 4, 32)
+    xb, yb = b.micro_batch(3, 5, 4, 32)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert torch.equal(xa[:, 1:], ya[:, :-1])
+    assert not torch.equal(a.micro_batch(3, 6, 4, 32)[0], xa)
+    # each token has at most 4 successors: the structure the model learns
+    seq = a.sequences(0, 0, 64, 64)
+    succ = {}
+    for row in seq:
+        for u, v in zip(row[:-1], row[1:]):
+            succ.setdefault(int(u), set()).add(int(v))
+    assert max(len(s) for s in succ.values()) <= 4
+
+
+# -- transport --------------------------------------------------------------------------------
+
+def test_transport_round_trip_padding_and_late_listener():
+    port = free_port()
+    sent = []
+    result = {}
+
+    def server():
+        time.sleep(0.3)          # the listener starts late: connect() must retry
+        lst = Listener("127.0.0.1", port)
+        ch = lst.accept("s0r0", timeout_s=10)
+        got = ch.recv(KIND_ACT, 0, 1, timeout_s=10)   # arrives second, asked first
+        got0 = ch.recv(KIND_ACT, 0, 0, timeout_s=10)
+        result["act1"], result["act0"] = got, got0
+        ch.send(KIND_GRAD, 0, 1, got.tensor * 2)
+        ch.close()
+        lst.close()
+
+    t = threading.Thread(target=server)
+    t.start()
+    ch = connect("127.0.0.1", port, hello="s0r0", peer="s1r0", timeout_s=10,
+                 bind_ip="127.0.0.1", on_sent=sent.append)
+    a0 = torch.arange(12, dtype=torch.float32).reshape(2, 3, 2)
+    a1 = torch.randn(2, 3, 2).to(torch.bfloat16)
+    ch.send(KIND_ACT, 0, 0, a0, pad_to_bytes=100_000)
+    ch.send(KIND_ACT, 0, 1, a1)
+    grad = ch.recv(KIND_GRAD, 0, 1, timeout_s=10)
+    ch.close()
+    t.join(10)
+    assert torch.equal(result["act0"].tensor, a0)
+    assert result["act1"].tensor.dtype == torch.bfloat16
+    assert torch.equal(result["act1"].tensor, a1)
+    assert result["act0"].payload_bytes + result["act0"].pad_bytes == 100_000
+    assert torch.equal(grad.tensor, a1 * 2)
+    assert [r.payload_bytes + r.pad_bytes for r in sent] == [100_000, 12 * 2]
+    assert all(r.t_enqueue_ns <= r.t_start_ns <= r.t_end_ns for r in sent)
+
+
+def test_transport_deadlines_name_the_peer():
+    port = free_port()
+    with pytest.raises(TimeoutError, match="s1r0"):
+        connect("127.0.0.1", port, hello="s0r0", peer="s1r0", timeout_s=0.3)
+    lst = Listener("127.0.0.1", port)
+    with pytest.raises(TimeoutError, match="s0r0"):
+        lst.accept("s0r0", timeout_s=0.2)
+    done = threading.Event()
+
+    def late():
+        ch = connect("127.0.0.1", port, hello="s0r0", peer="s1r0", timeout_s=5)
+        done.wait(5)
+        ch.close(timeout_s=1)
+
+    t = threading.Thread(target=late)
+    t.start()
+    ch = lst.accept("s0r0", timeout_s=5)
+    with pytest.raises(TimeoutError, match="B3 of iteration 7"):
+        ch.recv(KIND_GRAD, 7, 3, timeout_s=0.2)
+    done.set()
+    t.join(5)
+    with pytest.raises(ConnectionError, match="closed"):
+        ch.recv(KIND_GRAD, 7, 3, timeout_s=5)
+    ch.close(timeout_s=1)
+    lst.close()
+
+
+# -- metrics, plot ----------------------------------------------------------------------------
+
+def fake_run(f_ms=10, b_ms=20, P=2, M=4, iterations=3):
+    """Spans of a perfect GPipe run (from the simulator), as workers would write them."""
+    from trainer.schedule import schedule_table, simulate
+    sim = simulate(schedule_table("gpipe", P, M), f_ms, b_ms)
+    spans, period_ns = [], int(sim.window_ms * 1e6) + 5_000_000
+    for it in range(iterations):
+        for op in sim.ops:
+            spans.append({"name": op.action[0], "stage": op.stage, "replica": 0,
+                          "host": f"h{op.stage}", "dc": "dc0", "iteration": it,
+                          "microbatch": int(op.action[1:]),
+                          "t_start_ns": it * period_ns + int(op.start_ms * 1e6),
+                          "t_end_ns": it * period_ns + int(op.end_ms * 1e6)})
+    plan = {"config": {"stages": P, "replicas": 1, "micro_batches": M, "micro_batch_size": 2,
+                       "model": {"seq_len": 16}, "compute": "profile", "schedule": "gpipe"},
+            "workers": [{"stage": s, "replica": 0, "host": f"h{s}", "dc": "dc0"}
+                        for s in range(P)]}
+    losses = [{"iteration": it, "replica": 0, "loss": 5.0 - it} for it in range(iterations)]
+    return spans, losses, plan
+
+
+def test_metrics_on_a_perfect_gpipe_timeline():
+    spans, losses, plan = fake_run()
+    m = metrics_from_records(spans, losses, plan)
+    assert m["bubble_fraction"] == pytest.approx(0.2, abs=1e-6)
+    assert m["pipeline_bubble_fraction"] == pytest.approx(0.2, abs=1e-6)
+    assert m["gpu_utilization"] == pytest.approx(0.8, abs=1e-6)
+    assert m["iteration_time_s"] == pytest.approx(5 * 0.030)
+    assert m["tokens_per_s"] == pytest.approx(4 * 2 * 16 / 0.150)
+    assert m["loss"] == [5.0, 4.0, 3.0]
+    assert m["iterations_averaged"] == [1, 2]
+    assert [(s["stage"], s["host"]) for s in m["stages"]] == [(0, "h0"), (1, "h1")]
+    assert m["op_duration_cv_max"] == pytest.approx(0.0, abs=1e-6)
+    json.dumps(m)
+
+
+def test_timeline_plot_writes_png(tmp_path):
+    from trainer.timeline_plot import plot_timeline
+    spans, _, _ = fake_run()
+    out = plot_timeline(spans, tmp_path / "tl.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_measure_profile_cpu_smoke(tmp_path):
+    from trainer.measure_profile import main
+    from trainer.profiles import StageCost, stage_costs
+    out = tmp_path / "prof.json"
+    assert main([str(out), "--cpu-smoke", "--reps", "2"]) == 0
+    prof = json.loads(out.read_text())
+    assert {"what", "device", "dtype", "torch", "timing", "blocks"} <= prof.keys()
+    row = prof["blocks"][0]
+    assert {"width", "heads", "seq", "micro_batch", "forward_ms", "backward_ms",
+            "activation_bytes"} <= row.keys()
+    assert row["forward_ms"] > 0 and row["activation_bytes"] == row["micro_batch"] * row["seq"] \
+        * row["width"] * 4
+    # the written file works as a profile for a run
+    cfg = TrainConfig.from_dict({
+        "model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64},
+        "stages": 2, "micro_batches": 2, "compute": "profile",
+        "profile": {"file": str(out), "width": row["width"], "seq": row["seq"],
+                    "micro_batch": row["micro_batch"], "n_layer": 3}})
+    costs = stage_costs(cfg.profile, 2)
+    assert costs[0] == StageCost(layers=2, forward_ms=2 * row["forward_ms"],
+                                 backward_ms=2 * row["backward_ms"],
+                                 activation_bytes=row["activation_bytes"])
