@@ -202,3 +202,14 @@ def test_measure_profile_cpu_smoke(tmp_path):
     assert costs[0] == StageCost(layers=2, forward_ms=2 * row["forward_ms"],
                                  backward_ms=2 * row["backward_ms"],
                                  activation_bytes=row["activation_bytes"])
+
+
+def test_shipped_profiles_match_their_provenance():
+    import hashlib
+    import re
+    from trainer.profiles import PROFILE_DIR
+    text = (PROFILE_DIR / "PROVENANCE.md").read_text()
+    rows = re.findall(r"^\| `([^`]+\.json)` \|.*\| ([0-9a-f]{64}) \|$", text, re.M)
+    assert {name for name, _ in rows} == {p.name for p in PROFILE_DIR.glob("*.json")}
+    for name, sha in rows:
+        assert hashlib.sha256((PROFILE_DIR / name).read_bytes()).hexdigest() == sha, name

@@ -92,7 +92,7 @@ class StageWorker:
                 init_stage_group(self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
                                  self.spec.replica, self.cfg.replicas,
                                  self.spec.connect_timeout_s)
-            self.log.span("SETUP", t0, time.time_ns(), None)
+            self.log.span("SETUP", t0, time.time_ns(), None, device=str(self.device))
             Path(self.spec.loss_path).parent.mkdir(parents=True, exist_ok=True)
             with open(self.spec.loss_path, "w") as loss_file:
                 for it in range(self.cfg.iterations):
@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = WorkerSpec.load(args.spec)
     print(f"worker {spec.name}: stage {spec.stage} replica {spec.replica} on {spec.host} "
           f"({spec.ip})", flush=True)
-    StageWorker(spec).run()
+    worker = StageWorker(spec)
+    print(f"worker {spec.name}: device {worker.device}, layers {list(worker.plan.layers)}",
+          flush=True)
+    worker.run()
     print(f"worker {spec.name}: done", flush=True)
     return 0
 
