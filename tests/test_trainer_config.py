@@ -77,3 +77,21 @@ def test_placement_must_name_topology_hosts():
     with pytest.raises(ScenarioError) as err:
         validate_against_hosts(cfg, 4, ["a", "b", "c", "d"])
     assert err.value.field == "training.placement[1][1]" and "'x'" in str(err.value)
+
+
+def test_yaml_scenario_section_parses():
+    import yaml
+    text = """
+training:
+  model: {n_layer: 4, n_embd: 64, n_head: 4, seq_len: 32, vocab_size: 256}
+  stages: 2
+  replicas: 2
+  micro_batches: 4
+  lr: 3e-3
+  compute: profile
+  profile: {file: h200-transformer.json, width: 4096, seq: 2048, micro_batch: 1, n_layer: 32}
+"""
+    cfg = TrainConfig.from_dict(yaml.safe_load(text)["training"])
+    assert cfg.lr == 0.003 and cfg.profile.n_layer == 32
+    with pytest.raises(ScenarioError, match="training.lr"):
+        TrainConfig.from_dict(base(lr="fast"))

@@ -72,6 +72,11 @@ def _choice(d: dict, key: str, prefix: str, choices: Sequence[str], default: str
 
 def _pos_float(d: dict, key: str, prefix: str, default: float) -> float:
     value = d.get(key, default)
+    if isinstance(value, str):   # PyYAML (YAML 1.1) reads 3e-3 without a dot as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ScenarioError(f"{prefix}.{key}", f"{value!r} is not a positive number",
                             "set a number > 0")
