@@ -28,7 +28,8 @@ BASE_PORT = 5201
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
-    seconds: float = 4.0     # per iperf3 test, after a 1 s omitted warm-up
+    seconds: float = 4.0     # per iperf3 test, after a 1 s omitted warm-up; goodput is over the
+                             # receiver's intervals from 2 s on (so seconds >= 2)
     streams: int = 4
     ping_count: int = 21
     ping_interval_s: float = 0.1
@@ -62,12 +63,13 @@ def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dic
         "configured": {"delay_ms": w.link.delay_ms, "rate_mbit": w.link.rate_mbit,
                        "jitter_ms": w.link.jitter_ms, "loss_pct": w.link.loss_pct,
                        "queue_bytes": w.link.queue_bytes},
-        "measured": {"rtt_ms": round(idle.median_ms, 3), "rtt_min_ms": round(idle.min_ms, 3),
-                     "rtt_loaded_ms": round(loaded.median_ms, 3),
+        "measured": {"rtt_ms": idle.avg_ms, "rtt_min_ms": idle.min_ms, "rtt_mdev_ms": idle.mdev_ms,
+                     "rtt_loaded_ms": loaded.avg_ms, "rtt_loaded_mdev_ms": loaded.mdev_ms,
                      "goodput_mbit": round(multi.received_mbit, 2),
                      "goodput_1flow_mbit": round(single.received_mbit, 2),
                      "streams": settings.streams, "retransmits": multi.retransmits,
-                     "ping_loss_pct": round(idle.loss_pct, 1)},
+                     "ping_loss_pct": round(idle.loss_pct, 1),
+                     "goodput_intervals_mbit": list(multi.intervals_mbit)},
         "predicted": {"rtt_ms": 2 * w.link.delay_ms,
                       "goodput_max_mbit": round(w.link.rate_mbit * TCP_PAYLOAD_FRACTION, 2),
                       "goodput_1flow_mbit": _round(predicted_1flow_mbit(net, w))},
@@ -116,15 +118,16 @@ def _round(x: float | None) -> float | None:
 
 
 def _ping(net: Network, src: str, dst_ip: str, s: Settings) -> ping.PingResult:
+    net.run(src, ping.ping_argv(dst_ip, 2, 0.2), timeout_s=10, name="ping-warmup")  # ARP
     out = net.run(src, ping.ping_argv(dst_ip, s.ping_count, s.ping_interval_s),
                   timeout_s=s.ping_count * s.ping_interval_s + 10, name="ping")
-    return ping.parse_ping(out, s.ping_count)
+    return ping.parse_ping(out)
 
 
 def _start_server(net: Network, host: str, port: int):
     proc = net.spawn(host, iperf.server_argv(port), net.run_dir / "logs" / f"{host}-iperf3-s-{port}.log")
     deadline = time.monotonic() + 5
-    while "listening" not in proc.output(400):
+    while not iperf.listening(proc.pid, port):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.stop()
             raise RuntimeError(f"iperf3 server in {host} did not start: {proc.output()}")
@@ -148,9 +151,9 @@ def _iperf(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings
 def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings,
                      load_mbit: float) -> ping.PingResult:
     server = _start_server(net, dst, port)
-    count = max(5, int((s.seconds - 0.5) / s.ping_interval_s))
+    count = max(5, int((s.seconds - 1.0) / s.ping_interval_s))
     try:
-        client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds + 1, streams=1,
+        client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds, streams=1,
                                                   rate_mbit=load_mbit),
                            net.run_dir / "logs" / f"{src}-iperf3-load.log")
         time.sleep(1.0)  # let the load reach its rate before sampling
@@ -159,4 +162,4 @@ def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s
         client.wait(s.seconds + 20)
     finally:
         server.stop()
-    return ping.parse_ping(out, count)
+    return ping.parse_ping(out)

@@ -2,12 +2,18 @@
 
 One job: iperf3. A JSON document with an "error" key is a failure even when the exit code is 0
 (iperf3 reports errors inside the document), so `parse_iperf` raises on it.
+
+Goodput is taken at the receiver, from the server's own intervals (`--get-server-output`), in
+steady state: intervals starting at or after `steady_from_s`. iperf3's `sum_received` with -O
+counts bytes that were already queued or in flight when the omitted warm-up ended, which
+overstates goodput by up to a queue plus a bandwidth-delay product.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class IperfError(RuntimeError):
@@ -17,40 +23,66 @@ class IperfError(RuntimeError):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IperfResult:
     streams: int
-    seconds: float
-    sent_mbit: float        # goodput as the sender saw it (TCP payload)
-    received_mbit: float    # goodput at the receiver: what calibration reports
+    seconds: float           # length of the steady-state window the goodput is over
+    received_mbit: float     # steady-state goodput at the receiver (TCP payload)
+    sent_mbit: float         # the sender's own total, for reference
     retransmits: int
+    intervals_mbit: tuple[float, ...]   # receiver, per interval
 
 
 def server_argv(port: int) -> list[str]:
-    return ["iperf3", "-s", "-1", "-p", str(port), "--forceflush"]
+    return ["iperf3", "-s", "-1", "-J", "-p", str(port)]
 
 
 def client_argv(dst_ip: str, port: int, *, seconds: float, streams: int = 1, omit_s: float = 1.0,
                 rate_mbit: float | None = None) -> list[str]:
-    """TCP client; -O omits the first seconds (slow start) from the totals."""
-    argv = ["iperf3", "-c", dst_ip, "-p", str(port), "-t", f"{seconds:g}", "-O", f"{omit_s:g}",
-            "-P", str(streams), "-J"]
+    """TCP client for omit_s + seconds; the server's report comes back in the same document."""
+    argv = ["iperf3", "-c", dst_ip, "-p", str(port), "-t", f"{seconds + omit_s:g}",
+            "-O", f"{omit_s:g}", "-P", str(streams), "-J", "--get-server-output"]
     if rate_mbit is not None:
-        # Paced per stream: the total is rate_mbit.
-        argv += ["-b", f"{rate_mbit / streams * 1e6:.0f}", "--pacing-timer", "100"]
+        # Paced by the kernel (SO_MAX_PACING_RATE) per stream, so TCP also sizes its GSO
+        # bursts to the rate (~1 ms each) instead of sending 64 KB at once: the total is rate_mbit.
+        argv += ["--fq-rate", f"{rate_mbit / streams * 1e6:.0f}"]
     return argv
 
 
-def parse_iperf(text: str) -> IperfResult:
+def listening(pid: int, port: int) -> bool:
+    """Is there a TCP listener on port in the network namespace of process pid?"""
+    try:
+        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+        lines += Path(f"/proc/{pid}/net/tcp6").read_text().splitlines()[1:]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    for line in lines:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            return True
+    return False
+
+
+def parse_iperf(text: str, steady_from_s: float = 2.0) -> IperfResult:
     try:
         doc = json.loads(text[text.index("{"):])
     except ValueError:
         raise IperfError(f"iperf3 printed no JSON: {text.strip()[-300:]}") from None
     if "error" in doc:
         raise IperfError(f"iperf3: {doc['error']}")
+    server = doc.get("server_output_json") or {}
+    if "error" in server:
+        raise IperfError(f"iperf3 server: {server['error']}")
+    intervals = [i["sum"] for i in server.get("intervals", []) if not i["sum"].get("omitted")]
+    steady = [s for s in intervals if s["start"] >= steady_from_s - 1e-3 and s["seconds"] >= 0.5]
+    if not steady:
+        raise IperfError(f"iperf3 server reported no interval after {steady_from_s} s; "
+                         "run longer")
+    nbytes = sum(s["bytes"] for s in steady)
+    secs = sum(s["seconds"] for s in steady)
     end = doc["end"]
-    start = doc.get("start", {}).get("test_start", {})
     return IperfResult(
-        streams=int(start.get("num_streams", len(end.get("streams", [])) or 1)),
-        seconds=float(end["sum_received"]["seconds"]),
+        streams=int(doc.get("start", {}).get("test_start", {}).get("num_streams", 1)),
+        seconds=secs,
+        received_mbit=nbytes * 8 / secs / 1e6,
         sent_mbit=end["sum_sent"]["bits_per_second"] / 1e6,
-        received_mbit=end["sum_received"]["bits_per_second"] / 1e6,
         retransmits=int(end["sum_sent"].get("retransmits", 0)),
+        intervals_mbit=tuple(round(s["bits_per_second"] / 1e6, 3) for s in intervals),
     )

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Entry point: build the emulated multi-DC testbed for a scenario and run something on it.
+
+    sudo python run_testbed.py calibrate topologies/three_dc.yaml [--out results] [--backend B]
+    sudo python run_testbed.py run topologies/two_dc.yaml [--systems baseline] [--iterations N]
+    sudo python run_testbed.py topologies/two_dc.yaml          # shorthand for run
+    sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
+    sudo python run_testbed.py cleanup                         # remove what a killed run left
+
+CLI only: parse flags, load the scenario, call the job, print one line on error. Exit codes:
+0 ok, 1 the run failed, 2 bad input (scenario or flags), 130 interrupted (after cleaning up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from testbed.errors import ScenarioError, TestbedError
+
+COMMANDS = ("run", "calibrate", "validate", "cleanup")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="run_testbed.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="build the network and train on it (default command)")
+    run.add_argument("scenario")
+    run.add_argument("--systems", default=None, help="comma-separated: baseline (default: the scenario's)")
+    run.add_argument("--iterations", type=int, default=None, help="override training.iterations")
+    _common(run)
+    cal = sub.add_parser("calibrate", help="measure every WAN link (ping, iperf3) against its config")
+    cal.add_argument("scenario")
+    cal.add_argument("--seconds", type=float, default=4.0, help="per iperf3 test (default 4)")
+    cal.add_argument("--streams", type=int, default=4, help="parallel TCP flows (default 4)")
+    _common(cal)
+    val = sub.add_parser("validate", help="check scenario files, build nothing")
+    val.add_argument("scenario", nargs="+")
+    sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="results", help="results folder (default results/)")
+    p.add_argument("--backend", choices=("auto", "netem", "delayline"), default=None,
+                   help="link emulation (default: the scenario's, else probe the kernel)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv.insert(0, "run")  # run_testbed.py SCENARIO
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "cleanup":
+            from testbed.registry import cleanup
+            done = cleanup()
+            print("\n".join(done) if done else "nothing to clean up")
+            return 0
+        if args.command == "validate":
+            from testbed.scenario import load_scenario
+            for path in args.scenario:
+                scenario = load_scenario(path)
+                _validate_training(scenario)
+                print(f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links)")
+            return 0
+        if args.command == "calibrate":
+            from testbed.jobs import calibrate_job
+            path = calibrate_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
+                                 seconds=args.seconds, streams=args.streams)
+        else:
+            from testbed.jobs import run_job
+            systems = args.systems.split(",") if args.systems else None
+            path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
+                           systems=systems, iterations=args.iterations)
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except TestbedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the testbed was torn down", file=sys.stderr)
+        return 130
+    print(f"results: {path}")
+    return 0
+
+
+def _validate_training(scenario) -> None:
+    if scenario.training is None:
+        return
+    from trainer.config import TrainConfig, validate_against_hosts
+    cfg = TrainConfig.from_dict(scenario.training)
+    validate_against_hosts(cfg, len(scenario.host_names()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
