@@ -37,3 +37,56 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     write_json(run_dir / "calibration.json", doc)
     print(table(doc))
     return run_dir / "calibration.json"
+
+
+SUPPORTED_SYSTEMS = ("baseline",)
+
+
+def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
+            systems: list[str] | None = None, iterations: int | None = None) -> Path:
+    """Build the network, train once per system on it, write metrics.json and timelines."""
+    from testbed.errors import ScenarioError
+    from trainer.config import TrainConfig, validate_against_hosts
+    from trainer.launch import HostInfo, launch
+    from trainer.metrics import compute_metrics
+    from trainer.timeline_plot import plot_timeline
+
+    scenario = load_scenario(scenario_path)
+    if scenario.training is None:
+        raise ScenarioError("training", f"{scenario_path} has no training section",
+                            "add one (see topologies/two_dc.yaml) or use the calibrate command")
+    training = dict(scenario.training)
+    if iterations is not None:
+        training["iterations"] = iterations
+    cfg = TrainConfig.from_dict(training)
+    validate_against_hosts(cfg, len(scenario.host_names()), scenario.host_names())
+    systems = list(systems or scenario.systems)
+    for i, name in enumerate(systems):
+        if name not in SUPPORTED_SYSTEMS:
+            raise ScenarioError(f"systems[{i}]", f"{name!r} is not available yet",
+                                f"use {', '.join(SUPPORTED_SYSTEMS)}")
+    scenario, run_dir = _prepare(scenario_path, out_dir)
+    doc = {"scenario": scenario.name, "compute": cfg.compute, "schedule": cfg.schedule,
+           "scale": scenario.scale, "run_dir": str(run_dir), "systems": {}}
+    with Network(scenario, run_dir, backend=backend) as net:
+        doc["backend"] = net.backend
+        print(f"network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
+              f"{len(scenario.host_names())} hosts, {len(scenario.wan)} WAN links)", flush=True)
+        hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts]
+        for name in systems:
+            print(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
+                  f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}", flush=True)
+            sys_dir = run_dir / name
+            run = launch(cfg, hosts, sys_dir, net, scale=scenario.scale)
+            net.check()
+            metrics = compute_metrics(sys_dir)
+            metrics["wall_s"] = round(run.wall_s, 3)
+            metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
+                                                        title=f"{scenario.name} {name}"))
+            doc["systems"][name] = metrics
+            print(f"  iteration {metrics['iteration_time_s']:.3f} s, "
+                  f"{metrics['tokens_per_s']:.0f} tokens/s, bubble {metrics['bubble_fraction']:.2f}, "
+                  f"GPU utilization {metrics['gpu_utilization']:.2f}, "
+                  f"loss {metrics['loss'][0]:.3f} -> {metrics['loss'][-1]:.3f}", flush=True)
+    doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}
+    return write_json(run_dir / "metrics.json", doc)

@@ -77,9 +77,7 @@ def tcp_buffer_sysctls(scale: float) -> dict[str, str]:
     return {
         "net.ipv4.tcp_rmem": f"{min(4096, rmem)} {min(131072, rmem)} {rmem}",
         "net.ipv4.tcp_wmem": f"{min(4096, wmem)} {min(16384, wmem)} {wmem}",
-        "net.core.rmem_max": str(rmem),
-        "net.core.wmem_max": str(wmem),
-    }
+    }  # net.core.[rw]mem_max are machine-wide (read-only in a namespace): left alone
 
 
 class Network:
