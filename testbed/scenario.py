@@ -34,9 +34,14 @@ MIN_QUEUE_PACKETS = 100
 DC_NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
 MAX_HOSTS_PER_DC = 99
 MAX_DCS = 200
-# Linux defaults for TCP buffer limits on a real server, scaled down by `scale` in each host.
+# TCP buffer limits of a real server, scaled down by `scale` in each host. The receive limit is
+# Linux's default tcp_rmem max; the send limit is twice it, so that (as on a WAN-tuned host) the
+# window the receiver advertises is what limits one flow: goodput = window / RTT.
 REAL_TCP_RMEM_MAX_BYTES = 6291456
-REAL_TCP_WMEM_MAX_BYTES = 4194304
+REAL_TCP_WMEM_MAX_BYTES = 2 * REAL_TCP_RMEM_MAX_BYTES
+# Linux advertises as window only the payload share of the receive buffer (its scaling_ratio,
+# skb length / truesize, for full-size segments); measured 0.73-0.755 on this kernel over veth.
+RCV_WINDOW_FRACTION = 0.73
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

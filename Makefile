@@ -1,0 +1,24 @@
+# Run as root (the testbed builds network namespaces): `make run`, `make test`.
+PY := .venv/bin/python
+SCENARIO ?= topologies/two_dc.yaml
+
+.PHONY: setup run test calibrate bench cleanup
+
+setup:
+	@bash scripts/setup.sh
+
+run: setup        ## build the default scenario's network and train on it
+	$(PY) run_testbed.py run $(SCENARIO)
+
+test: setup       ## the test suite (root tests build real namespaces)
+	$(PY) -m pytest -q
+
+calibrate: setup  ## measure every WAN link of three_dc against its configuration
+	$(PY) run_testbed.py calibrate topologies/three_dc.yaml
+
+bench: setup      ## benchmarks: WAN fidelity, build/teardown times, pipeline bubbles
+	$(PY) bench/bench_network.py
+	$(PY) bench/bench_bubbles.py
+
+cleanup:          ## remove what a killed run left behind
+	$(PY) run_testbed.py cleanup
