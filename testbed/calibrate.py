@@ -126,9 +126,6 @@ def _err(measured: float, want: float) -> str:
     return f"{100 * (measured - want) / want:+.1f}" if want else "-"
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 2)
-
 
 def _ping(net: Network, src: str, dst_ip: str, s: Settings) -> ping.PingResult:
     net.run(src, ping.ping_argv(dst_ip, 2, 0.2), timeout_s=10, name="ping-warmup")  # ARP
