@@ -126,7 +126,6 @@ def _err(measured: float, want: float) -> str:
     return f"{100 * (measured - want) / want:+.1f}" if want else "-"
 
 
-
 def _ping(net: Network, src: str, dst_ip: str, s: Settings) -> ping.PingResult:
     net.run(src, ping.ping_argv(dst_ip, 2, 0.2), timeout_s=10, name="ping-warmup")  # ARP
     out = net.run(src, ping.ping_argv(dst_ip, s.ping_count, s.ping_interval_s),

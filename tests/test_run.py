@@ -1,0 +1,70 @@
+"""End to end: `run_testbed.py run` trains across the emulated WAN and writes metrics.json.
+
+Root tests (they build namespaces); CI runs as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to build namespaces")
+
+
+def scenario(tmp_path: Path, delay_ms: float, name: str) -> Path:
+    doc = {
+        "name": name,
+        "scale": 100,
+        "dcs": [{"name": "east", "hosts": 1}, {"name": "west", "hosts": 1}],
+        "wan": [{"between": ["east", "west"], "delay_ms": delay_ms, "rate_mbit": 100}],
+        "training": {
+            "model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64},
+            "stages": 2, "replicas": 1, "micro_batches": 2, "micro_batch_size": 2,
+            "schedule": "gpipe", "iterations": 3, "seed": 0, "compute": "profile",
+            "profile": {"file": "h200-transformer.json", "width": 2048, "seq": 2048,
+                        "micro_batch": 1, "n_layer": 8},
+        },
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run(path: Path, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, "run_testbed.py", "run", str(path), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("results: "), proc.stdout
+    return json.loads(Path(last.removeprefix("results: ")).read_text())
+
+
+def test_iteration_time_grows_with_wan_delay(tmp_path: Path) -> None:
+    near = run(scenario(tmp_path, 2, "near"), tmp_path / "results")
+    far = run(scenario(tmp_path, 40, "far"), tmp_path / "results")
+    t_near = near["systems"]["baseline"]["iteration_time_s"]
+    t_far = far["systems"]["baseline"]["iteration_time_s"]
+    # Each iteration crosses the WAN at least 4 times one way (2 activations, 2 gradients, in
+    # sequence at the pipeline's ends), so 38 ms more one-way delay adds well over 100 ms.
+    assert t_far > t_near + 0.1, (t_near, t_far)
+
+
+def test_metrics_document(tmp_path: Path) -> None:
+    doc = run(scenario(tmp_path, 5, "doc"), tmp_path / "results")
+    assert doc["scenario"] == "doc" and doc["compute"] == "profile"
+    assert doc["backend"] in ("netem", "delayline")
+    base = doc["systems"]["baseline"]
+    for key in ("iteration_time_s", "tokens_per_s", "bubble_fraction", "gpu_utilization"):
+        assert base[key] > 0, key
+    assert 0 < base["bubble_fraction"] < 1 and 0 < base["gpu_utilization"] < 1
+    assert len(base["loss"]) == 3
+    assert [(s["stage"], s["dc"], s["host"]) for s in base["stages"]] == [
+        (0, "east", "east-h1"), (1, "west", "west-h1")]
+    assert Path(base["timeline_png"]).stat().st_size > 1000
