@@ -77,7 +77,8 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             print(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
                   f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}", flush=True)
             sys_dir = run_dir / name
-            run = launch(cfg, hosts, sys_dir, net, scale=scenario.scale)
+            run = launch(cfg, hosts, sys_dir, net, scale=scenario.scale,
+                         progress=lambda line: print("  " + line, flush=True))
             net.check()
             metrics = compute_metrics(sys_dir)
             metrics["wall_s"] = round(run.wall_s, 3)
@@ -85,7 +86,8 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                                                         title=f"{scenario.name} {name}"))
             doc["systems"][name] = metrics
             print(f"  iteration {metrics['iteration_time_s']:.3f} s, "
-                  f"{metrics['tokens_per_s']:.0f} tokens/s, bubble {metrics['bubble_fraction']:.2f}, "
+                  f"{metrics['target_tokens_per_s']:.0f} tokens/s (target model), "
+                  f"bubble {metrics['bubble_fraction']:.2f}, "
                   f"GPU utilization {metrics['gpu_utilization']:.2f}, "
                   f"loss {metrics['loss'][0]:.3f} -> {metrics['loss'][-1]:.3f}", flush=True)
     doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}

@@ -111,13 +111,17 @@ class LocalSpawner:
         self.procs.clear()
 
 
-def wait_all(procs: Sequence[HostProcess], timeout_s: float, poll_s: float = 0.05) -> None:
+def wait_all(procs: Sequence[HostProcess], timeout_s: float, poll_s: float = 0.05,
+             on_tick: Callable[[], None] | None = None) -> None:
     """Wait until every process exits 0. On the first failure or at the deadline, stop all of
-    them and raise RuntimeError with the failing process's log tail."""
+    them and raise RuntimeError with the failing process's log tail. on_tick runs every
+    poll_s while waiting (e.g. to report progress)."""
     deadline = time.monotonic() + timeout_s
     pending = list(procs)
     try:
         while pending:
+            if on_tick is not None:
+                on_tick()
             for proc in list(pending):
                 rc = proc.poll()
                 if rc is None:

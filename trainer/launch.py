@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from testbed.errors import TestbedError
 from testbed.procs import HostProcess, Spawner, wait_all
@@ -144,7 +144,8 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
 def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: Spawner,
            scale: float = 1.0, base_port: int = 29500, timeout_s: float = 600.0,
            python: str = sys.executable, env: dict[str, str] | None = None,
-           connect_timeout_s: float = 60.0) -> TrainRun:
+           connect_timeout_s: float = 60.0,
+           progress: Callable[[str], None] | None = None) -> TrainRun:
     """Run training to the end; raise TestbedError (with the failing worker's log tail) if any
     worker fails or the run passes timeout_s. hosts are in topology order; scale divides padded
     message sizes."""
@@ -173,7 +174,9 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
             argv = [python, "-m", "trainer.worker", "--spec", str(spec_path)]
             procs.append(spawner.spawn(spec.host, argv, run_dir / "logs" /
                                        f"{spec.host}-trainer.log", env))
-        wait_all(procs, timeout_s)
+        last = next(s for s in specs if s.stage == cfg.stages - 1 and s.replica == 0)
+        wait_all(procs, timeout_s, on_tick=None if progress is None else
+                 _loss_reporter(Path(last.loss_path), cfg.iterations, progress))
     except (RuntimeError, TimeoutError) as exc:
         for proc in procs:
             proc.stop()
@@ -189,6 +192,28 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                  if s.stage == cfg.stages - 1], loss_path, sort_key="iteration")
     return TrainRun(run_dir=run_dir, spans_path=spans_path, loss_path=loss_path,
                     plan_path=plan_path, specs=specs, wall_s=wall_s)
+
+
+def _loss_reporter(loss_path: Path, iterations: int,
+                   progress: Callable[[str], None]) -> Callable[[], None]:
+    """A tick function that reports each new iteration the last stage has logged."""
+    seen = [0]
+
+    def tick() -> None:
+        try:
+            lines = loss_path.read_text().splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines[seen[0]:]:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                return  # a line still being written: read it next tick
+            seen[0] += 1
+            progress(f"iteration {rec['iteration'] + 1}/{iterations}: "
+                     f"loss {rec['loss']:.3f} (replica 0)")
+
+    return tick
 
 
 def hosts_from_dicts(rows: Sequence[dict]) -> list[HostInfo]:

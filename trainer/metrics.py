@@ -97,10 +97,14 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
     iteration_time_s = statistics.fmean(window_s)
     util = statistics.fmean(x["gpu_utilization"] for x in stages_out)
     tokens = D * M * cfg["micro_batch_size"] * cfg["model"]["seq_len"]
+    profile = cfg.get("profile") if cfg["compute"] == "profile" else None
+    # In profile mode the run stands for the target model: its tokens per iteration too.
+    target_tokens = D * M * profile["micro_batch"] * profile["seq"] if profile else tokens
     return {
         "iteration_time_s": iteration_time_s,
         "iteration_period_s": statistics.fmean(periods) if periods else iteration_time_s,
         "tokens_per_s": tokens / iteration_time_s,
+        "target_tokens_per_s": target_tokens / iteration_time_s,
         "bubble_fraction": 1.0 - util,
         "gpu_utilization": util,
         "pipeline_bubble_fraction": statistics.fmean(x["pipeline_bubble_fraction"]
