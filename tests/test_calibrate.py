@@ -1,0 +1,98 @@
+"""`run_testbed.py calibrate` end to end on a small scenario (root).
+
+- exit 0, the last stdout line is 'results: PATH', calibration.json holds the backend and, per
+  link, the configured and measured rtt_ms / rtt_loaded_ms / goodput_mbit / goodput_1flow_mbit,
+  with idle RTT and goodput within the project's margins;
+- a second run writes a new folder and leaves the first one as it was;
+- Ctrl-C during a measurement tears the network down and exits 130 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.network
+
+DELAY_MS, RATE_MBIT = 5, 20
+SMALL = {"name": "cal_small",
+         "dcs": [{"name": "ca", "hosts": 1}, {"name": "cb", "hosts": 1}],
+         "wan": [{"between": ["ca", "cb"], "delay_ms": DELAY_MS, "rate_mbit": RATE_MBIT}]}
+
+
+@pytest.fixture
+def small_yaml(tmp_path) -> Path:
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    return path
+
+
+def calibrate(start_child, small_yaml: Path, out: Path, *extra: str):
+    child = start_child(["run_testbed.py", "calibrate", str(small_yaml), "--out", str(out),
+                         "--seconds", "2", "--streams", "2", *extra])
+    rc = child.wait(timeout_s=120)
+    return child, rc
+
+
+def results_path(child) -> Path:
+    lines = child.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("results: "), child.describe()
+    return Path(lines[-1].removeprefix("results: "))
+
+
+def test_calibrate_cli(start_child, small_yaml, tmp_path):
+    out = tmp_path / "results"
+    child, rc = calibrate(start_child, small_yaml, out)
+    assert rc == 0, child.describe()
+    first = results_path(child)
+    assert first.name == "calibration.json" and first.parent.parent == out, first
+    doc = json.loads(first.read_text())
+    assert doc["backend"] in ("netem", "delayline"), doc
+    assert len(doc["links"]) == 1
+    link = doc["links"][0]
+    assert link["between"] == ["ca", "cb"]
+    assert link["configured"]["delay_ms"] == DELAY_MS and link["configured"]["rate_mbit"] == RATE_MBIT
+    m = link["measured"]
+    for key in ("rtt_ms", "rtt_loaded_ms", "goodput_mbit", "goodput_1flow_mbit"):
+        assert isinstance(m.get(key), (int, float)) and m[key] > 0, f"measured.{key}: {m}"
+
+    raw = f"config {SMALL['wan'][0]}; measured {m}; samples {link.get('samples')}"
+    want_rtt = 2 * DELAY_MS
+    # One calibration costs ~15 s, so no second try: the RTTs are checked on the median of the
+    # per-reply samples (0.1 ms resolution), which one scheduling hiccup on this shared 2-core
+    # machine cannot move, rather than on the average.
+    idle = statistics.median(link["samples"]["rtt_ms"])
+    loaded = statistics.median(link["samples"]["rtt_loaded_ms"])
+    assert abs(idle - want_rtt) <= max(0.5, 0.02 * want_rtt), f"idle median {idle}: {raw}"
+    # Under a paced load at 90% of the rate the delay line must hold its delay; ping shares the
+    # link with the load, so allow 1 ms (a few 1500-byte packet times at 20 Mbit/s).
+    assert abs(loaded - want_rtt) <= 1.0, f"loaded median {loaded}: {raw}"
+    for key in ("goodput_mbit", "goodput_1flow_mbit"):
+        assert 0.90 * RATE_MBIT <= m[key] <= 1.01 * RATE_MBIT, f"{key}: {raw}"
+
+    before = first.read_bytes()
+    child2, rc2 = calibrate(start_child, small_yaml, out)
+    assert rc2 == 0, child2.describe()
+    second = results_path(child2)
+    assert second.parent != first.parent, (first, second)
+    assert second.is_file() and first.read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == sorted([first.parent.name, second.parent.name])
+
+
+def test_calibrate_interrupted(start_child, small_yaml, tmp_path):
+    out = tmp_path / "results"
+    child = start_child(["run_testbed.py", "calibrate", str(small_yaml), "--out", str(out),
+                         "--seconds", "3", "--streams", "2"])
+    child.wait_for("measuring ca <-> cb", timeout_s=30)
+    time.sleep(1.5)  # into the first iperf3 test
+    child.popen.send_signal(signal.SIGINT)
+    rc = child.wait(timeout_s=20)
+    assert rc == 130, child.describe()
+    assert child.stderr.splitlines() == ["interrupted: the testbed was torn down"], child.describe()
+    assert not list(out.glob("*/calibration.json")), child.describe()
