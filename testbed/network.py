@@ -163,11 +163,13 @@ class Network:
         if self.net is not None:
             net, self.net = self.net, None
             net.stop()
-        for name in self.plan.root_interfaces():
-            if Path(f"/sys/class/net/{name}").exists():
-                with IPRoute() as ipr:
-                    ipr.link("del", ifname=name)
         if self.registry is not None:
+            # Only a network that got past the name check owns these names; a refused one must
+            # not delete the bridges of the run that holds them.
+            for name in self.plan.root_interfaces():
+                if Path(f"/sys/class/net/{name}").exists():
+                    with IPRoute() as ipr:
+                        ipr.link("del", ifname=name)
             self.registry.close()
             self.registry = None
         self._restore_signal_handlers()
@@ -322,7 +324,8 @@ class Network:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         started = []
         for gw, items in per_gw.items():
-            argv = [sys.executable, "-m", "testbed.delayline"]
+            # Each delay line draws its own jitter and loss (seeded by its first queue number).
+            argv = [sys.executable, "-m", "testbed.delayline", "--seed", str(items[0][0].num)]
             for spec, _intf, _name in items:
                 argv += ["--queue", spec.format()]
             proc = self.spawn(gw, argv, self.run_dir / "logs" / f"{gw}-delayline.log", env=env)

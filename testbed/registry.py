@@ -33,7 +33,7 @@ class Registry:
     """The resources of one run, kept in RUNTIME_DIR/<run_id>.json (rewritten atomically)."""
 
     def __init__(self, run_id: str, directory: Path = RUNTIME_DIR) -> None:
-        self.path = directory / f"{run_id}.json"
+        self.path = directory / f"{run_id}-{os.getpid()}.json"  # unique even for equal run ids
         self.data: dict = {"run_id": run_id, "owner": {"pid": os.getpid(),
                                                        "start": _start_time(os.getpid())},
                            "pids": [], "interfaces": []}

@@ -31,7 +31,8 @@ BACKENDS = ("auto", "netem", "delayline")
 SYSTEMS = ("baseline", "atlas", "bubbletea")
 MTU_BYTES = 1500
 MIN_QUEUE_PACKETS = 100
-DC_NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
+DC_NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
+MAX_WAN_LINKS_PER_DC = 99  # <dc>-gw-eth99 is the longest gateway interface name that fits
 MAX_HOSTS_PER_DC = 99
 MAX_DCS = 200
 # TCP buffer limits of a real server, scaled down by `scale` in each host. The receive limit is
@@ -119,6 +120,12 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     dcs = _parse_dcs(top.get("dcs"))
     wan = _parse_wan(top.get("wan", []), dcs)
     _check_connected(dcs, wan)
+    for dc in dcs:
+        n = sum(dc.name in (link.a, link.b) for link in wan)
+        if n > MAX_WAN_LINKS_PER_DC:
+            raise ScenarioError("wan", f"DC {dc.name!r} has {n} WAN links",
+                                f"give each DC at most {MAX_WAN_LINKS_PER_DC} (interface names "
+                                "are capped at 15 characters)")
     scale = _number(top.get("scale", 1.0), "scale", low=1.0, high=1e6)
     backend = top.get("backend", "auto")
     if backend not in BACKENDS:
@@ -152,7 +159,7 @@ def _parse_dcs(value: Any) -> tuple[DataCenter, ...]:
         d = _mapping(item, where)
         _no_unknown(d, where, {"name", "hosts", "rate_mbit"})
         name = d.get("name")
-        if not isinstance(name, str) or not DC_NAME_RE.match(name):
+        if not isinstance(name, str) or not DC_NAME_RE.fullmatch(name):
             raise ScenarioError(f"{where}.name", f"{name!r} is not a valid DC name",
                                 "use 1-6 lowercase letters/digits starting with a letter "
                                 "(it prefixes interface names, which Linux caps at 15 chars)")

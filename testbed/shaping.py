@@ -104,6 +104,9 @@ def read_back(ipr: IPRoute, intf: str) -> dict[str, Any]:
     for q in ipr.get_qdiscs(index=index):
         if q["handle"] == LEAF_HANDLE:
             out["leaf"] = q.get_attr("TCA_KIND")
+            opts = q.get_attr("TCA_OPTIONS")
+            if out["leaf"] == "bfifo" and opts is not None:
+                out["limit"] = int(opts["limit"])
     return out
 
 

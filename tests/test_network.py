@@ -329,11 +329,12 @@ def test_teardown_after_success(tmp_path, leftovers):
     before = leftovers.snapshot()
     old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     with build(tmp_path, two_dc("t")) as net:
-        run_id = net.run_id
-        assert (leftovers.runtime_dir() / f"{run_id}.json").exists()
+        assert net.registry is not None
+        registry_file = net.registry.path
+        assert registry_file.parent == leftovers.runtime_dir() and registry_file.exists()
         assert {"ta-s", "tb-s"} <= leftovers.root_links()
         run_ping(net, "ta-h1", "tb-h1", 1, 0.05)
-    assert not (leftovers.runtime_dir() / f"{run_id}.json").exists()
+    assert not registry_file.exists()
     assert {s: signal.getsignal(s) for s in old} == old, "signal handlers not restored"
     leftovers.assert_nothing_new(before, "after a clean run")
 
