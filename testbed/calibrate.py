@@ -1,14 +1,15 @@
 """Calibration: measure every WAN link of a built network with real tools, compare with config.
 
 One job: for each link a<->b, between the first host of a and the first host of b:
-  - rtt_ms:            median ping RTT on the idle path (should be 2 x delay_ms)
-  - goodput_mbit:      iperf3 TCP goodput with N parallel flows (should be ~rate_mbit)
-  - goodput_1flow_mbit one flow (with `scale`, window-limited: predicted by buffer / RTT)
-  - rtt_loaded_ms:     median ping RTT while a paced TCP load runs at LOAD_FRACTION of the
-                       rate in the same direction (the delay line must hold its delay under load;
-                       queueing from overdriving the link is left out on purpose)
-Goodput is what the receiver got, at the TCP payload level; HTB counts Ethernet frames, so the
-ceiling at MTU 1500 is 1448/1514 = 95.6% of the configured rate.
+  - rtt_ms:             mean ping RTT on the idle path, after an ARP warm-up (2 x delay_ms)
+  - goodput_mbit:       iperf3 TCP goodput with N parallel flows, at the receiver, steady state
+                        (median of 1 s intervals from 2 s on; see traffic.iperf)
+  - goodput_1flow_mbit: one flow (with `scale`, window-limited: advertised window / RTT)
+  - rtt_loaded_ms:      mean ping RTT while a kernel-paced TCP load runs at LOAD_FRACTION of the
+                        rate in the same direction (the delay line must hold its delay under
+                        load; queueing from overdriving the link is left out on purpose)
+Goodput is TCP payload; HTB counts Ethernet frames, so the ceiling at MTU 1500 is
+1448/1514 = 95.6% of the configured rate.
 """
 
 from __future__ import annotations

@@ -3,15 +3,18 @@
 One job: iperf3. A JSON document with an "error" key is a failure even when the exit code is 0
 (iperf3 reports errors inside the document), so `parse_iperf` raises on it.
 
-Goodput is taken at the receiver, from the server's own intervals (`--get-server-output`), in
-steady state: intervals starting at or after `steady_from_s`. iperf3's `sum_received` with -O
-counts bytes that were already queued or in flight when the omitted warm-up ended, which
-overstates goodput by up to a queue plus a bandwidth-delay product.
+Goodput is taken at the receiver, from the server's own 1 s intervals (`--get-server-output`),
+in steady state: the median of the intervals starting at or after `steady_from_s`. A loss in
+slow start makes the receiving application see a dip and then a burst above the link rate (the
+out-of-order data is delivered at once when the retransmission lands), so a plain total over a
+few seconds, or iperf3's `sum_received` with -O (which also counts data queued when the warm-up
+ended), is off by up to a queue's worth; the median of intervals is not.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,13 +78,12 @@ def parse_iperf(text: str, steady_from_s: float = 2.0) -> IperfResult:
     if not steady:
         raise IperfError(f"iperf3 server reported no interval after {steady_from_s} s; "
                          "run longer")
-    nbytes = sum(s["bytes"] for s in steady)
     secs = sum(s["seconds"] for s in steady)
     end = doc["end"]
     return IperfResult(
         streams=int(doc.get("start", {}).get("test_start", {}).get("num_streams", 1)),
         seconds=secs,
-        received_mbit=nbytes * 8 / secs / 1e6,
+        received_mbit=statistics.median(s["bits_per_second"] for s in steady) / 1e6,
         sent_mbit=end["sum_sent"]["bits_per_second"] / 1e6,
         retransmits=int(end["sum_sent"].get("retransmits", 0)),
         intervals_mbit=tuple(round(s["bits_per_second"] / 1e6, 3) for s in intervals),
