@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -29,31 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testbed.procs import LocalSpawner  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
-from trainer.launch import HostInfo, launch  # noqa: E402
+from trainer.launch import HostInfo, free_base_port, launch  # noqa: E402
 from trainer.metrics import compute_metrics  # noqa: E402
 
 PROFILE = {"file": "h200-transformer.json", "width": 4096, "seq": 2048, "micro_batch": 2,
            "n_layer": 32}
 MODEL = {"n_layer": 4, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
 PROCESSES = 8
-
-
-def free_base_port(n: int) -> int:
-    for _ in range(50):
-        base = random.randint(20000, 45000)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 def run_case(schedule: str, P: int, M: int, iterations: int, scale: float, root: Path) -> dict:

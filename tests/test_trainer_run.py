@@ -6,8 +6,6 @@
 """
 
 import json
-import random
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,30 +13,11 @@ import pytest
 from testbed.errors import TestbedError
 from testbed.procs import LocalSpawner
 from trainer.config import TrainConfig
-from trainer.launch import HostInfo, launch, plan_workers
+from trainer.launch import HostInfo, free_base_port, launch, plan_workers
 from trainer.metrics import compute_metrics
 from trainer.reference import reference_losses
 
 MODEL = {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
-
-
-def free_base_port(n: int) -> int:
-    """A base port with n free consecutive ports on 127.0.0.1."""
-    for _ in range(50):
-        base = random.randint(20000, 45000)
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 def loopback_hosts(n: int, dcs: int = 2) -> list[HostInfo]:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -192,6 +194,25 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                  if s.stage == cfg.stages - 1], loss_path, sort_key="iteration")
     return TrainRun(run_dir=run_dir, spans_path=spans_path, loss_path=loss_path,
                     plan_path=plan_path, specs=specs, wall_s=wall_s)
+
+
+def free_base_port(n: int, ip: str = "127.0.0.1") -> int:
+    """A base port with n free consecutive ports on ip (for loopback runs: tests, benchmarks)."""
+    for _ in range(50):
+        base = random.randint(20000, 45000)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind((ip, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} free consecutive ports on {ip}")
 
 
 def _loss_reporter(loss_path: Path, iterations: int,
