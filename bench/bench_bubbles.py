@@ -6,9 +6,11 @@ an H200 profile (32 blocks of width 4096, seq 2048, micro-batch 2), and prints:
 
   formula   (P-1)/(M+P-1)
   pipe      measured bubble over F/B only (first forward to last backward): what the formula means
-  full      measured bubble over the whole iteration (adds all-reduce + optimizer step)
-  iter_s    measured iteration time (first compute start to last compute end) and predicted
-            (trainer/schedule.py simulator with the profile's durations, no communication)
+  full      measured bubble over the whole iteration (adds all-reduce, optimizer step and the
+            gap to the next iteration)
+  iter_s    measured iteration time (first compute start to the next iteration's first compute
+            start; the last iteration to its last compute end) and predicted (trainer/schedule.py
+            simulator with the profile's durations, no communication, no gap)
   cv        largest coefficient of variation of F or B durations on any worker
 
 Ratios, not timing asserts: this machine's 2 cores are shared. Run:

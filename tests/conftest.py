@@ -6,8 +6,8 @@ each of them and fails the test if anything new remains:
 
     - interface names in the root namespace (`ip -br link`): bridges <dc>-s and their ports
     - registry files of the testbed (testbed.registry.RUNTIME_DIR)
-    - processes whose command line contains mnexec, iperf3, testbed.delayline or 'bash --norc'
-      (Mininet's host shells)
+    - processes whose command line contains mnexec, iperf3, testbed.delayline, 'bash --norc'
+      (Mininet's host shells) or trainer.worker (training processes)
     - named network namespaces (`ip netns list`)
 
 The session uses its own registry directory, /run/geotestbed/tests-XXXX (GEOTESTBED_RUNTIME_DIR,
@@ -15,7 +15,8 @@ set before the testbed is imported), so `run_testbed.py cleanup` in the tests on
 the tests made, and a plain `run_testbed.py cleanup` (which reads only /run/geotestbed/*.json)
 never touches a test session's runs. What other live runs on the same machine hold (listed in
 /run/geotestbed/*.json or /run/geotestbed/*/*.json with a live owner: someone's `make run`, or
-another test session) is not counted as a leftover.
+another test session) is not counted as a leftover, nor is a process whose environment names
+another GEOTESTBED_RUNTIME_DIR (say trainer workers of a concurrent non-root test run).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_RUNTIME_DIR = Path("/run/geotestbed")
-PROC_MARKERS = ("mnexec", "iperf3", "testbed.delayline", "bash --norc")
+PROC_MARKERS = ("mnexec", "iperf3", "testbed.delayline", "bash --norc", "trainer.worker")
 SETTLE_S = 3.0  # things a teardown ended may take this long to vanish from /proc
 
 _session_runtime_dir: Path | None = None
@@ -153,6 +154,19 @@ def _foreign() -> tuple[set[int], set[str]]:
     return pids, links
 
 
+def _other_session(pid: int) -> bool:
+    """The process's environment names another GEOTESTBED_RUNTIME_DIR: it belongs to another
+    test session or run (e.g. trainer workers of a concurrent non-root test run)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    for item in env:
+        if item.startswith(b"GEOTESTBED_RUNTIME_DIR="):
+            return item.split(b"=", 1)[1].decode(errors="replace") != str(runtime_dir())
+    return False
+
+
 def _descends_from(pid: int, ancestors: set[int]) -> bool:
     for _ in range(64):
         if pid in ancestors:
@@ -172,7 +186,8 @@ def new_since(before: Snapshot) -> dict[str, list]:
         "interfaces": sorted(now.links - before.links - foreign_links),
         "registry files": sorted(now.registry - before.registry),
         "processes": sorted(p for p in now.procs - before.procs
-                            if not _descends_from(p[0], foreign_pids)),
+                            if not _descends_from(p[0], foreign_pids)
+                            and not _other_session(p[0])),
         "netns": sorted(now.netns - before.netns),
     }
     return {k: v for k, v in found.items() if v}

@@ -1,12 +1,12 @@
 """End to end: `run_testbed.py run` trains across the emulated WAN and writes metrics.json.
 
-Root tests (they build namespaces); CI runs as root.
+Root tests (they build namespaces; `network` marker: skipped without root, checked for
+leftovers); CI runs as root.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to build namespaces")
+pytestmark = pytest.mark.network   # needs root; tests/conftest.py checks for leftovers
 
 
 def scenario(tmp_path: Path, delay_ms: float, name: str) -> Path:

@@ -136,10 +136,74 @@ def test_transport_deadlines_name_the_peer():
     lst.close()
 
 
+def _raw_hello(port: int, hello: str) -> socket.socket:
+    from trainer.transport import _HELLO, MAGIC
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(_HELLO.pack(MAGIC, len(hello)) + hello.encode())
+    return sock
+
+
+def test_unknown_dtype_in_a_header_reaches_recv():
+    from trainer.transport import HEADER, MAGIC
+    port = free_port()
+    lst = Listener("127.0.0.1", port)
+    sock = _raw_hello(port, "s0r0")
+    ch = lst.accept("s0r0", timeout_s=5)
+    try:
+        # a well-formed frame first, then one with dtype code 99
+        sock.sendall(HEADER.pack(MAGIC, KIND_ACT, 0, 1, 0, 0, 0, 8, 0, 2, 0, 0, 0)
+                     + torch.tensor([1.0, 2.0]).numpy().tobytes())
+        assert torch.equal(ch.recv(KIND_ACT, 0, 0, timeout_s=5).tensor, torch.tensor([1.0, 2.0]))
+        sock.sendall(HEADER.pack(MAGIC, KIND_ACT, 99, 1, 0, 0, 1, 8, 0, 2, 0, 0, 0) + bytes(8))
+        with pytest.raises(ConnectionError, match="unknown dtype code 99.*iteration=0 mb=1"):
+            ch.recv(KIND_ACT, 0, 1, timeout_s=5)
+        with pytest.raises(ConnectionError, match="dtype code 99"):   # and stays so
+            ch.recv(KIND_ACT, 0, 2, timeout_s=5)
+    finally:
+        sock.close()
+        ch.close(timeout_s=1)
+        lst.close()
+
+
+def test_listener_skips_stray_connections_until_its_peer_comes():
+    port = free_port()
+    lst = Listener("127.0.0.1", port)
+    strays = [_raw_hello(port, "intruder"), socket.create_connection(("127.0.0.1", port))]
+    strays[1].sendall(b"GET / HTTP/1.0\r\n\r\n")       # not even a hello
+    result = {}
+
+    def peer():
+        time.sleep(0.3)
+        result["ch"] = connect("127.0.0.1", port, hello="s0r0", peer="s1r0", timeout_s=5)
+
+    t = threading.Thread(target=peer)
+    t.start()
+    ch = lst.accept("s0r0", timeout_s=5)
+    t.join(5)
+    result["ch"].send(KIND_ACT, 0, 0, torch.ones(3))
+    assert torch.equal(ch.recv(KIND_ACT, 0, 0, timeout_s=5).tensor, torch.ones(3))
+    for s in strays:     # the listener closed them (reset: it left bytes unread)
+        s.settimeout(5)
+        try:
+            assert s.recv(1) == b""
+        except ConnectionResetError:
+            pass
+        s.close()
+    result["ch"].close(timeout_s=1)
+    ch.close(timeout_s=1)
+    # with no right peer at all: a timeout that names the rejected connection
+    stray = _raw_hello(port, "intruder")
+    with pytest.raises(TimeoutError, match="s0r0 did not connect.*rejected.*'intruder'"):
+        lst.accept("s0r0", timeout_s=0.5)
+    stray.close()
+    lst.close()
+
+
 # -- metrics, plot ----------------------------------------------------------------------------
 
 def fake_run(f_ms=10, b_ms=20, P=2, M=4, iterations=3):
-    """Spans of a perfect GPipe run (from the simulator), as workers would write them."""
+    """Spans of a perfect GPipe run (from the simulator), as workers would write them, with
+    5 ms between one iteration's last compute end and the next one's first compute start."""
     from trainer.schedule import schedule_table, simulate
     sim = simulate(schedule_table("gpipe", P, M), f_ms, b_ms)
     spans, period_ns = [], int(sim.window_ms * 1e6) + 5_000_000
@@ -151,7 +215,9 @@ def fake_run(f_ms=10, b_ms=20, P=2, M=4, iterations=3):
                           "t_start_ns": it * period_ns + int(op.start_ms * 1e6),
                           "t_end_ns": it * period_ns + int(op.end_ms * 1e6)})
     plan = {"config": {"stages": P, "replicas": 1, "micro_batches": M, "micro_batch_size": 2,
-                       "model": {"seq_len": 16}, "compute": "profile", "schedule": "gpipe"},
+                       "model": {"seq_len": 16}, "compute": "profile", "schedule": "gpipe",
+                       "profile": {"file": "h200-transformer.json", "width": 4096, "seq": 2048,
+                                   "micro_batch": 1, "n_layer": 32}},
             "workers": [{"stage": s, "replica": 0, "host": f"h{s}", "dc": "dc0"}
                         for s in range(P)]}
     losses = [{"iteration": it, "replica": 0, "loss": 5.0 - it} for it in range(iterations)]
@@ -161,16 +227,43 @@ def fake_run(f_ms=10, b_ms=20, P=2, M=4, iterations=3):
 def test_metrics_on_a_perfect_gpipe_timeline():
     spans, losses, plan = fake_run()
     m = metrics_from_records(spans, losses, plan)
-    assert m["bubble_fraction"] == pytest.approx(0.2, abs=1e-6)
+    # F/B window 5 x 30 ms with 4 x 30 ms of compute per stage: the textbook 0.2
     assert m["pipeline_bubble_fraction"] == pytest.approx(0.2, abs=1e-6)
-    assert m["gpu_utilization"] == pytest.approx(0.8, abs=1e-6)
-    assert m["iteration_time_s"] == pytest.approx(5 * 0.030)
-    assert m["tokens_per_s"] == pytest.approx(4 * 2 * 16 / 0.150)
+    # walls: iteration 1 to the next start (150 + 5 ms gap), iteration 2 (the last) its own
+    # 150 ms; iteration 0 is warm-up
+    walls = [0.155, 0.150]
+    assert m["iteration_time_s"] == pytest.approx(sum(walls) / 2)
+    util = sum(0.120 / w for w in walls) / 2
+    assert m["gpu_utilization"] == pytest.approx(util, abs=1e-6)
+    assert m["bubble_fraction"] == pytest.approx(1 - util, abs=1e-6)
+    for st in m["stages"]:
+        assert st["gpu_utilization"] == pytest.approx(util, abs=1e-6)
+    # profile mode: tokens/s of the target (micro-batch 1 x seq 2048), and of the small model
+    assert m["tokens_per_s"] == pytest.approx(4 * 1 * 2048 / m["iteration_time_s"])
+    assert m["model_tokens_per_s"] == pytest.approx(4 * 2 * 16 / m["iteration_time_s"])
     assert m["loss"] == [5.0, 4.0, 3.0]
     assert m["iterations_averaged"] == [1, 2]
     assert [(s["stage"], s["host"]) for s in m["stages"]] == [(0, "h0"), (1, "h1")]
     assert m["op_duration_cv_max"] == pytest.approx(0.0, abs=1e-6)
     json.dumps(m)
+
+
+def test_metrics_in_measured_mode_count_the_model_tokens():
+    spans, losses, plan = fake_run(iterations=4)
+    del plan["config"]["profile"]
+    plan["config"]["compute"] = "measured"
+    m = metrics_from_records(spans, losses, plan)
+    assert m["iterations_averaged"] == [1, 2, 3]
+    assert m["iteration_time_s"] == pytest.approx((0.155 + 0.155 + 0.150) / 3)
+    assert m["tokens_per_s"] == m["model_tokens_per_s"] == \
+        pytest.approx(4 * 2 * 16 / m["iteration_time_s"])
+
+
+def test_metrics_with_two_iterations_average_both():
+    spans, losses, plan = fake_run(iterations=2)
+    m = metrics_from_records(spans, losses, plan)
+    assert m["iterations_averaged"] == [0, 1]
+    assert m["iteration_time_s"] == pytest.approx((0.155 + 0.150) / 2)
 
 
 def test_timeline_plot_writes_png(tmp_path):

@@ -78,3 +78,13 @@ def test_bad_inputs():
     assert parse_action("B12") == ("B", 12)
     with pytest.raises(ValueError, match="deadlock"):
         simulate([["F0", "B0"], ["B0", "F0"]], 1.0, 1.0)
+
+
+def test_durations_as_number_sequence_or_function_agree():
+    table = schedule_table("1f1b", 3, 4)
+    f, b, o = [1.0, 2.0, 1.5], [2.0, 3.0, 2.5], [0.5, 0.25, 0.75]
+    by_seq = simulate(table, f, b, comm_ms=0.2, opt_ms=o)
+    by_fn = simulate(table, lambda s: f[s], lambda s: b[s], comm_ms=0.2,
+                     opt_ms=lambda s: o[s])
+    assert by_fn == by_seq
+    assert simulate(table, lambda s: 1.0, lambda s: 2.0) == simulate(table, 1.0, 2.0)

@@ -235,9 +235,3 @@ def _loss_reporter(loss_path: Path, iterations: int,
                      f"loss {rec['loss']:.3f} (replica 0)")
 
     return tick
-
-
-def hosts_from_dicts(rows: Sequence[dict]) -> list[HostInfo]:
-    """[{'name', 'ip', 'dc'}, ...] -> HostInfo list (convenience for scenario code)."""
-    return [HostInfo(name=r["name"], ip=r["ip"], dc=r["dc"]) for r in rows]
-

@@ -4,15 +4,24 @@ One job: numbers from records. Reads only trainer_spans.jsonl, trainer_loss.json
 trainer_plan.json (written by trainer/launch.py); no torch, no network, no processes, so tables
 rebuild anywhere.
 
-Per iteration i: window_i = [earliest compute start (F, B, OPT) over all workers, latest compute
-end]. Per worker: compute_i = sum of its F + B + OPT durations; gpu_utilization_i =
-compute_i / window_i (the paper's metric: compute over wall per host); bubble_i = 1 - that, so
-idle includes waiting for activations, gradients and the all-reduce. Averages skip iteration 0
-(warm-up) when there are >= 3 iterations. The run's figures are means over workers.
+Per iteration i: start_i = earliest compute start (F, B, OPT) over all workers; wall_i =
+start_{i+1} - start_i (so the gap between iterations counts), and for the last iteration its own
+span, start_i to its latest compute end. Per worker: compute_i = sum of its F + B + OPT durations;
+gpu_utilization_i = compute_i / wall_i (the paper's metric: compute over wall per host);
+bubble_i = 1 - that, so idle includes waiting for activations, gradients, the all-reduce and
+whatever runs between iterations. `iteration_time_s` is the mean wall, and `tokens_per_s` the
+tokens of one iteration over it. Averages skip iteration 0 (warm-up) when there are >= 3
+iterations. The run's figures are means over workers.
+
+Tokens: in profile mode the run stands for the target model, so `tokens_per_s` counts the
+target's tokens (D * M * profile.micro_batch * profile.seq per iteration) and
+`model_tokens_per_s` the small model's own (D * M * micro_batch_size * seq_len); in measured mode
+both are the small model's.
 
 `pipeline_bubble_fraction` is the same over F and B only (window from the first forward to the
-last backward, excluding the all-reduce and optimizer step): the quantity the textbook formula
-(P-1)/(M+P-1) and trainer/schedule.py's simulator predict.
+last backward of the iteration, excluding the all-reduce, the optimizer step and the gap to the
+next iteration): the quantity the textbook formula (P-1)/(M+P-1) and trainer/schedule.py's
+simulator predict.
 """
 
 from __future__ import annotations
@@ -50,6 +59,16 @@ def iteration_windows(spans: Sequence[dict],
     return win
 
 
+def iteration_walls(windows: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """iteration -> wall ns: from its start to the next iteration's start; the last iteration
+    (no next start) to its own end."""
+    its = sorted(windows)
+    walls = {a: windows[b][0] - windows[a][0] for a, b in zip(its, its[1:])}
+    if its:
+        walls[its[-1]] = windows[its[-1]][1] - windows[its[-1]][0]
+    return walls
+
+
 def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: dict) -> dict:
     cfg = plan["config"]
     P, D, M = cfg["stages"], cfg["replicas"], cfg["micro_batches"]
@@ -58,6 +77,9 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
     n_it = len(windows)
     if n_it == 0:
         raise ValueError("no compute spans in the run's records")
+    if sorted(windows) != list(range(n_it)):
+        raise ValueError(f"iterations {sorted(windows)} in the records are not 0..{n_it - 1}")
+    walls = iteration_walls(windows)
     used = iterations_used(n_it)
     compute = defaultdict(float)                      # (stage, replica, it) -> ns
     compute_pp = defaultdict(float)                   # same, F and B only
@@ -79,7 +101,7 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
     workers = {(w["stage"], w["replica"]): w for w in plan["workers"]}
     stages_out = []
     for (s, rep), w in sorted(workers.items()):
-        utils = [compute[(s, rep, it)] / (windows[it][1] - windows[it][0]) for it in used]
+        utils = [compute[(s, rep, it)] / walls[it] for it in used]
         util = statistics.fmean(utils)
         pp_util = statistics.fmean(compute_pp[(s, rep, it)] / (pp_windows[it][1] -
                                                                 pp_windows[it][0]) for it in used)
@@ -91,20 +113,18 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
             "forward_ms": _mean(op_ms[(s, rep, "F")]), "backward_ms": _mean(op_ms[(s, rep, "B")]),
             "forward_cv": _cv(op_ms[(s, rep, "F")]), "backward_cv": _cv(op_ms[(s, rep, "B")]),
         })
-    window_s = [(windows[it][1] - windows[it][0]) / 1e9 for it in used]
-    starts = sorted(windows[it][0] for it in range(n_it))
-    periods = [(b - a) / 1e9 for a, b in zip(starts, starts[1:])]
-    iteration_time_s = statistics.fmean(window_s)
+    iteration_time_s = statistics.fmean(walls[it] for it in used) / 1e9
     util = statistics.fmean(x["gpu_utilization"] for x in stages_out)
-    tokens = D * M * cfg["micro_batch_size"] * cfg["model"]["seq_len"]
-    profile = cfg.get("profile") if cfg["compute"] == "profile" else None
+    model_tokens = D * M * cfg["micro_batch_size"] * cfg["model"]["seq_len"]
     # In profile mode the run stands for the target model: its tokens per iteration too.
-    target_tokens = D * M * profile["micro_batch"] * profile["seq"] if profile else tokens
+    if cfg["compute"] == "profile":
+        tokens = D * M * cfg["profile"]["micro_batch"] * cfg["profile"]["seq"]
+    else:
+        tokens = model_tokens
     return {
         "iteration_time_s": iteration_time_s,
-        "iteration_period_s": statistics.fmean(periods) if periods else iteration_time_s,
         "tokens_per_s": tokens / iteration_time_s,
-        "target_tokens_per_s": target_tokens / iteration_time_s,
+        "model_tokens_per_s": model_tokens / iteration_time_s,
         "bubble_fraction": 1.0 - util,
         "gpu_utilization": util,
         "pipeline_bubble_fraction": statistics.fmean(x["pipeline_bubble_fraction"]
@@ -142,9 +162,3 @@ def compute_metrics(run_dir: Path) -> dict[str, Any]:
     plan = json.loads((run_dir / "trainer_plan.json").read_text())
     return metrics_from_records(read_jsonl(run_dir / "trainer_spans.jsonl"),
                                 read_jsonl(run_dir / "trainer_loss.jsonl"), plan)
-
-
-def write_metrics(run_dir: Path) -> Path:
-    out = Path(run_dir) / "trainer_metrics.json"
-    out.write_text(json.dumps(compute_metrics(run_dir), indent=1))
-    return out

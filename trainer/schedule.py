@@ -90,25 +90,26 @@ class SimResult:
         return sum(self.bubble) / len(self.bubble)
 
 
-DurationFn = Callable[[int, str], float]   # (stage, 'F'|'B') -> ms
+DurationFn = Callable[[int], float]   # stage -> ms; which argument it is says F, B or OPT
+Durations = float | Sequence[float] | DurationFn
 
 
-def _as_fn(value: float | Sequence[float] | DurationFn) -> Callable[[int], float]:
+def _as_fn(value: Durations) -> DurationFn:
     if callable(value):
-        return value  # type: ignore[return-value]
+        return lambda s: float(value(s))
     if isinstance(value, (int, float)):
         return lambda s: float(value)
     seq = list(value)
     return lambda s: float(seq[s])
 
 
-def simulate(table: Sequence[Sequence[str]], forward_ms: float | Sequence[float],
-             backward_ms: float | Sequence[float], comm_ms: float = 0.0,
-             opt_ms: float | Sequence[float] = 0.0) -> SimResult:
+def simulate(table: Sequence[Sequence[str]], forward_ms: Durations, backward_ms: Durations,
+             comm_ms: float = 0.0, opt_ms: Durations = 0.0) -> SimResult:
     """Predict one iteration: each stage runs its row in order; an op starts when its stage is
     free and its input has arrived (F(s,m) needs F(s-1,m) + comm_ms; B(s,m) needs B(s+1,m) +
-    comm_ms; the last stage's B(m) needs its own F(m)). Durations are per stage (a number
-    applies to all). Optimizer step of opt_ms ends each row."""
+    comm_ms; the last stage's B(m) needs its own F(m)). Durations are per stage: a number (all
+    stages), a sequence indexed by stage, or a function stage -> ms. Optimizer step of opt_ms
+    ends each row."""
     n_stages = len(table)
     f_ms, b_ms, o_ms = _as_fn(forward_ms), _as_fn(backward_ms), _as_fn(opt_ms)
     done: dict[tuple[str, int, int], float] = {}       # (kind, stage, mb) -> end ms

@@ -9,7 +9,7 @@ is the TCPStore of its stage's data-parallel group (the stage's replica 0).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -45,7 +45,6 @@ class WorkerSpec:
     loss_path: str
     connect_timeout_s: float = 60.0
     recv_timeout_s: float = 120.0
-    extra: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -95,6 +95,29 @@ def _recv_exact(sock: socket.socket, buf: memoryview) -> bool:
     return True
 
 
+class FrameError(ValueError):
+    """A received frame header that this side cannot decode."""
+
+
+def _check_header(magic: bytes, kind: int, code: int, ndim: int, iteration: int, mb: int,
+                  payload: int, shape: list[int]) -> None:
+    what = (f"header kind={kind} dtype={code} ndim={ndim} iteration={iteration} mb={mb} "
+            f"payload={payload} shape={shape}")
+    if magic != MAGIC:
+        raise FrameError(f"bad frame magic {magic!r} ({what})")
+    if kind not in KIND_NAMES:
+        raise FrameError(f"unknown message kind {kind} ({what})")
+    if code >= len(_DTYPES):
+        raise FrameError(f"unknown dtype code {code} (known 0..{len(_DTYPES) - 1}; {what})")
+    if ndim > MAX_DIMS:
+        raise FrameError(f"{ndim} dims, at most {MAX_DIMS} ({what})")
+    numel = 1
+    for n in shape[:ndim]:
+        numel *= n
+    if numel * _DTYPES[code].itemsize != payload:
+        raise FrameError(f"payload does not match shape and dtype ({what})")
+
+
 class Channel:
     """A bidirectional tensor link to one peer. Thread-safe send/recv; close() when done."""
 
@@ -130,16 +153,6 @@ class Channel:
         payload = tensor.numel() * tensor.element_size()
         self._outq.put(_Outgoing(kind, iteration, microbatch, tensor.detach(),
                                  max(0, pad_to_bytes - payload), time.time_ns()))
-
-    def flush(self, timeout_s: float) -> None:
-        """Wait until everything queued so far has been written to the socket."""
-        deadline = time.monotonic() + timeout_s
-        while self._outq.unfinished_tasks:
-            if self._tx_error is not None:
-                raise ConnectionError(f"sending to {self.peer} failed") from self._tx_error
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"send queue to {self.peer} not drained after {timeout_s} s")
-            time.sleep(0.005)
 
     def _send_loop(self) -> None:
         while True:
@@ -179,8 +192,8 @@ class Channel:
         with self._cond:
             while key not in self._slots:
                 if self._rx_error is not None:
-                    raise ConnectionError(f"receiving from {self.peer} failed") \
-                        from self._rx_error
+                    raise ConnectionError(f"receiving from {self.peer} failed: "
+                                          f"{self._rx_error}") from self._rx_error
                 if self._rx_closed:
                     raise ConnectionError(f"{self.peer} closed before sending "
                                           f"{KIND_NAMES.get(kind, kind)}{microbatch} of "
@@ -202,8 +215,7 @@ class Channel:
                 t_first = time.time_ns()
                 (magic, kind, code, ndim, _, iteration, mb, payload, pad,
                  *shape) = HEADER.unpack(hbuf)
-                if magic != MAGIC:
-                    raise ConnectionError(f"bad frame magic {magic!r} from {self.peer}")
+                _check_header(magic, kind, code, ndim, iteration, mb, payload, shape)
                 body = bytearray(payload)
                 if payload and not _recv_exact(self.sock, memoryview(body)):
                     raise ConnectionError(f"{self.peer} closed mid-message")
@@ -223,7 +235,7 @@ class Channel:
                     self._slots[(kind, iteration, mb)] = Received(tensor, payload, pad, t_first,
                                                                   time.time_ns())
                     self._cond.notify_all()
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure must reach recv(), not kill silently
             with self._cond:
                 self._rx_error = exc
                 self._cond.notify_all()
@@ -253,6 +265,7 @@ class Channel:
 # connection setup
 
 _HELLO = struct.Struct("!4sH")
+HELLO_TIMEOUT_S = 5.0   # a connection must send its hello this soon
 
 
 class Listener:
@@ -271,28 +284,34 @@ class Listener:
 
     def accept(self, expect_hello: str, timeout_s: float,
                on_sent: Callable[[SendRecord], None] | None = None) -> Channel:
-        """Accept the peer whose hello is expect_hello; raise TimeoutError naming it."""
+        """Accept the peer whose hello is expect_hello; raise TimeoutError naming it. Any other
+        connection (a wrong or missing hello) is closed and accepting goes on until the
+        deadline."""
         deadline = time.monotonic() + timeout_s
+        rejected: list[str] = []
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                why = f"; rejected: {', '.join(rejected[-3:])}" if rejected else ""
                 raise TimeoutError(f"{expect_hello} did not connect to {self.ip}:{self.port} "
-                                   f"within {timeout_s:.0f} s")
+                                   f"within {timeout_s:.0f} s{why}")
             self.sock.settimeout(left)
             try:
                 conn, addr = self.sock.accept()
             except socket.timeout:
                 continue
-            conn.settimeout(max(0.1, deadline - time.monotonic()))
+            # a real peer sends its hello right after connecting: a silent one is not it
+            conn.settimeout(max(0.1, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
             try:
                 hello = _read_hello(conn)
-            except (OSError, ConnectionError):
+            except (OSError, ValueError) as exc:   # ConnectionError is an OSError
                 conn.close()
+                rejected.append(f"{addr[0]}:{addr[1]} ({exc})")
                 continue
             if hello != expect_hello:
                 conn.close()
-                raise ConnectionError(f"{self.ip}:{self.port} expected {expect_hello!r}, "
-                                      f"got {hello!r} from {addr[0]}")
+                rejected.append(f"{addr[0]}:{addr[1]} (hello {hello!r})")
+                continue
             return Channel(conn, expect_hello, on_sent)
 
     def close(self) -> None:
@@ -307,8 +326,9 @@ def _read_hello(conn: socket.socket) -> str:
     if magic != MAGIC:
         raise ConnectionError(f"bad hello magic {magic!r}")
     body = bytearray(n)
-    _recv_exact(conn, memoryview(body))
-    return body.decode()
+    if n and not _recv_exact(conn, memoryview(body)):
+        raise ConnectionError("closed inside hello")
+    return body.decode()    # UnicodeDecodeError is a ValueError
 
 
 def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
