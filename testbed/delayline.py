@@ -10,11 +10,16 @@ HTB on the sending gateway sets the rate (`testbed.shaping`).
 Why it is cheap enough (see shared notes, emulation-facts): it speaks nfnetlink directly on a raw
 AF_NETLINK socket, asks only for packet metadata (COPY_META: no payload crosses to userspace),
 lets GSO super-packets through whole (NFQA_CFG_F_GSO), and releases every due packet of a queue
-with one batch verdict. Release times never go backwards within a queue, so packets leave in the
-order they came (no reordering, as netem with a rate) and a batch verdict up to id N is exact.
-Packets are timed from the kernel's arrival stamp (NFQA_TIMESTAMP), and the wake-up latency of the loop is measured as it runs and subtracted from the next deadline, so
-the added delay has no constant bias. With loss configured, GSO is left off for that queue so a
-lost packet is one segment, not a 64 KB burst.
+with one batch verdict. Packets are timed from the kernel's arrival stamp (NFQA_TIMESTAMP), and
+the loop's own wake-up latency is measured as it runs and taken off each deadline, so the added
+delay has no constant bias. With loss configured, GSO is left off for that queue so a lost
+packet is one segment, not a 64 KB burst.
+
+Jitter: each packet's delay is delay_ms + uniform(-jitter_ms, +jitter_ms), but release times
+never go backwards within a queue, so packets leave in the order they came (as netem with a
+rate; netem's jitter without a rate reorders instead) and a batch verdict up to id N is exact.
+The cost of keeping order: when packets come closer together than the jitter, a packet waits
+for the one before it, so under load the delay leans towards delay_ms + jitter_ms.
 
 Kept without pyroute2: pyroute2 has the constants but no nfqueue client.
 """
@@ -62,6 +67,7 @@ NFQA_CFG_F_GSO = 4
 NF_DROP = 0
 NF_ACCEPT = 1
 PR_SET_TIMERSLACK = 29
+RELEASE_GRACE_S = 50e-6  # release what is due this close, rather than sleep again
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _NFGENMSG = struct.Struct("!BBH")  # family, version, res_id (queue number, big endian)
@@ -108,7 +114,7 @@ class DelayLine:
             s.num: collections.deque() for s in specs}
         self.last_release = {s.num: 0.0 for s in specs}
         self.rng = random.Random(seed)
-        self.lateness_s = 0.0  # running estimate of how late the loop wakes; subtracted
+        self.lead_s = 0.0  # how early the loop sets off for a deadline (its wake-up latency)
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         self.sock.setsockopt(socket.SOL_SOCKET, 33, 16 * 1024 * 1024)  # SO_RCVBUFFORCE
         self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
@@ -197,7 +203,6 @@ class DelayLine:
         self.sock.send(msg)
 
     def _read_all(self) -> None:
-        now = time.time()
         while True:
             try:
                 n = self.sock.recv_into(self.buf, 0, socket.MSG_DONTWAIT)
@@ -207,6 +212,7 @@ class DelayLine:
                 if exc.errno == errno.ENOBUFS:
                     continue
                 raise
+            now = time.time()  # per read: a kernel stamp is never judged against a stale clock
             for msg_type, _seq, payload in self._messages(n):
                 if msg_type == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
                     self._on_packet(payload, now)
@@ -214,21 +220,15 @@ class DelayLine:
     def _release_due(self, now: float) -> float | None:
         """Accept every due packet (one batch verdict per queue); return the next deadline."""
         next_due = None
-        horizon = now + self.lateness_s
-        earliest = None
+        horizon = now + RELEASE_GRACE_S
         for queue, fifo in self.pending.items():
             last_id = None
             while fifo and fifo[0][0] <= horizon:
-                due, last_id = fifo.popleft()
-                earliest = due if earliest is None else min(earliest, due)
+                _due, last_id = fifo.popleft()
             if last_id is not None:
                 self._verdict(NFQNL_MSG_VERDICT_BATCH, queue, NF_ACCEPT, last_id)
             if fifo and (next_due is None or fifo[0][0] < next_due):
                 next_due = fifo[0][0]
-        if earliest is not None:
-            # Integral control on the packet this wake-up was aimed at: nudge the wake-up lead
-            # until it leaves on time (lead = the loop's own wake-up latency, 0..2 ms).
-            self.lateness_s = min(max(self.lateness_s + 0.2 * (now - earliest), 0.0), 0.002)
         return next_due
 
     def run(self, stop: list[bool]) -> None:
@@ -236,23 +236,25 @@ class DelayLine:
         poller.register(self.sock.fileno(), select.POLLIN)
         next_due: float | None = None
         while not stop[0]:
+            woke_by_timer = False
             if next_due is None:
-                timeout_ms = 200
+                poller.poll(200)
             else:
-                wait_s = next_due - self.lateness_s - time.time()
-                timeout_ms = max(0.0, wait_s * 1e3)
-            if timeout_ms > 0:
-                # poll() takes whole ms; sleep the sub-ms remainder precisely instead.
-                whole = int(timeout_ms)
-                events = poller.poll(whole) if whole else []
-                if not events and next_due is not None:
-                    rest = next_due - self.lateness_s - time.time()
-                    if 0 < rest < 0.001:
-                        events = poller.poll(0)
-                        if not events:
-                            time.sleep(rest)
+                wait_s = next_due - self.lead_s - time.time()
+                # poll() takes whole ms (rounded down here); the sub-ms rest is slept precisely.
+                events = poller.poll(int(wait_s * 1e3)) if wait_s >= 0.001 else poller.poll(0)
+                if not events:
+                    rest = next_due - self.lead_s - time.time()
+                    if rest > 0:
+                        time.sleep(rest)
+                    woke_by_timer = True
             self._read_all()
-            next_due = self._release_due(time.time())
+            now = time.time()
+            if woke_by_timer:
+                # Integral control of the wake-up lead on the deadline this sleep aimed at:
+                # it converges to the loop's own wake-up latency (clamped to 0..2 ms).
+                self.lead_s = min(max(self.lead_s + 0.2 * (now - next_due), 0.0), 0.002)
+            next_due = self._release_due(now)
 
 
 def _set_timer_slack_ns(ns: int) -> None:

@@ -34,7 +34,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from testbed import shaping
 from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError, TestbedError
-from testbed.procs import HostProcess
+from testbed.procs import HostProcess, stop_all
 from testbed.registry import Registry
 from testbed.scenario import MTU_BYTES, REAL_TCP_RMEM_MAX_BYTES, REAL_TCP_WMEM_MAX_BYTES, Scenario
 from testbed.topo import Plan, ScenarioTopo, make_plan
@@ -92,7 +92,7 @@ class Network:
         self.backend = ""
         self.run_id = run_id or run_dir.name
         self.log = log
-        self.net: Mininet | None = None
+        self.net: _RecordingMininet | None = None
         self.registry: Registry | None = None
         self.procs: list[HostProcess] = []
         self.delaylines: list[DelayLineProc] = []
@@ -127,14 +127,10 @@ class Network:
         self.registry.add_interfaces(self.plan.root_interfaces())
         self._install_signal_handlers()
         setLogLevel("error")
-        self.net = Mininet(topo=ScenarioTopo(self.plan), switch=LinuxBridge, controller=None,
-                           link=Link, build=False, autoSetMacs=False, waitConnected=False)
-        try:
-            self.net.build()
-        finally:
-            for node in self.net.hosts:
-                if getattr(node, "pid", None):
-                    self.registry.add_pid(node.pid, f"mininet host {node.name}")
+        self.net = _RecordingMininet(self.registry, topo=ScenarioTopo(self.plan),
+                                     switch=LinuxBridge, controller=None, link=Link, build=False,
+                                     autoSetMacs=False, waitConnected=False)
+        self.net.build()
         self.net.start()
         self._verify_interfaces()
         self._configure_gateways()
@@ -147,33 +143,51 @@ class Network:
         self.timings_s["up"] = time.monotonic() - t0
 
     def stop(self) -> None:
+        """Undo everything start() did, in reverse, even if a step fails. A second Ctrl-C or
+        SIGTERM during teardown is held back so it cannot leave it half done. What could not
+        be removed stays listed in the registry for `run_testbed.py cleanup`."""
         if os.getpid() != self._owner_pid:
             return  # a forked child (pyroute2's netns helper) never tears down the network
         t0 = time.monotonic()
-        self._stop_supervisor.set()
-        if self._supervisor is not None:
-            self._supervisor.join(timeout=2)
-            self._supervisor = None
-        for proc in reversed(self.procs):
-            proc.stop(grace_s=2)
-        self.procs.clear()
-        for dl in reversed(self.delaylines):
-            dl.proc.stop(grace_s=2)
-        self.delaylines.clear()
-        if self.net is not None:
-            net, self.net = self.net, None
-            net.stop()
-        if self.registry is not None:
-            # Only a network that got past the name check owns these names; a refused one must
-            # not delete the bridges of the run that holds them.
-            for name in self.plan.root_interfaces():
-                if Path(f"/sys/class/net/{name}").exists():
-                    with IPRoute() as ipr:
-                        ipr.link("del", ifname=name)
-            self.registry.close()
-            self.registry = None
-        self._restore_signal_handlers()
-        self.timings_s["down"] = time.monotonic() - t0
+        held = self._hold_signals()
+        errors: list[str] = []
+        try:
+            self._stop_supervisor.set()
+            if self._supervisor is not None:
+                self._supervisor.join(timeout=2)
+                self._supervisor = None
+            # Workers first, delay lines last (their links must carry the workers' goodbyes).
+            stuck = stop_all(list(reversed(self.procs)))
+            stuck += stop_all([dl.proc for dl in reversed(self.delaylines)])
+            errors += [f"{p.describe()} would not die" for p in stuck]
+            self.procs.clear()
+            self.delaylines.clear()
+            if self.net is not None:
+                net, self.net = self.net, None
+                try:
+                    net.stop()
+                except Exception as exc:  # noqa: BLE001 - go on tearing down, report below
+                    errors.append(f"mininet stop: {exc}")
+            if self.registry is not None:
+                # Only a network that got past the name check owns these names; a refused one
+                # must not delete the bridges of the run that holds them.
+                for name in self.plan.root_interfaces():
+                    if Path(f"/sys/class/net/{name}").exists():
+                        try:
+                            with IPRoute() as ipr:
+                                ipr.link("del", ifname=name)
+                        except NetlinkError as exc:
+                            if exc.code != errno.ENODEV:
+                                errors.append(f"deleting {name}: {exc}")
+                if errors:
+                    print(f"warning: teardown incomplete ({'; '.join(errors)}); "
+                          f"run: python run_testbed.py cleanup", file=sys.stderr)
+                else:
+                    self.registry.close()
+                self.registry = None
+        finally:
+            self._restore_signal_handlers(held)
+            self.timings_s["down"] = time.monotonic() - t0
 
     # ---- running things in hosts -----------------------------------------------------------
     def node(self, name: str):
@@ -314,7 +328,10 @@ class Network:
         per_gw: dict[str, list[tuple[QueueSpec, str, str]]] = {}
         for w in self.plan.wan:
             link = w.link
-            maxlen = max(1024, 4 * link.queue_bytes // MTU_BYTES)
+            # NFQUEUE holds what is in flight on the link (rate x (delay + jitter)); counted in
+            # packets, which may be single segments (with loss, GSO is off), with 2x headroom.
+            in_flight = link.rate_mbit * 1e6 / 8 * (link.delay_ms + link.jitter_ms) / 1e3
+            maxlen = max(1024, int(2 * in_flight // 1000))
             # a->b is delayed as it enters b's gateway, and b->a as it enters a's.
             for k, (src, dst) in enumerate(((w.end_a, w.end_b), (w.end_b, w.end_a))):
                 spec = QueueSpec(num=2 * w.index + k + 1, delay_ms=link.delay_ms,
@@ -322,7 +339,6 @@ class Network:
                 name = f"{src.gateway.removesuffix('-gw')}->{dst.gateway.removesuffix('-gw')}"
                 per_gw.setdefault(dst.gateway, []).append((spec, dst.intf, name))
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-        started = []
         for gw, items in per_gw.items():
             # Each delay line draws its own jitter and loss (seeded by its first queue number).
             argv = [sys.executable, "-m", "testbed.delayline", "--seed", str(items[0][0].num)]
@@ -330,16 +346,17 @@ class Network:
                 argv += ["--queue", spec.format()]
             proc = self.spawn(gw, argv, self.run_dir / "logs" / f"{gw}-delayline.log", env=env)
             self.procs.remove(proc)  # supervised separately, stopped after the workers
-            started.append((gw, items, proc))
-        for gw, items, proc in started:
-            _wait_ready(proc, timeout_s=10)
-            for spec, intf, _name in items:
-                out = self.node(gw).cmd(f"iptables -w -A FORWARD -i {intf} -j NFQUEUE "
-                                        f"--queue-num {spec.num} && echo ok")
-                if "ok" not in out:
-                    raise TestbedError(f"iptables NFQUEUE rule in {gw} failed: {out.strip()}")
+            # Listed at once, so stop() ends it even if a later step of start() fails.
             self.delaylines.append(DelayLineProc(gateway=gw, queues=tuple(s for s, _, _ in items),
                                                  links=tuple(n for _, _, n in items), proc=proc))
+        for dl, items in zip(self.delaylines, per_gw.values()):
+            _wait_ready(dl.proc, timeout_s=10)
+            for spec, intf, _name in items:
+                out = self.node(dl.gateway).cmd(f"iptables -w -A FORWARD -i {intf} -j NFQUEUE "
+                                                f"--queue-num {spec.num} && echo ok")
+                if "ok" not in out:
+                    raise TestbedError(f"iptables NFQUEUE rule in {dl.gateway} failed: "
+                                       f"{out.strip()}")
 
     # ---- supervision -----------------------------------------------------------------------
     def _start_supervisor(self) -> None:
@@ -355,7 +372,10 @@ class Network:
                         self.failure = (f"delay line in {dl.gateway} (links {', '.join(dl.links)}) "
                                         f"died with exit code {rc}; those links dropped every "
                                         f"packet, so the run was stopped. Log: {dl.proc.log_path}")
-                        if main_id is not None:
+                        # Interrupt the main thread only where our handler is installed
+                        # (SIGUSR1's default action would kill the process untidily); else
+                        # the next check() raises.
+                        if main_id is not None and signal.SIGUSR1 in self._old_handlers:
                             signal.pthread_kill(main_id, signal.SIGUSR1)
                         return
 
@@ -389,16 +409,48 @@ class Network:
         for sig, handler in ((signal.SIGUSR1, on_usr1), (signal.SIGTERM, on_term)):
             self._old_handlers[sig] = signal.signal(sig, handler)
 
-    def _restore_signal_handlers(self) -> None:
+    def _hold_signals(self) -> dict[int, object]:
+        """During teardown, SIGINT and SIGTERM are noted, not acted on."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        owner = os.getpid()
+
+        def note(signum, frame):  # noqa: ARG001
+            if os.getpid() != owner:  # a forked pyroute2 helper: just die
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        return {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _restore_signal_handlers(self, held: dict[int, object]) -> None:
+        # What start() replaced goes back first, then what stop() held (SIGTERM appears in
+        # both: its handler from before start() wins).
+        for sig, handler in held.items():
+            if sig not in self._old_handlers:
+                signal.signal(sig, handler)
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
         self._old_handlers.clear()
 
 
+class _RecordingMininet(Mininet):
+    """Mininet that lists each host's shell in the registry the moment it exists, so even a
+    build killed half-way leaves nothing `cleanup` does not know about."""
+
+    def __init__(self, registry: Registry, **kwargs) -> None:
+        self._registry = registry
+        super().__init__(**kwargs)
+
+    def addHost(self, name, cls=None, **params):  # noqa: N802 - Mininet's API
+        host = super().addHost(name, cls=cls, **params)
+        self._registry.add_pid(host.pid, f"mininet host {name}")
+        return host
+
+
 def _wait_ready(proc: HostProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if "READY" in proc.output(200):
+        if "READY" in proc.output(1 << 20):  # the READY line lists every queue: read it all
             return
         if proc.poll() is not None:
             raise TestbedError(f"{proc.describe()} failed to start: {proc.output().strip()}")

@@ -49,14 +49,21 @@ class HostProcess:
         """SIGTERM the process group, wait grace_s, then SIGKILL it. Returns the exit code."""
         if self.popen.poll() is None:
             _killpg(self.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                _killpg(self.pid, signal.SIGKILL)
-                self.popen.wait(timeout=5)
-        else:
-            # The leader is gone; children it left in the group still get the signal.
+        return self._finish(time.monotonic() + grace_s)
+
+    def _finish(self, deadline: float) -> int | None:
+        """Wait for exit until deadline, then SIGKILL the group. None if it still won't die
+        (e.g. stuck in the kernel): the caller keeps it in the registry for `cleanup`."""
+        try:
+            self.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             _killpg(self.pid, signal.SIGKILL)
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                return None
+        # The leader is gone; children it left in the group still get the signal.
+        _killpg(self.pid, signal.SIGKILL)
         rc = self.popen.returncode
         self._exited(rc)
         return rc
@@ -84,6 +91,16 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
+def stop_all(procs: Sequence[HostProcess], grace_s: float = 2.0) -> list[HostProcess]:
+    """SIGTERM every process group at once, give them one shared grace period, SIGKILL the
+    rest. Returns the processes that would not die."""
+    for proc in procs:
+        if proc.poll() is None:
+            _killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    return [proc for proc in procs if proc._finish(deadline) is None]
+
+
 class Spawner(Protocol):
     def spawn(self, host: str, argv: Sequence[str], log_path: Path,
               env: dict[str, str] | None = None) -> HostProcess: ...
@@ -106,8 +123,7 @@ class LocalSpawner:
         return proc
 
     def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
+        stop_all(list(reversed(self.procs)))
         self.procs.clear()
 
 
@@ -134,5 +150,4 @@ def wait_all(procs: Sequence[HostProcess], timeout_s: float, poll_s: float = 0.0
                                    f":\n{pending[0].output()}")
             time.sleep(poll_s)
     finally:
-        for proc in pending:
-            proc.stop()
+        stop_all(pending)
