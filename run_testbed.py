@@ -64,11 +64,16 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(done) if done else "nothing to clean up")
             return 0
         if args.command == "validate":
+            from testbed.jobs import load_run
             from testbed.scenario import load_scenario
             for path in args.scenario:
                 scenario = load_scenario(path)
-                _validate_training(scenario)
-                print(f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links)")
+                what = "network only"
+                if scenario.training is not None:
+                    _, cfg, systems = load_run(path)  # exactly what `run` checks
+                    what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
+                print(f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, "
+                      f"{what})")
             return 0
         if args.command == "calibrate":
             from testbed.jobs import calibrate_job
@@ -88,16 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the testbed was torn down", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - one line for the user; details in the run's logs
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     print(f"results: {path}")
     return 0
-
-
-def _validate_training(scenario) -> None:
-    if scenario.training is None:
-        return
-    from trainer.config import TrainConfig, validate_against_hosts
-    cfg = TrainConfig.from_dict(scenario.training)
-    validate_against_hosts(cfg, len(scenario.host_names()))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 
   1. Fidelity matrix: one hub DC with a spoke per (rate, delay) pair, rates 10-1000 Mbit/s and
      one-way delays 5-100 ms; each link calibrated (testbed.calibrate) in turn. Targets: idle RTT
-     within max(0.5 ms, 2%) of 2 x delay; RTT under a paced load at the rate within 5%; TCP
-     goodput of N flows 93-101% of rate_mbit.
+     within max(0.5 ms, 2%) of 2 x delay; RTT under a paced load (90% of the rate's TCP
+     payload; the load achieved is printed) within 5%; TCP goodput of N flows 93-101% of
+     rate_mbit, both directions.
   2. Window limit with `scale`: one flow's goodput against advertised window / RTT (within 10%).
   3. Build and teardown time of topologies/four_dc.yaml (4 DCs x 4 hosts): targets 5 s and 3 s.
 
@@ -55,8 +56,11 @@ def fidelity_rows(doc: dict) -> list[dict]:
             "rtt_loaded_ms": m["rtt_loaded_ms"],
             "rtt_loaded_err_pct": round(100 * (m["rtt_loaded_ms"] - want) / want, 2),
             "rtt_loaded_ok": abs(m["rtt_loaded_ms"] - want) <= 0.05 * want,
+            "load_pct": round(100 * m["load_mbit"] / c["rate_mbit"], 1),
+            "goodput_reverse_pct": round(100 * m["goodput_reverse_mbit"] / c["rate_mbit"], 1),
             "goodput_pct": round(100 * m["goodput_mbit"] / c["rate_mbit"], 1),
-            "goodput_ok": 93 <= 100 * m["goodput_mbit"] / c["rate_mbit"] <= 101,
+            "goodput_ok": all(93 <= 100 * m[k] / c["rate_mbit"] <= 101
+                              for k in ("goodput_mbit", "goodput_reverse_mbit")),
             "goodput_1flow_pct": round(100 * m["goodput_1flow_mbit"] / c["rate_mbit"], 1),
             "goodput_1flow_mbit": m["goodput_1flow_mbit"],
             "window_expected_mbit": p["goodput_1flow_mbit"],
@@ -67,13 +71,13 @@ def fidelity_rows(doc: dict) -> list[dict]:
 
 
 def print_fidelity(rows: list[dict]) -> None:
-    print(f"{'rate':>6} {'delay':>6} | {'RTT ms':>8} {'err ms':>7} {'':4} | {'loaded':>8} {'err %':>6} {'':4}"
-          f" | {'N flows %':>9} {'':4} | {'1 flow %':>8}")
+    print(f"{'rate':>6} {'delay':>6} | {'RTT ms':>8} {'err ms':>7} {'':4} | {'loaded':>8} {'err %':>6} "
+          f"{'':4} {'load %':>6} | {'N flows %':>9} {'':4} {'reverse %':>9} | {'1 flow %':>8}")
     for r in rows:
         print(f"{r['rate_mbit']:>6g} {r['delay_ms']:>6g} | {r['rtt_ms']:>8.3f} {r['rtt_err_ms']:>+7.3f} "
               f"{_ok(r['rtt_ok'])} | {r['rtt_loaded_ms']:>8.3f} {r['rtt_loaded_err_pct']:>+6.2f} "
-              f"{_ok(r['rtt_loaded_ok'])} | {r['goodput_pct']:>9.1f} {_ok(r['goodput_ok'])} | "
-              f"{r['goodput_1flow_pct']:>8.1f}")
+              f"{_ok(r['rtt_loaded_ok'])} {r['load_pct']:>6.1f} | {r['goodput_pct']:>9.1f} "
+              f"{_ok(r['goodput_ok'])} {r['goodput_reverse_pct']:>9.1f} | {r['goodput_1flow_pct']:>8.1f}")
 
 
 def _ok(flag: bool) -> str:

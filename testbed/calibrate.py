@@ -4,6 +4,7 @@ One job: for each link a<->b, between the first host of a and the first host of 
   - rtt_ms:             mean ping RTT on the idle path, after an ARP warm-up (2 x delay_ms)
   - goodput_mbit:       iperf3 TCP goodput with N parallel flows, at the receiver, steady state
                         (median of 1 s intervals from 2 s on; see traffic.iperf)
+  - goodput_reverse_mbit: the same, b -> a (the rate is per direction)
   - goodput_1flow_mbit: one flow (with `scale`, window-limited: advertised window / RTT)
   - rtt_loaded_ms:      mean ping RTT while a kernel-paced TCP load runs at LOAD_FRACTION of the
                         rate in the same direction (the delay line must hold its delay under
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from testbed.errors import TestbedError
 from testbed.network import Network, tcp_buffer_sysctls
 from testbed.scenario import RCV_WINDOW_FRACTION
 from testbed.topo import WanPlan
@@ -64,10 +66,12 @@ def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dic
     idle = _ping(net, src.name, dst.ip, settings)
     multi = _iperf(net, src.name, dst.name, dst.ip, port, settings, streams=settings.streams)
     net.check()
+    reverse = _iperf(net, dst.name, src.name, src.ip, port, settings, streams=settings.streams)
+    net.check()
     single = _iperf(net, src.name, dst.name, dst.ip, port, settings, streams=1)
     net.check()
-    loaded = _ping_under_load(net, src.name, dst.name, dst.ip, port, settings,
-                              load_mbit=LOAD_FRACTION * w.link.rate_mbit * TCP_PAYLOAD_FRACTION)
+    loaded, load = _ping_under_load(net, src.name, dst.name, dst.ip, port, settings,
+                                    load_mbit=LOAD_FRACTION * w.link.rate_mbit * TCP_PAYLOAD_FRACTION)
     net.check()
     return {
         "between": [w.link.a, w.link.b],
@@ -78,6 +82,8 @@ def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dic
         "measured": {"rtt_ms": idle.avg_ms, "rtt_min_ms": idle.min_ms, "rtt_mdev_ms": idle.mdev_ms,
                      "rtt_loaded_ms": loaded.avg_ms, "rtt_loaded_mdev_ms": loaded.mdev_ms,
                      "goodput_mbit": round(multi.received_mbit, 2),
+                     "goodput_reverse_mbit": round(reverse.received_mbit, 2),
+                     "load_mbit": round(load.received_mbit, 2),
                      "goodput_1flow_mbit": round(single.received_mbit, 2),
                      "streams": settings.streams, "retransmits": multi.retransmits,
                      "ping_loss_pct": round(idle.loss_pct, 1),
@@ -85,6 +91,7 @@ def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dic
         "predicted": {"rtt_ms": 2 * w.link.delay_ms,
                       "goodput_max_mbit": round(w.link.rate_mbit * TCP_PAYLOAD_FRACTION, 2),
                       "goodput_mbit": round(predicted_goodput_mbit(net, w, settings.streams), 2),
+                      "goodput_reverse_mbit": round(predicted_goodput_mbit(net, w, settings.streams), 2),
                       "goodput_1flow_mbit": round(predicted_goodput_mbit(net, w, 1), 2)},
         "samples": {"rtt_ms": list(idle.samples_ms), "rtt_loaded_ms": list(loaded.samples_ms)},
     }
@@ -116,7 +123,7 @@ def table(doc: dict[str, Any]) -> str:
         rows.append((name, "rtt_ms", rtt, rtt, f"{m['rtt_ms']:.2f}", _err(m["rtt_ms"], p["rtt_ms"])))
         rows.append((name, "rtt_loaded_ms", rtt, rtt, f"{m['rtt_loaded_ms']:.2f}",
                      _err(m["rtt_loaded_ms"], p["rtt_ms"])))
-        for key in ("goodput_mbit", "goodput_1flow_mbit"):
+        for key in ("goodput_mbit", "goodput_reverse_mbit", "goodput_1flow_mbit"):
             rows.append((name, key, f"{c['rate_mbit']:g}", f"{p[key]:.1f}", f"{m[key]:.1f}",
                          _err(m[key], c["rate_mbit"]) + f" ({_err(m[key], p[key])} vs expected)"))
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
@@ -159,17 +166,22 @@ def _iperf(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings
 
 
 def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings,
-                     load_mbit: float) -> ping.PingResult:
+                     load_mbit: float) -> tuple[ping.PingResult, iperf.IperfResult]:
+    """ping while paced TCP flows load the link; returns the ping and the load achieved
+    (a load that failed is an error, never a silently idle 'loaded' figure)."""
     server = _start_server(net, dst, port)
     count = max(5, int((s.seconds - 1.0) / s.ping_interval_s))
     try:
-        client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds, streams=1,
-                                                  rate_mbit=load_mbit),
+        client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds,
+                                                  streams=s.streams, rate_mbit=load_mbit),
                            net.run_dir / "logs" / f"{src}-iperf3-load.log")
         time.sleep(1.0)  # let the load reach its rate before sampling
         out = net.run(src, ping.ping_argv(dst_ip, count, s.ping_interval_s),
                       timeout_s=count * s.ping_interval_s + 10, name="ping-loaded")
-        client.wait(s.seconds + 20)
+        rc = client.wait(s.seconds + 20)
     finally:
         server.stop()
-    return ping.parse_ping(out)
+    if rc != 0:
+        raise TestbedError(f"the load for rtt_loaded_ms ({src} -> {dst}) failed with exit code "
+                           f"{rc}: {client.output(400)}")
+    return ping.parse_ping(out), iperf.parse_iperf(client.output(10_000_000))

@@ -7,27 +7,37 @@ One job per function; the work itself lives in testbed.calibrate and trainer/.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from testbed.calibrate import Settings, calibrate, table
 from testbed.network import Network, check_environment
 from testbed.results import new_run_dir, provenance, write_json, write_text
+from testbed.errors import ScenarioError
 from testbed.scenario import Scenario, load_scenario
 
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
-def _prepare(scenario_path: str, out_dir: Path) -> tuple[Scenario, Path]:
-    scenario = load_scenario(scenario_path)
+
+def _prepare(scenario: Scenario, out_dir: Path) -> Path:
     check_environment()
     run_dir = new_run_dir(out_dir, scenario.name)
     write_text(run_dir / "scenario.resolved.yaml", yaml.safe_dump(scenario.raw, sort_keys=False))
     write_json(run_dir / "env.json", provenance())
-    return scenario, run_dir
+    return run_dir
 
 
 def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                   seconds: float = 4.0, streams: int = 4) -> Path:
-    scenario, run_dir = _prepare(scenario_path, out_dir)
+    if seconds < 2:
+        raise ScenarioError("--seconds", f"{seconds:g} is too short",
+                            "use at least 2 (goodput is the steady state from 2 s on)")
+    if streams < 1:
+        raise ScenarioError("--streams", f"{streams} is not a flow count", "use 1 or more")
+    scenario = load_scenario(scenario_path)
+    run_dir = _prepare(scenario, out_dir)
     with Network(scenario, run_dir, backend=backend) as net:
         print(f"network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
               f"{len(scenario.host_names())} hosts, {len(scenario.wan)} WAN links)", flush=True)
@@ -42,14 +52,11 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
 SUPPORTED_SYSTEMS = ("baseline",)
 
 
-def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
-            systems: list[str] | None = None, iterations: int | None = None) -> Path:
-    """Build the network, train once per system on it, write metrics.json and timelines."""
-    from testbed.errors import ScenarioError
+def load_run(scenario_path: str, *, systems: list[str] | None = None,
+             iterations: int | None = None) -> tuple[Scenario, "TrainConfig", list[str]]:
+    """Everything `run` checks before building anything (also what `validate` checks):
+    the scenario, its training section against its hosts, and the systems asked for."""
     from trainer.config import TrainConfig, validate_against_hosts
-    from trainer.launch import HostInfo, launch
-    from trainer.metrics import compute_metrics
-    from trainer.timeline_plot import plot_timeline
 
     scenario = load_scenario(scenario_path)
     if scenario.training is None:
@@ -65,7 +72,18 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
         if name not in SUPPORTED_SYSTEMS:
             raise ScenarioError(f"systems[{i}]", f"{name!r} is not available yet",
                                 f"use {', '.join(SUPPORTED_SYSTEMS)}")
-    scenario, run_dir = _prepare(scenario_path, out_dir)
+    return scenario, cfg, systems
+
+
+def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
+            systems: list[str] | None = None, iterations: int | None = None) -> Path:
+    """Build the network, train once per system on it, write metrics.json and timelines."""
+    from trainer.launch import HostInfo, launch
+    from trainer.metrics import compute_metrics
+    from trainer.timeline_plot import plot_timeline
+
+    scenario, cfg, systems = load_run(scenario_path, systems=systems, iterations=iterations)
+    run_dir = _prepare(scenario, out_dir)
     doc = {"scenario": scenario.name, "compute": cfg.compute, "schedule": cfg.schedule,
            "scale": scenario.scale, "run_dir": str(run_dir), "systems": {}}
     with Network(scenario, run_dir, backend=backend) as net:

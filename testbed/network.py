@@ -12,6 +12,7 @@ thread watches it and interrupts the main thread with a `TestbedError` naming th
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shutil
@@ -44,6 +45,7 @@ REQUIRED_TOOLS = {"mnexec": "mininet", "brctl": "bridge-utils", "iptables": "ipt
                   "ifconfig": "net-tools", "ip": "iproute2"}
 MIN_TCP_BUFFER_BYTES = 4096
 RTNH_F_ONLINK = 4
+CLONE_NEWNET = 0x40000000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,6 +67,25 @@ def probe_netem(ipr: IPRoute) -> bool:
         raise
     ipr.tc("del", "netem", index, 0x10000)
     return True
+
+
+def kernel_has_netem() -> bool:
+    """probe_netem in a throwaway network namespace (a forked child), before anything is built."""
+    pid = os.fork()
+    if pid == 0:  # child: own namespace, answer by exit code, never return into the caller
+        code = 2
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(CLONE_NEWNET) == 0:
+                with IPRoute() as ipr:
+                    code = 0 if probe_netem(ipr) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 1):
+        raise TestbedError("could not probe the kernel for netem (unshare of a network namespace failed)")
+    return code == 0
 
 
 def tcp_buffer_sysctls(scale: float) -> dict[str, str]:
@@ -89,6 +110,7 @@ class Network:
         self.plan: Plan = make_plan(scenario)
         self.run_dir = run_dir
         self.requested_backend = backend or scenario.backend
+        self._backend_field = "--backend" if backend else "backend"
         self.backend = ""
         self.run_id = run_id or run_dir.name
         self.log = log
@@ -120,8 +142,9 @@ class Network:
         check_environment()
         self._check_names_free()
         if self.requested_backend not in ("auto", "netem", "delayline"):
-            raise ScenarioError("--backend", f"{self.requested_backend!r} is not a backend",
-                                "use auto, netem or delayline")
+            raise ScenarioError(self._backend_field, f"{self.requested_backend!r} is not a "
+                                "backend", "use auto, netem or delayline")
+        self.backend = self._choose_backend()
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.run_id)
         self.registry.add_interfaces(self.plan.root_interfaces())
@@ -135,7 +158,6 @@ class Network:
         self._verify_interfaces()
         self._configure_gateways()
         self._configure_hosts()
-        self.backend = self._choose_backend()
         self._shape()
         if self.backend == "delayline":
             self._start_delaylines()
@@ -297,12 +319,11 @@ class Network:
                 raise TestbedError(f"could not set {key}={value} in {node_name}: {out.strip()}")
 
     def _choose_backend(self) -> str:
-        first_gw = next(iter(self.plan.gateways.values()))
-        with self._ipr(first_gw) as ipr:
-            has_netem = probe_netem(ipr)
+        """Probe the kernel (before building anything) and pick or check the backend."""
+        has_netem = kernel_has_netem()
         if self.requested_backend == "netem" and not has_netem:
-            raise ScenarioError("backend", "netem was asked for but this kernel has no netem",
-                                "use backend: delayline or auto")
+            raise ScenarioError(self._backend_field, "netem was asked for but this kernel has "
+                                "no netem", "use delayline or auto")
         if self.requested_backend == "auto":
             return "netem" if has_netem else "delayline"
         return self.requested_backend

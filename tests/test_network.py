@@ -402,4 +402,5 @@ def test_forced_netem_backend(tmp_path, leftovers):
             assert result is not None and abs(result.avg_ms - 10) <= 0.5, raw
     except ScenarioError as exc:
         assert str(exc).startswith("backend: netem was asked for but this kernel has no netem")
+        assert not leftovers.new_since(before), "something was built before the refusal"
     leftovers.assert_nothing_new(before, "after a forced netem backend")
