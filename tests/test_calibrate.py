@@ -90,7 +90,13 @@ def test_calibrate_interrupted(start_child, small_yaml, tmp_path):
     child = start_child(["run_testbed.py", "calibrate", str(small_yaml), "--out", str(out),
                          "--seconds", "3", "--streams", "2"])
     child.wait_for("measuring ca <-> cb", timeout_s=30)
-    time.sleep(1.5)  # into the first iperf3 test
+    # Interrupt while the first iperf3 test runs (its client log appears when it starts), so
+    # the teardown of running iperf3 server and client processes is what gets exercised.
+    deadline = time.monotonic() + 30
+    while not list(out.glob("*/logs/*iperf3-c-*.log")):
+        assert time.monotonic() < deadline and child.popen.poll() is None, child.describe()
+        time.sleep(0.05)
+    time.sleep(0.3)
     child.popen.send_signal(signal.SIGINT)
     rc = child.wait(timeout_s=20)
     assert rc == 130, child.describe()
