@@ -10,12 +10,15 @@ runs whose owner process is gone and removes exactly what they list.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 RUNTIME_DIR = Path(os.environ.get("GEOTESTBED_RUNTIME_DIR", "/run/geotestbed"))
 
@@ -62,9 +65,9 @@ def alive(entry: dict) -> bool:
     return entry.get("start") is not None and _start_time(entry["pid"]) == entry["start"]
 
 
-def cleanup(directory: Path = RUNTIME_DIR, include_live: bool = False) -> list[str]:
+def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
     """Remove what crashed runs left. Returns one line per thing removed. Runs whose owner is
-    still alive are skipped unless include_live."""
+    still alive are skipped."""
     done: list[str] = []
     if not directory.is_dir():
         return done
@@ -73,7 +76,7 @@ def cleanup(directory: Path = RUNTIME_DIR, include_live: bool = False) -> list[s
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if alive(data.get("owner", {})) and not include_live:
+        if alive(data.get("owner", {})):
             done.append(f"skipped {data.get('run_id')}: its run (pid {data['owner']['pid']}) is still going")
             continue
         done += _remove(data)
@@ -99,6 +102,12 @@ def _remove(data: dict) -> list[str]:
     done += [f"ended {e['what']} (pid {e['pid']})" for e in live]
     for name in data.get("interfaces", []):
         if Path(f"/sys/class/net/{name}").exists():
-            subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
+            try:
+                with IPRoute() as ipr:
+                    ipr.link("del", ifname=name)
+            except NetlinkError as exc:
+                if exc.code != errno.ENODEV:  # gone meanwhile (its peer was deleted): fine
+                    done.append(f"could not delete interface {name}: {exc}")
+                    continue
             done.append(f"deleted interface {name}")
     return done

@@ -111,10 +111,6 @@ def read_back(ipr: IPRoute, intf: str) -> dict[str, Any]:
     return out
 
 
-def remove(ipr: IPRoute, intf: str) -> None:
-    ipr.tc("del", "htb", _index(ipr, intf), ROOT_HANDLE)
-
-
 def _index(ipr: IPRoute, intf: str) -> int:
     found = ipr.link_lookup(ifname=intf)
     if not found:
