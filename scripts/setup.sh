@@ -28,6 +28,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Machines of this project's kind keep torch's CPU wheel on local disk; use it when it is there
+# (PyPI's torch for Linux is the CUDA build, several GB).
+if [ -z "${PIP_FIND_LINKS:-}" ] && [ -d /opt/wheels ]; then
+  export PIP_FIND_LINKS=/opt/wheels
+fi
+
 stamp=.venv/.requirements.sha256
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
