@@ -249,12 +249,14 @@ class DelayLine:
                         time.sleep(rest)
                     woke_by_timer = True
             self._read_all()
-            now = time.time()
-            if woke_by_timer:
-                # Integral control of the wake-up lead on the deadline this sleep aimed at:
-                # it converges to the loop's own wake-up latency (clamped to 0..2 ms).
-                self.lead_s = min(max(self.lead_s + 0.2 * (now - next_due), 0.0), 0.002)
-            next_due = self._release_due(now)
+            aimed_at = next_due
+            next_due = self._release_due(time.time())
+            if woke_by_timer and aimed_at is not None:
+                # Integral control of the wake-up lead on the deadline this sleep aimed at, as
+                # measured once its verdict is sent: it converges to the loop's own latency
+                # (wake-up plus reading plus the verdict), clamped to 0..2 ms.
+                late_s = time.time() - aimed_at
+                self.lead_s = min(max(self.lead_s + 0.2 * late_s, 0.0), 0.002)
 
 
 def _set_timer_slack_ns(ns: int) -> None:
