@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     cal = sub.add_parser("calibrate", help="measure every WAN link (ping, iperf3) against its config")
     cal.add_argument("scenario")
-    cal.add_argument("--seconds", type=float, default=4.0, help="per iperf3 test (default 4)")
+    cal.add_argument("--seconds", type=float, default=6.0, help="per iperf3 test, after a 1 s warm-up (default 6)")
     cal.add_argument("--streams", type=int, default=4, help="parallel TCP flows (default 4)")
     _common(cal)
     val = sub.add_parser("validate", help="check scenario files, build nothing")

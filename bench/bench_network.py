@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=4)
     args = ap.parse_args()
     run_dir = new_run_dir(Path(args.out), "bench-network")
-    settings = Settings(seconds=3.0 if args.quick else 4.0, streams=args.streams)
+    settings = Settings(seconds=3.0 if args.quick else 6.0, streams=args.streams)
     pairs = ([(10, 5), (100, 50), (1000, 100)] if args.quick
              else [(r, d) for r in RATES_MBIT for d in DELAYS_MS])
     doc: dict = {"env": provenance(), "settings": {"seconds": settings.seconds,

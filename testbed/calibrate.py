@@ -32,7 +32,7 @@ BASE_PORT = 5201
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
-    seconds: float = 4.0     # per iperf3 test, after a 1 s omitted warm-up; goodput is over the
+    seconds: float = 6.0     # per iperf3 test, after a 1 s omitted warm-up; goodput is over the
                              # receiver's intervals from 2 s on (so seconds >= 2)
     streams: int = 4
     ping_count: int = 21

@@ -30,7 +30,7 @@ def _prepare(scenario: Scenario, out_dir: Path) -> Path:
 
 
 def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
-                  seconds: float = 4.0, streams: int = 4) -> Path:
+                  seconds: float = 6.0, streams: int = 4) -> Path:
     if seconds < 2:
         raise ScenarioError("--seconds", f"{seconds:g} is too short",
                             "use at least 2 (goodput is the steady state from 2 s on)")

@@ -225,6 +225,11 @@ class Network:
         """Start argv inside host's namespace (its own process group), output to log_path."""
         node = self.node(host)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        n = 1
+        stem = log_path.with_suffix("")
+        while log_path.exists():  # a process per log: never overwrite an earlier one's
+            n += 1
+            log_path = stem.with_name(f"{stem.name}-{n}.log")
         with open(log_path, "wb") as log:
             popen = node.popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT))
