@@ -64,11 +64,12 @@ def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dic
     src = net.plan.hosts_in(w.link.a)[0]
     dst = net.plan.hosts_in(w.link.b)[0]
     idle = _ping(net, src.name, dst.ip, settings)
-    multi = _iperf(net, src.name, dst.name, dst.ip, port, settings, streams=settings.streams)
+    multi = measure_goodput(net, src.name, dst.name, port, settings.seconds, streams=settings.streams)
     net.check()
-    reverse = _iperf(net, dst.name, src.name, src.ip, port, settings, streams=settings.streams)
+    reverse = measure_goodput(net, dst.name, src.name, port, settings.seconds,
+                              streams=settings.streams)
     net.check()
-    single = _iperf(net, src.name, dst.name, dst.ip, port, settings, streams=1)
+    single = measure_goodput(net, src.name, dst.name, port, settings.seconds)
     net.check()
     loaded, load = _ping_under_load(net, src.name, dst.name, dst.ip, port, settings,
                                     load_mbit=LOAD_FRACTION * w.link.rate_mbit * TCP_PAYLOAD_FRACTION)
@@ -141,7 +142,8 @@ def _ping(net: Network, src: str, dst_ip: str, s: Settings) -> ping.PingResult:
     return ping.parse_ping(out)
 
 
-def _start_server(net: Network, host: str, port: int):
+def start_iperf_server(net: Network, host: str, port: int):
+    """An iperf3 server (one test) in host, returned once it listens on port."""
     proc = net.spawn(host, iperf.server_argv(port), net.run_dir / "logs" / f"{host}-iperf3-s-{port}.log")
     deadline = time.monotonic() + 5
     while not iperf.listening(proc.pid, port):
@@ -152,13 +154,14 @@ def _start_server(net: Network, host: str, port: int):
     return proc
 
 
-def _iperf(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings, *, streams: int,
-           rate_mbit: float | None = None) -> iperf.IperfResult:
-    server = _start_server(net, dst, port)
+def measure_goodput(net: Network, src: str, dst: str, port: int, seconds: float, *,
+                    streams: int = 1, rate_mbit: float | None = None) -> iperf.IperfResult:
+    """One iperf3 TCP test from host src to host dst (goodput at the receiver, steady state)."""
+    server = start_iperf_server(net, dst, port)
     try:
-        out = net.run(src, iperf.client_argv(dst_ip, port, seconds=s.seconds, streams=streams,
-                                             rate_mbit=rate_mbit),
-                      timeout_s=s.seconds + 20, name=f"iperf3-c-P{streams}")
+        out = net.run(src, iperf.client_argv(net.host_ip(dst), port, seconds=seconds,
+                                             streams=streams, rate_mbit=rate_mbit),
+                      timeout_s=seconds + 20, name=f"iperf3-c-P{streams}")
         server.wait(5)
     finally:
         server.stop()
@@ -169,7 +172,7 @@ def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s
                      load_mbit: float) -> tuple[ping.PingResult, iperf.IperfResult]:
     """ping while paced TCP flows load the link; returns the ping and the load achieved
     (a load that failed is an error, never a silently idle 'loaded' figure)."""
-    server = _start_server(net, dst, port)
+    server = start_iperf_server(net, dst, port)
     count = max(5, int((s.seconds - 1.0) / s.ping_interval_s))
     try:
         client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds,

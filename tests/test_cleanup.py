@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from pyroute2 import IPRoute
 
 from testbed.errors import TestbedError
 from testbed.network import Network
 from testbed.scenario import load_scenario
+from tests.scenarios import two_dc, write_scenario
 
 pytestmark = pytest.mark.network
 
@@ -38,19 +38,6 @@ with Network(load_scenario(sys.argv[1]), Path(sys.argv[2])) as net:
     print("UP", flush=True)
     time.sleep(60)
 """
-
-
-def two_dc(prefix: str) -> dict:
-    a, b = f"{prefix}a", f"{prefix}b"
-    return {"name": f"two_{prefix}", "dcs": [{"name": a, "hosts": 1}, {"name": b, "hosts": 1}],
-            "wan": [{"between": [a, b], "delay_ms": 5, "rate_mbit": 20}]}
-
-
-def write_scenario(folder: Path, data: dict) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from pyroute2 import IPRoute
 
 from testbed import shaping
+from testbed.calibrate import measure_goodput
 from testbed.errors import TestbedError
 from testbed.network import Network
 from testbed.scenario import load_scenario
+from tests.scenarios import two_dc, write_scenario
 from traffic import iperf, ping
 
 pytestmark = pytest.mark.network
@@ -55,20 +56,6 @@ JL = {
     "wan": [{"between": ["ja", "jb"], "delay_ms": 10, "jitter_ms": 5, "loss_pct": 20,
              "rate_mbit": 50}],
 }
-
-
-def two_dc(prefix: str, delay_ms: float = 5, rate_mbit: float = 20) -> dict:
-    a, b = f"{prefix}a", f"{prefix}b"
-    return {"name": f"two_{prefix}",
-            "dcs": [{"name": a, "hosts": 1}, {"name": b, "hosts": 1}],
-            "wan": [{"between": [a, b], "delay_ms": delay_ms, "rate_mbit": rate_mbit}]}
-
-
-def write_scenario(folder: Path, data: dict) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def build(folder: Path, data: dict) -> Network:
@@ -128,22 +115,6 @@ def planned_path(net: Network, a: str, b: str) -> tuple[float, int]:
     return total, hops
 
 
-def measure_goodput(net: Network, src: str, dst: str, port: int) -> iperf.IperfResult:
-    server = net.spawn(dst, iperf.server_argv(port), net.run_dir / "logs" / f"{dst}-iperf3-s-{port}.log")
-    try:
-        deadline = time.monotonic() + 5
-        while not iperf.listening(server.pid, port):
-            assert server.poll() is None and time.monotonic() < deadline, \
-                f"iperf3 server in {dst} did not start: {server.output()}"
-            time.sleep(0.02)
-        out = net.run(src, iperf.client_argv(net.host_ip(dst), port, seconds=IPERF_SECONDS),
-                      timeout_s=IPERF_SECONDS + 20, name=f"iperf3-c-{port}")
-        server.wait(5)
-    finally:
-        server.stop()
-    return iperf.parse_iperf(out)
-
-
 def goodput_ok(result: iperf.IperfResult, rate_mbit: float) -> bool:
     return GOODPUT_LOW <= result.received_mbit / rate_mbit <= GOODPUT_HIGH
 
@@ -158,7 +129,7 @@ def describe_goodput(result: iperf.IperfResult, rate_mbit: float) -> str:
 def check_goodput(net: Network, src: str, dst: str, port: int, rate_mbit: float, what: str) -> None:
     results = []
     for _ in range(GOODPUT_ATTEMPTS):
-        results.append(measure_goodput(net, src, dst, port))
+        results.append(measure_goodput(net, src, dst, port, IPERF_SECONDS))
         if goodput_ok(results[-1], rate_mbit):
             return
     raise AssertionError(
