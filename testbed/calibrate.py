@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from testbed.errors import TestbedError
-from testbed.network import Network, tcp_buffer_sysctls
+from testbed.network import Network, scaled_tcp_rmem_max_bytes
 from testbed.scenario import RCV_WINDOW_FRACTION
 from testbed.topo import WanPlan
 from traffic import iperf, ping
@@ -50,10 +50,9 @@ def predicted_goodput_mbit(net: Network, w: WanPlan, streams: int) -> float:
 def predicted_1flow_mbit(net: Network, w: WanPlan) -> float | None:
     """With `scale`, one TCP flow has at most the advertised window (the payload share of the
     scaled receive buffer) in flight per RTT: goodput = window / RTT, capped by the link."""
-    sysctls = tcp_buffer_sysctls(net.scenario.scale)
-    if not sysctls:
+    rmem_max = scaled_tcp_rmem_max_bytes(net.scenario.scale)
+    if rmem_max is None:
         return None
-    rmem_max = int(sysctls["net.ipv4.tcp_rmem"].split()[2])
     rtt_s = 2 * w.link.delay_ms / 1e3
     window_bytes = rmem_max * RCV_WINDOW_FRACTION
     window_mbit = window_bytes * 8 / rtt_s / 1e6 if rtt_s > 0 else float("inf")

@@ -88,12 +88,19 @@ def kernel_has_netem() -> bool:
     return code == 0
 
 
+def scaled_tcp_rmem_max_bytes(scale: float) -> int | None:
+    """The receive buffer limit a host gets with `scale` (None at scale 1: namespace default)."""
+    if scale == 1.0:
+        return None
+    return max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_RMEM_MAX_BYTES / scale))
+
+
 def tcp_buffer_sysctls(scale: float) -> dict[str, str]:
     """Per-host TCP buffer limits scaled down with the WAN (so one flow stays window-limited
     as it would be on the real link). scale 1 leaves the namespace defaults alone."""
-    if scale == 1.0:
+    rmem = scaled_tcp_rmem_max_bytes(scale)
+    if rmem is None:
         return {}
-    rmem = max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_RMEM_MAX_BYTES / scale))
     wmem = max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_WMEM_MAX_BYTES / scale))
     return {
         "net.ipv4.tcp_rmem": f"{min(4096, rmem)} {min(131072, rmem)} {rmem}",
@@ -105,7 +112,7 @@ class Network:
     """`with Network(scenario, run_dir) as net:` builds, and always tears down, the testbed."""
 
     def __init__(self, scenario: Scenario, run_dir: Path, *, backend: str | None = None,
-                 run_id: str | None = None, log=print) -> None:
+                 run_id: str | None = None) -> None:
         self.scenario = scenario
         self.plan: Plan = make_plan(scenario)
         self.run_dir = run_dir
@@ -113,7 +120,6 @@ class Network:
         self._backend_field = "--backend" if backend else "backend"
         self.backend = ""
         self.run_id = run_id or run_dir.name
-        self.log = log
         self.net: _RecordingMininet | None = None
         self.registry: Registry | None = None
         self.procs: list[HostProcess] = []

@@ -125,6 +125,14 @@ class StageWorker:
                       rec.t_end_ns, rec.iteration, rec.microbatch,
                       bytes=rec.payload_bytes + rec.pad_bytes, t_enqueue_ns=rec.t_enqueue_ns)
 
+    def _recv(self, channel, kind: int, it: int, mb: int):
+        """Wait for one message from a neighbour, recording the wait as RECV_F / RECV_B."""
+        t = time.time_ns()
+        got = channel.recv(kind, it, mb, self.spec.recv_timeout_s)
+        self.log.span("RECV_F" if kind == KIND_ACT else "RECV_B", t, time.time_ns(), it, mb,
+                      bytes=got.payload_bytes + got.pad_bytes, t_arrived_ns=got.t_last_ns)
+        return got
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -160,10 +168,7 @@ class StageWorker:
             inp = tokens.to(self.device)
         else:
             assert self.prev is not None
-            t = time.time_ns()
-            got = self.prev.recv(KIND_ACT, it, mb, spec.recv_timeout_s)
-            self.log.span("RECV_F", t, time.time_ns(), it, mb,
-                          bytes=got.payload_bytes + got.pad_bytes, t_arrived_ns=got.t_last_ns)
+            got = self._recv(self.prev, KIND_ACT, it, mb)
             inp = got.tensor.to(self.device).requires_grad_(True)
         t_start = time.time_ns()
         out = self.module(inp, targets.to(self.device) if self.plan.last else None)
@@ -185,10 +190,7 @@ class StageWorker:
             (out / cfg.micro_batches).backward()   # mean over this replica's M micro-batches
         else:
             assert self.next is not None
-            t = time.time_ns()
-            got = self.next.recv(KIND_GRAD, it, mb, spec.recv_timeout_s)
-            self.log.span("RECV_B", t, time.time_ns(), it, mb,
-                          bytes=got.payload_bytes + got.pad_bytes, t_arrived_ns=got.t_last_ns)
+            got = self._recv(self.next, KIND_GRAD, it, mb)
             t_start = time.time_ns()
             out.backward(got.tensor.to(self.device))
         self._sync()
