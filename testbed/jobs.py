@@ -103,8 +103,9 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                         title=f"{scenario.name} {name}"))
             doc["systems"][name] = metrics
+            whose = "target model" if cfg.compute == "profile" else "model"
             print(f"  iteration {metrics['iteration_time_s']:.3f} s, "
-                  f"{metrics['tokens_per_s']:.0f} tokens/s ({'target model' if cfg.compute == 'profile' else 'model'}), "
+                  f"{metrics['tokens_per_s']:.0f} tokens/s ({whose}), "
                   f"bubble {metrics['bubble_fraction']:.2f}, "
                   f"GPU utilization {metrics['gpu_utilization']:.2f}, "
                   f"loss {metrics['loss'][0]:.3f} -> {metrics['loss'][-1]:.3f}", flush=True)
