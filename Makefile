@@ -16,8 +16,11 @@ test: setup       ## the test suite (root tests build real namespaces)
 calibrate: setup  ## measure every WAN link of three_dc against its configuration
 	$(PY) run_testbed.py calibrate topologies/three_dc.yaml
 
-bench: setup      ## benchmarks: WAN fidelity, build/teardown times, pipeline bubbles
+bench: setup      ## benchmarks: WAN fidelity (idle, under CPU load, transients, congestion control), build/teardown, bubbles
 	$(PY) bench/bench_network.py
+	$(PY) bench/bench_loaded_rtt.py
+	$(PY) bench/bench_transients.py
+	$(PY) bench/bench_congestion.py
 	$(PY) bench/bench_bubbles.py
 
 cleanup:          ## remove what a killed run left behind

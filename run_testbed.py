@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
                     what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
                 print(f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, "
                       f"{what})")
+                from testbed.routing import dc_paths
+                print(f"  routes ({scenario.routing}):")
+                paths = {(p.src, p.dst): p for p in dc_paths(scenario)}
+                for p in paths.values():
+                    rtt_ms = p.delay_ms + paths[(p.dst, p.src)].delay_ms
+                    print(f"    {p.describe()}, RTT {rtt_ms:g} ms")
             return 0
         if args.command == "calibrate":
             from testbed.jobs import calibrate_job

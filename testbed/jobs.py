@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from testbed.calibrate import Settings, calibrate, table
+from testbed.calibrate import Settings, calibrate, paths_table, table
+from testbed import wanstats
 from testbed.network import Network, check_environment
 from testbed.results import new_run_dir, provenance, write_json, write_text
 from testbed.errors import ScenarioError
@@ -25,8 +26,28 @@ def _prepare(scenario: Scenario, out_dir: Path) -> Path:
     check_environment()
     run_dir = new_run_dir(out_dir, scenario.name)
     write_text(run_dir / "scenario.resolved.yaml", yaml.safe_dump(scenario.raw, sort_keys=False))
-    write_json(run_dir / "env.json", provenance())
     return run_dir
+
+
+def network_record(net: Network) -> dict:
+    """How the emulated network was run: what shapes every figure of the run beside it."""
+    scenario = net.scenario
+    return {"backend": net.backend, "routing": scenario.routing, "scale": scenario.scale,
+            "time_scale": scenario.time_scale, "congestion_control": dict(net.congestion_control),
+            "delay_line_realtime": dict(net.realtime_status)}
+
+
+def _network_up(net: Network, run_dir: Path) -> dict:
+    """Once the network is up: env.json (machine, versions and the network's record), and one
+    progress line."""
+    record = network_record(net)
+    write_json(run_dir / "env.json", dict(provenance(), network=record))
+    print(f"network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
+          f"{len(net.scenario.host_names())} hosts, {len(net.scenario.wan)} WAN links, "
+          f"{net.scenario.congestion_control}, {net.scenario.routing} routing"
+          + (f", time_scale {net.scenario.time_scale:g}" if net.scenario.time_scale != 1 else "")
+          + ")", flush=True)
+    return record
 
 
 def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
@@ -39,13 +60,25 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     scenario = load_scenario(scenario_path)
     run_dir = _prepare(scenario, out_dir)
     with Network(scenario, run_dir, backend=backend) as net:
-        print(f"network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
-              f"{len(scenario.host_names())} hosts, {len(scenario.wan)} WAN links)", flush=True)
+        record = _network_up(net, run_dir)
         doc = calibrate(net, Settings(seconds=seconds, streams=streams),
                         progress=lambda line: print(line, flush=True))
+        doc["network"] = record
     doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}
     write_json(run_dir / "calibration.json", doc)
+    cc = doc["congestion_control"]
+    print(f"congestion control: {cc['per_socket']} (iperf3 -C); host default {cc['host_default']}"
+          + (f" ({cc['note']})" if cc["note"] else ""))
+    if scenario.time_scale != 1:
+        print(f"time_scale {scenario.time_scale:g}: figures in real time ({doc['figures']})")
     print(table(doc))
+    print(f"paths ({scenario.routing} routing):")
+    print(paths_table(doc))
+    bad = [f"{p['from']}->{p['to']}" for p in doc["paths"] if not p["ok"]]
+    if bad:
+        print(f"warning: {len(bad)} DC pairs did not take their planned path or RTT: {', '.join(bad)}")
+    for line in doc["wan_warnings"]:
+        print(line)
     return run_dir / "calibration.json"
 
 
@@ -79,26 +112,35 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             systems: list[str] | None = None, iterations: int | None = None) -> Path:
     """Build the network, train once per system on it, write metrics.json and timelines."""
     from trainer.launch import HostInfo, launch
-    from trainer.metrics import compute_metrics
+    from trainer.metrics import compute_metrics, congestion_control_in_use, in_real_time
     from trainer.timeline_plot import plot_timeline
 
     scenario, cfg, systems = load_run(scenario_path, systems=systems, iterations=iterations)
     run_dir = _prepare(scenario, out_dir)
     doc = {"scenario": scenario.name, "compute": cfg.compute, "schedule": cfg.schedule,
-           "scale": scenario.scale, "run_dir": str(run_dir), "systems": {}}
+           "scale": scenario.scale, "time_scale": scenario.time_scale,
+           "routing": scenario.routing, "congestion_control": scenario.congestion_control,
+           "run_dir": str(run_dir), "systems": {}}
     with Network(scenario, run_dir, backend=backend) as net:
         doc["backend"] = net.backend
-        print(f"network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
-              f"{len(scenario.host_names())} hosts, {len(scenario.wan)} WAN links)", flush=True)
+        doc["network"] = _network_up(net, run_dir)
         hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts]
         for name in systems:
             print(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
                   f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}", flush=True)
             sys_dir = run_dir / name
+            net.wan_stats()  # start this system's interval of WAN packet counts
             run = launch(cfg, hosts, sys_dir, net, scale=scenario.scale,
-                         progress=lambda line: print("  " + line, flush=True))
+                         progress=lambda line: print("  " + line, flush=True),
+                         time_scale=scenario.time_scale, timeout_s=600.0 * scenario.time_scale,
+                         congestion_control=scenario.congestion_control)
             net.check()
-            metrics = compute_metrics(sys_dir)
+            wan_links = net.wan_stats()
+            metrics = in_real_time(compute_metrics(sys_dir), scenario.time_scale)
+            metrics["wan_links"] = wan_links
+            metrics["wan_warnings"] = wanstats.warnings(wan_links, scenario.wan)
+            metrics["congestion_control"] = dict(net.congestion_control,
+                                                 in_use=congestion_control_in_use(run.spans_path))
             metrics["wall_s"] = round(run.wall_s, 3)
             metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                         title=f"{scenario.name} {name}"))
@@ -109,5 +151,21 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                   f"bubble {metrics['bubble_fraction']:.2f}, "
                   f"GPU utilization {metrics['gpu_utilization']:.2f}, "
                   f"loss {metrics['loss'][0]:.3f} -> {metrics['loss'][-1]:.3f}", flush=True)
+            print("  " + wan_summary(wan_links), flush=True)
+            for line in metrics["wan_warnings"]:
+                print("  " + line, flush=True)
     doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}
     return write_json(run_dir / "metrics.json", doc)
+
+
+def wan_summary(stats: dict[str, dict]) -> str:
+    """One line: what crossed the WAN and how late the delay lines released it."""
+    if not stats:
+        return "wan: no delay-line counts (netem backend)"
+    packets = sum(s["packets"] for s in stats.values())
+    dropped = sum(s["dropped_loss"] + (s["dropped_queue_full"] or 0) + s["id_gaps"]
+                  for s in stats.values())
+    worst = max(stats.items(), key=lambda kv: kv[1]["lateness_ms"]["max"])
+    return (f"wan: {packets} packets over {len(stats)} directions, {dropped} dropped; "
+            f"release lateness max {worst[1]['lateness_ms']['max']:.3f} ms ({worst[0]}), "
+            f"p99 up to {max(s['lateness_ms']['p99'] for s in stats.values()):.3f} ms")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,7 +33,7 @@ from mininet.nodelib import LinuxBridge
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from testbed import shaping
+from testbed import shaping, wanstats
 from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError, TestbedError
 from testbed.procs import HostProcess, stop_all
@@ -52,8 +53,9 @@ CLONE_NEWNET = 0x40000000
 class DelayLineProc:
     gateway: str
     queues: tuple[QueueSpec, ...]
-    links: tuple[str, ...]     # "a->b" per queue, for error messages
+    links: tuple[str, ...]     # "a->b" per queue, for error messages and wan_stats()
     proc: HostProcess
+    stats_path: Path           # where it writes its counters on SIGUSR1 (testbed.wanstats)
 
 
 def probe_netem(ipr: IPRoute) -> bool:
@@ -88,19 +90,36 @@ def kernel_has_netem() -> bool:
     return code == 0
 
 
-def scaled_tcp_rmem_max_bytes(scale: float) -> int | None:
-    """The receive buffer limit a host gets with `scale` (None at scale 1: namespace default)."""
-    if scale == 1.0:
-        return None
+def available_congestion_controls() -> list[str]:
+    return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+
+
+def namespace_congestion_controls() -> list[str]:
+    """What a host namespace may make its default (per socket, root may pick any available)."""
+    return Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+
+
+def congestion_control_record(cc: str) -> dict[str, str]:
+    """Which congestion control each kind of TCP socket in the hosts runs (for the results).
+    The testbed's own sockets (trainer transport, iperf3 -C) set `cc` per socket; others (gloo's
+    all-reduce) get the host's default, which a namespace may set only to an allowed one."""
+    default = cc if cc in namespace_congestion_controls() else Path(
+        "/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    return {"configured": cc, "per_socket": cc, "host_default": default,
+            "note": "" if default == cc else
+            f"a network namespace may default only to {' or '.join(namespace_congestion_controls())}"
+            f" on this kernel: sockets the testbed cannot set (gloo) run {default}"}
+
+
+def scaled_tcp_rmem_max_bytes(scale: float) -> int:
+    """The receive buffer limit a host gets with `scale` (scale 1: the real server's)."""
     return max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_RMEM_MAX_BYTES / scale))
 
 
 def tcp_buffer_sysctls(scale: float) -> dict[str, str]:
-    """Per-host TCP buffer limits scaled down with the WAN (so one flow stays window-limited
-    as it would be on the real link). scale 1 leaves the namespace defaults alone."""
+    """Per-host TCP buffer limits of a real server, scaled down with the WAN (so one flow stays
+    window-limited as it would be on the real link); at scale 1 the real server's own."""
     rmem = scaled_tcp_rmem_max_bytes(scale)
-    if rmem is None:
-        return {}
     wmem = max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_WMEM_MAX_BYTES / scale))
     return {
         "net.ipv4.tcp_rmem": f"{min(4096, rmem)} {min(131072, rmem)} {rmem}",
@@ -112,9 +131,9 @@ class Network:
     """`with Network(scenario, run_dir) as net:` builds, and always tears down, the testbed."""
 
     def __init__(self, scenario: Scenario, run_dir: Path, *, backend: str | None = None,
-                 run_id: str | None = None) -> None:
-        self.scenario = scenario
-        self.plan: Plan = make_plan(scenario)
+                 run_id: str | None = None, realtime: bool = True) -> None:
+        self.scenario = scenario   # as configured; the network is built from its emulated()
+        self.plan: Plan = make_plan(scenario.emulated())
         self.run_dir = run_dir
         self.requested_backend = backend or scenario.backend
         self._backend_field = "--backend" if backend else "backend"
@@ -124,11 +143,15 @@ class Network:
         self.registry: Registry | None = None
         self.procs: list[HostProcess] = []
         self.delaylines: list[DelayLineProc] = []
+        self.realtime = realtime   # delay lines at SCHED_FIFO (False: --no-realtime)
+        self.realtime_status: dict[str, str] = {}  # gateway -> "fifo:50", "refused:EPERM", "off"
         self.failure: str | None = None
         self._stop_supervisor = threading.Event()
+        self._supervisor_lock = threading.Lock()
         self._supervisor: threading.Thread | None = None
         self._old_handlers: dict[int, object] = {}
         self.timings_s: dict[str, float] = {}
+        self.congestion_control: dict[str, str] = {}
         self._owner_pid = os.getpid()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -140,8 +163,10 @@ class Network:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self.stop()
+        if exc_type is None and self.failure:  # a delay line died as the body ended
+            raise TestbedError(self.failure)
 
     def start(self) -> None:
         t0 = time.monotonic()
@@ -151,6 +176,10 @@ class Network:
             raise ScenarioError(self._backend_field, f"{self.requested_backend!r} is not a "
                                 "backend", "use auto, netem or delayline")
         self.backend = self._choose_backend()
+        if self.scenario.congestion_control not in available_congestion_controls():
+            raise ScenarioError("congestion_control", f"{self.scenario.congestion_control!r} is "
+                                "not available in this kernel", "use one of "
+                                f"{', '.join(available_congestion_controls())}")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.run_id)
         self.registry.add_interfaces(self.plan.root_interfaces())
@@ -161,6 +190,7 @@ class Network:
                                      autoSetMacs=False, waitConnected=False)
         self.net.build()
         self.net.start()
+        self.registry.stamp_interfaces()  # so cleanup can tell them from a later run's
         self._verify_interfaces()
         self._configure_gateways()
         self._configure_hosts()
@@ -177,10 +207,11 @@ class Network:
         if os.getpid() != self._owner_pid:
             return  # a forked child (pyroute2's netns helper) never tears down the network
         t0 = time.monotonic()
+        with self._supervisor_lock:  # from here on the supervisor sends no SIGUSR1
+            self._stop_supervisor.set()
         held = self._hold_signals()
         errors: list[str] = []
         try:
-            self._stop_supervisor.set()
             if self._supervisor is not None:
                 self._supervisor.join(timeout=2)
                 self._supervisor = None
@@ -262,6 +293,14 @@ class Network:
     def host_ip(self, name: str) -> str:
         return self.plan.host(name).ip
 
+    def wan_stats(self) -> dict[str, dict]:
+        """Per WAN direction "a->b", what the delay lines counted since the previous call
+        (packets, bytes, drops by cause, id gaps, lateness; see testbed.wanstats), and start
+        a new interval. Empty with the netem backend (nothing to count)."""
+        if self.backend != "delayline" or not self.delaylines:
+            return {}
+        return wanstats.collect(self.delaylines)
+
     def check(self) -> None:
         """Raise if a supervised process (a delay line) has died."""
         if self.failure:
@@ -307,10 +346,13 @@ class Network:
 
     def _configure_hosts(self) -> None:
         sysctls = tcp_buffer_sysctls(self.scenario.scale)
+        cc = self.scenario.congestion_control
+        if cc in namespace_congestion_controls():
+            sysctls["net.ipv4.tcp_congestion_control"] = cc
         for h in self.plan.hosts:
-            if sysctls:
-                self._sysctl(h.name, sysctls)
-        for dc in self.scenario.dcs:
+            self._sysctl(h.name, sysctls)
+        self.congestion_control = congestion_control_record(cc)
+        for dc in self.plan.scenario.dcs:
             if dc.rate_mbit is None:
                 continue
             queue = max(100 * MTU_BYTES, int(dc.rate_mbit * 1e6 / 8 * 0.01))
@@ -373,22 +415,36 @@ class Network:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         for gw, items in per_gw.items():
             # Each delay line draws its own jitter and loss (seeded by its first queue number).
-            argv = [sys.executable, "-m", "testbed.delayline", "--seed", str(items[0][0].num)]
+            stats_path = self.run_dir / "logs" / f"{gw}-delayline-stats.json"
+            n = 1
+            while stats_path.exists():  # a report per delay line: never an earlier one's
+                n += 1
+                stats_path = stats_path.with_name(f"{gw}-delayline-stats-{n}.json")
+            argv = [sys.executable, "-m", "testbed.delayline", "--seed", str(items[0][0].num),
+                    "--stats", str(stats_path)]
+            if not self.realtime:
+                argv.append("--no-realtime")
             for spec, _intf, _name in items:
                 argv += ["--queue", spec.format()]
             proc = self.spawn(gw, argv, self.run_dir / "logs" / f"{gw}-delayline.log", env=env)
             self.procs.remove(proc)  # supervised separately, stopped after the workers
             # Listed at once, so stop() ends it even if a later step of start() fails.
             self.delaylines.append(DelayLineProc(gateway=gw, queues=tuple(s for s, _, _ in items),
-                                                 links=tuple(n for _, _, n in items), proc=proc))
+                                                 links=tuple(n for _, _, n in items), proc=proc,
+                                                 stats_path=stats_path))
         for dl, items in zip(self.delaylines, per_gw.values()):
-            _wait_ready(dl.proc, timeout_s=10)
+            self.realtime_status[dl.gateway] = _wait_ready(dl.proc, timeout_s=10)
             for spec, intf, _name in items:
                 out = self.node(dl.gateway).cmd(f"iptables -w -A FORWARD -i {intf} -j NFQUEUE "
                                                 f"--queue-num {spec.num} && echo ok")
                 if "ok" not in out:
                     raise TestbedError(f"iptables NFQUEUE rule in {dl.gateway} failed: "
                                        f"{out.strip()}")
+        refused = [f"{gw}: {st}" for gw, st in self.realtime_status.items()
+                   if not st.startswith("fifo") and st != "off"]
+        if refused:
+            print(f"warning: real-time priority refused for the delay lines ({', '.join(refused)}); "
+                  f"delay may spike while the CPUs are busy", file=sys.stderr)
 
     # ---- supervision -----------------------------------------------------------------------
     def _start_supervisor(self) -> None:
@@ -400,7 +456,11 @@ class Network:
             while not self._stop_supervisor.wait(0.1):
                 for dl in self.delaylines:
                     rc = dl.proc.poll()
-                    if rc is not None and not self._stop_supervisor.is_set():
+                    if rc is None:
+                        continue
+                    with self._supervisor_lock:
+                        if self._stop_supervisor.is_set():
+                            return
                         self.failure = (f"delay line in {dl.gateway} (links {', '.join(dl.links)}) "
                                         f"died with exit code {rc}; those links dropped every "
                                         f"packet, so the run was stopped. Log: {dl.proc.log_path}")
@@ -431,7 +491,8 @@ class Network:
             return False
 
         def on_usr1(signum, frame):  # noqa: ARG001
-            if in_owner(signum):
+            # Once stop() has begun, teardown must run whole: __exit__ raises the failure after.
+            if in_owner(signum) and not self._stop_supervisor.is_set():
                 raise TestbedError(self.failure or "a supervised process died")
 
         def on_term(signum, frame):  # noqa: ARG001
@@ -479,11 +540,14 @@ class _RecordingMininet(Mininet):
         return host
 
 
-def _wait_ready(proc: HostProcess, timeout_s: float) -> None:
+def _wait_ready(proc: HostProcess, timeout_s: float) -> str:
+    """Wait for the delay line's `READY rt=<status> <queues>` line; return its rt status."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if "READY" in proc.output(1 << 20):  # the READY line lists every queue: read it all
-            return
+        # The READY line lists every queue: read it all, and only a whole line.
+        ready = re.search(r"^READY(?: rt=(\S+))?.*\n", proc.output(1 << 20), re.MULTILINE)
+        if ready:
+            return ready.group(1) or "unknown"
         if proc.poll() is not None:
             raise TestbedError(f"{proc.describe()} failed to start: {proc.output().strip()}")
         time.sleep(0.01)

@@ -6,6 +6,14 @@ interfaces (bridges and their ports) that the run made. Network namespaces need 
 are held only by the run's processes and vanish with them, taking their veths, qdiscs and
 iptables rules along. `cleanup()` (the `run_testbed.py cleanup` command) reads the files of
 runs whose owner process is gone and removes exactly what they list.
+
+Cleanup can never touch a live run: names alone are not proof (a stale registry and a later live
+run may use the same scenario), so once a run has built its interfaces it stamps each with an
+alias (IFLA_IFALIAS `geotestbed:<run id>:<pid>`) and records alias and ifindex. `cleanup` skips
+every name that a live run's registry lists (any registry under RUNTIME_DIR or /run/geotestbed
+whose owner is alive), deletes a recorded interface only if its ifindex and alias are still the
+recorded ones, and one recorded by name only (a run killed mid-build) only if it carries no
+other run's alias.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 RUNTIME_DIR = Path(os.environ.get("GEOTESTBED_RUNTIME_DIR", "/run/geotestbed"))
+SHARED_RUNTIME_DIR = Path("/run/geotestbed")
+ALIAS_PREFIX = "geotestbed:"
 
 
 def _start_time(pid: int) -> int | None:
@@ -51,6 +61,23 @@ class Registry:
         self.data["interfaces"].extend(names)
         self._write()
 
+    @property
+    def alias(self) -> str:
+        return f"{ALIAS_PREFIX}{self.data['run_id']}:{os.getpid()}"
+
+    def stamp_interfaces(self) -> None:
+        """Mark every listed interface that exists as this run's (alias) and record its
+        ifindex, so cleanup can tell it from a later run's interface of the same name."""
+        ids = {}
+        with IPRoute() as ipr:
+            for name in self.data["interfaces"]:
+                found = ipr.link_lookup(ifname=name)
+                if found:
+                    ipr.link("set", index=found[0], ifalias=self.alias)
+                    ids[name] = {"ifindex": found[0], "alias": self.alias}
+        self.data["interface_ids"] = ids
+        self._write()
+
     def close(self) -> None:
         """The run tore everything down itself: forget it."""
         self.path.unlink(missing_ok=True)
@@ -71,20 +98,65 @@ def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
     done: list[str] = []
     if not directory.is_dir():
         return done
+    held = live_interfaces(directory)
     for path in sorted(directory.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        data = _read(path)
+        if data is None:
             continue
         if alive(data.get("owner", {})):
             done.append(f"skipped {data.get('run_id')}: its run (pid {data['owner']['pid']}) is still going")
             continue
-        done += _remove(data)
+        done += _remove(data, held)
         path.unlink(missing_ok=True)
     return done
 
 
-def _remove(data: dict) -> list[str]:
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def live_interfaces(*directories: Path) -> set[str]:
+    """Interface names that live runs hold: listed in a registry (in these folders, in
+    /run/geotestbed or one level below either) whose owner is alive."""
+    names: set[str] = set()
+    paths: set[Path] = set()
+    for d in {*directories, SHARED_RUNTIME_DIR}:
+        paths.update(d.glob("*.json"))
+        paths.update(d.glob("*/*.json"))
+    for path in paths:
+        data = _read(path)
+        if data is not None and alive(data.get("owner", {})):
+            names.update(data.get("interfaces", []))
+    return names
+
+
+def _current(ipr: IPRoute, name: str) -> tuple[int, str] | None:
+    found = ipr.link_lookup(ifname=name)
+    if not found:
+        return None
+    link = ipr.get_links(found[0])[0]
+    return found[0], link.get_attr("IFLA_IFALIAS") or ""
+
+
+def _owned(data: dict, name: str, now: tuple[int, str]) -> str:
+    """'' if interface `name` (now: ifindex, alias) is this stale run's, else why not."""
+    recorded = data.get("interface_ids", {}).get(name)
+    if recorded is not None:
+        if (recorded["ifindex"], recorded["alias"]) != now:
+            return (f"it is not the one this run made (ifindex {now[0]}, alias {now[1]!r}; "
+                    f"recorded {recorded['ifindex']}, {recorded['alias']!r})")
+        return ""
+    if now[1].startswith(ALIAS_PREFIX) and not now[1].startswith(
+            f"{ALIAS_PREFIX}{data.get('run_id')}:{data.get('owner', {}).get('pid')}"):
+        return f"another run holds it ({now[1]})"
+    return ""
+
+
+def _remove(data: dict, held: set[str] = frozenset()) -> list[str]:
     done = []
     live = [e for e in data.get("pids", []) if alive(e)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -101,13 +173,22 @@ def _remove(data: dict) -> list[str]:
             time.sleep(0.05)
     done += [f"ended {e['what']} (pid {e['pid']})" for e in live]
     for name in data.get("interfaces", []):
-        if Path(f"/sys/class/net/{name}").exists():
-            try:
-                with IPRoute() as ipr:
-                    ipr.link("del", ifname=name)
-            except NetlinkError as exc:
-                if exc.code != errno.ENODEV:  # gone meanwhile (its peer was deleted): fine
-                    done.append(f"could not delete interface {name}: {exc}")
+        if name in held:
+            done.append(f"skipped interface {name}: a live run holds it")
+            continue
+        try:
+            with IPRoute() as ipr:
+                now = _current(ipr, name)
+                if now is None:
                     continue
-            done.append(f"deleted interface {name}")
+                why = _owned(data, name, now)
+                if why:
+                    done.append(f"skipped interface {name}: {why}")
+                    continue
+                ipr.link("del", index=now[0])
+        except NetlinkError as exc:
+            if exc.code != errno.ENODEV:  # gone meanwhile (its peer was deleted): fine
+                done.append(f"could not delete interface {name}: {exc}")
+            continue
+        done.append(f"deleted interface {name}")
     return done

@@ -8,7 +8,10 @@ Form (every WAN link: one-way delay per direction, rate per direction):
 
     name: three_dc
     scale: 100                 # optional: emulated WAN is this many times slower than the real one
+    time_scale: 1              # optional: time dilation (delays x T, rates / T, bytes kept)
     backend: auto              # optional: auto | netem | delayline
+    routing: direct            # optional: direct | shortest-delay (see testbed.routing)
+    congestion_control: cubic  # optional: cubic | reno | bbr, every TCP socket the testbed opens
     dcs:
       - {name: east, hosts: 2, rate_mbit: 1000}     # rate_mbit: optional intra-DC host link rate
     wan:
@@ -19,16 +22,18 @@ Form (every WAN link: one-way delay per direction, rate per direction):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from testbed.errors import ScenarioError
+from testbed.routing import ROUTING_POLICIES
 
 BACKENDS = ("auto", "netem", "delayline")
 SYSTEMS = ("baseline", "atlas", "bubbletea")
+CONGESTION_CONTROLS = ("cubic", "reno", "bbr")
 MTU_BYTES = 1500
 MIN_QUEUE_PACKETS = 100
 DC_NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
@@ -78,7 +83,10 @@ class Scenario:
     dcs: tuple[DataCenter, ...]
     wan: tuple[WanLink, ...]
     scale: float = 1.0
+    time_scale: float = 1.0
     backend: str = "auto"
+    routing: str = "direct"
+    congestion_control: str = "cubic"
     systems: tuple[str, ...] = ("baseline",)
     training: dict[str, Any] | None = None
     path: str = ""
@@ -92,6 +100,19 @@ class Scenario:
 
     def host_names(self) -> list[str]:
         return [f"{dc.name}-h{i}" for dc in self.dcs for i in range(1, dc.hosts + 1)]
+
+    def emulated(self) -> "Scenario":
+        """What the network is built from: with time_scale T every delay and jitter is T times
+        longer and every rate T times lower; bytes (queues, buffers, messages) stay. Round trips
+        and packet counts are then those of the configured link, in T times the time."""
+        t = self.time_scale
+        if t == 1.0:
+            return self
+        wan = tuple(replace(w, delay_ms=w.delay_ms * t, jitter_ms=w.jitter_ms * t,
+                            rate_mbit=w.rate_mbit / t) for w in self.wan)
+        dcs = tuple(replace(dc, rate_mbit=None if dc.rate_mbit is None else dc.rate_mbit / t)
+                    for dc in self.dcs)
+        return replace(self, wan=wan, dcs=dcs)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -112,7 +133,8 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def parse_scenario(data: Any, path: str = "") -> Scenario:
     top = _mapping(data, "scenario")
-    _no_unknown(top, "", {"name", "dcs", "wan", "scale", "backend", "systems", "training"})
+    _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
+                          "congestion_control", "systems", "training"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
@@ -127,10 +149,11 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
                                 f"give each DC at most {MAX_WAN_LINKS_PER_DC} (interface names "
                                 "are capped at 15 characters)")
     scale = _number(top.get("scale", 1.0), "scale", low=1.0, high=1e6)
-    backend = top.get("backend", "auto")
-    if backend not in BACKENDS:
-        raise ScenarioError("backend", f"{backend!r} is not a backend",
-                            f"use one of {', '.join(BACKENDS)}")
+    time_scale = _number(top.get("time_scale", 1.0), "time_scale", low=1.0, high=1000.0)
+    backend = _choice(top.get("backend", "auto"), "backend", BACKENDS)
+    routing = _choice(top.get("routing", "direct"), "routing", ROUTING_POLICIES)
+    congestion_control = _choice(top.get("congestion_control", "cubic"), "congestion_control",
+                                 CONGESTION_CONTROLS)
     systems = top.get("systems", ["baseline"])
     if isinstance(systems, str):
         systems = [systems]
@@ -144,7 +167,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     training = top.get("training")
     if training is not None and not isinstance(training, dict):
         raise ScenarioError("training", "must be a mapping", "see topologies/two_dc.yaml")
-    return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, backend=backend,
+    return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
+                    backend=backend, routing=routing, congestion_control=congestion_control,
                     systems=tuple(systems), training=training, path=path, raw=top)
 
 
@@ -269,6 +293,13 @@ def _no_unknown(d: dict[str, Any], where: str, allowed: set[str]) -> None:
             prefix = f"{where}." if where else ""
             raise ScenarioError(f"{prefix}{key}", "unknown field",
                                 f"use one of {', '.join(sorted(allowed))}")
+
+
+def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ScenarioError(where, f"{value!r} is not one of {', '.join(allowed)}",
+                            f"use one of {', '.join(allowed)}")
+    return value
 
 
 def _number(value: Any, where: str, *, low: float, high: float) -> float:

@@ -7,17 +7,18 @@ the Topo into namespaces and applies the routes and shaping.
                      gateway <dc>-gw    10.<d+1>.0.254/24 on <dc>-gw-eth0 (to the DC bridge)
                      bridge  <dc>-s     a Linux bridge in the root namespace
     WAN link k:      <a>-gw-eth<n> 10.254.x.y/30  <->  <b>-gw-eth<m> 10.254.x.y+1/30
-Routes between DCs follow the lowest total one-way delay over the WAN links.
+Routes between DCs: `testbed.routing` (a configured link carries its DC pair's traffic; pairs
+without one take the lowest total one-way delay; or `routing: shortest-delay` for every pair).
 """
 
 from __future__ import annotations
 
-import heapq
 import ipaddress
 from dataclasses import dataclass
 
 from mininet.topo import Topo
 
+from testbed.routing import edges_of, next_hops
 from testbed.scenario import Scenario, WanLink
 
 
@@ -112,28 +113,19 @@ def make_plan(scenario: Scenario) -> Plan:
 
 def _routes(scenario: Scenario, wan: list[WanPlan], gateways: dict[str, str],
             subnets: dict[str, str]) -> list[Route]:
-    """Shortest paths by one-way delay (Dijkstra from every DC); one route per (gateway, DC)."""
-    adj: dict[str, list[tuple[float, str, tuple[str, str]]]] = {dc.name: [] for dc in scenario.dcs}
+    """One route per (gateway, other DC), towards testbed.routing's next hop."""
+    link_to: dict[tuple[str, str], tuple[str, str]] = {}  # (dc, neighbour) -> (via ip, intf)
     for w in wan:
-        adj[w.link.a].append((w.link.delay_ms, w.link.b, (w.end_b.ip, w.end_a.intf)))
-        adj[w.link.b].append((w.link.delay_ms, w.link.a, (w.end_a.ip, w.end_b.intf)))
+        link_to[(w.link.a, w.link.b)] = (w.end_b.ip, w.end_a.intf)
+        link_to[(w.link.b, w.link.a)] = (w.end_a.ip, w.end_b.intf)
+    hops = next_hops([dc.name for dc in scenario.dcs], edges_of(scenario), scenario.routing)
     routes = []
-    for src in adj:
-        dist = {src: 0.0}
-        first_hop: dict[str, tuple[str, str]] = {}
-        heap: list[tuple[float, str, tuple[str, str] | None]] = [(0.0, src, None)]
-        while heap:
-            d, node, hop = heapq.heappop(heap)
-            if d > dist.get(node, float("inf")):
+    for dc in scenario.dcs:
+        for dst in scenario.dcs:
+            if dst.name == dc.name:
                 continue
-            for delay, nxt, nxt_ip in adj[node]:
-                nd = d + delay
-                if nd < dist.get(nxt, float("inf")):
-                    dist[nxt] = nd
-                    first_hop[nxt] = hop or nxt_ip
-                    heapq.heappush(heap, (nd, nxt, first_hop[nxt]))
-        for dst, (via, intf) in sorted(first_hop.items()):
-            routes.append(Route(gateway=gateways[src], dst=subnets[dst], via=via, intf=intf))
+            via, intf = link_to[(dc.name, hops[(dc.name, dst.name)])]
+            routes.append(Route(gateway=gateways[dc.name], dst=subnets[dst.name], via=via, intf=intf))
     return routes
 
 

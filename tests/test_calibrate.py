@@ -75,6 +75,16 @@ def test_calibrate_cli(start_child, small_yaml, tmp_path):
     assert abs(loaded - want_rtt) <= 1.0, f"loaded median {loaded}: {raw}"
     for key in ("goodput_mbit", "goodput_1flow_mbit"):
         assert 0.90 * RATE_MBIT <= m[key] <= 1.01 * RATE_MBIT, f"{key}: {raw}"
+    # every packet accounted for: both directions counted, nothing dropped on a lossless link
+    wan = link["wan"]
+    assert sorted(wan) == ["ca->cb", "cb->ca"], wan
+    for direction, counts in wan.items():
+        assert counts["packets"] > 1000 and counts["bytes"] > counts["packets"] * 40, (direction, counts)
+        assert counts["dropped_loss"] == counts["id_gaps"] == 0, (direction, counts)
+        assert counts["dropped_queue_full"] in (0, None), (direction, counts)
+    assert doc["network"]["delay_line_realtime"], doc["network"]
+    env = json.loads((first.parent / "env.json").read_text())
+    assert env["network"]["congestion_control"]["per_socket"] == "cubic", env
 
     before = first.read_bytes()
     child2, rc2 = calibrate(start_child, small_yaml, out)
@@ -102,3 +112,39 @@ def test_calibrate_interrupted(start_child, small_yaml, tmp_path):
     assert rc == 130, child.describe()
     assert child.stderr.splitlines() == ["interrupted: the testbed was torn down"], child.describe()
     assert not list(out.glob("*/calibration.json")), child.describe()
+
+
+# A triangle whose direct ta<->tc link (15 ms, 10 Mbit/s) is slower than the detour through tb
+# (5 + 5 ms, faster links): calibration must measure that link over itself.
+TRIANGLE = {"name": "cal_tri",
+            "dcs": [{"name": "ta", "hosts": 1}, {"name": "tb", "hosts": 1}, {"name": "tc", "hosts": 1}],
+            "wan": [{"between": ["ta", "tb"], "delay_ms": 5, "rate_mbit": 20},
+                    {"between": ["tb", "tc"], "delay_ms": 5, "rate_mbit": 20},
+                    {"between": ["ta", "tc"], "delay_ms": 15, "rate_mbit": 10}]}
+
+
+def test_calibrate_triangle_measures_each_link_over_itself(start_child, tmp_path):
+    path = tmp_path / "tri.yaml"
+    path.write_text(yaml.safe_dump(TRIANGLE, sort_keys=False))
+    child, rc = calibrate(start_child, path, tmp_path / "results")
+    assert rc == 0, child.describe()
+    doc = json.loads(results_path(child).read_text())
+    assert doc["routing"] == "direct" and doc["congestion_control"]["per_socket"] == "cubic"
+    problems = []
+    for link, cfg in zip(doc["links"], TRIANGLE["wan"]):
+        assert link["between"] == cfg["between"]
+        want = 2 * cfg["delay_ms"]
+        idle = statistics.median(link["samples"]["rtt_ms"])
+        if abs(idle - want) > max(0.5, 0.02 * want):
+            problems.append(f"{cfg['between']}: idle RTT median {idle}, want {want}")
+        got = link["measured"]["goodput_mbit"]
+        if not 0.90 * cfg["rate_mbit"] <= got <= 1.01 * cfg["rate_mbit"]:
+            problems.append(f"{cfg['between']}: goodput {got}, rate {cfg['rate_mbit']}")
+        if link["measured"]["congestion_control"] != "cubic":
+            problems.append(f"{cfg['between']}: iperf3 ran {link['measured']['congestion_control']}")
+    assert not problems, "\n".join(problems) + "\n" + child.stdout
+    # every ordered DC pair: its path (all direct here), checked by RTT and TTL
+    assert len(doc["paths"]) == 6
+    for p in doc["paths"]:
+        assert p["hops"] == 1 and p["ok"], p
+    assert "ta > tc" in child.stdout and "MISMATCH" not in child.stdout, child.stdout

@@ -3,11 +3,15 @@
 - a run killed with SIGKILL leaves its bridges, delay lines and registry file; cleanup removes
   exactly those (an unlisted interface and a live run's network survive it);
 - a second Network with the same scenario while the first runs is refused with a TestbedError
-  that names the taken interface, and the first keeps working.
+  that names the taken interface, and the first keeps working;
+- a stale registry listing a live run's names (by name, or with another ifindex and alias)
+  leaves every interface of the live run alone;
+- the supervisor's SIGUSR1 during stop() cannot cut the teardown short.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -126,3 +130,66 @@ def test_refused_second_network_leaves_the_first_intact(tmp_path, leftovers):
         missing = set(first.plan.root_interfaces()) - leftovers.root_links()
         assert not missing, f"the refused second network deleted {sorted(missing)}"
         ping_ok(first, "na-h1", "nb-h1")
+
+
+def test_stale_registry_with_a_live_runs_names_leaves_the_live_run_alone(tmp_path, leftovers,
+                                                                          subprocess_env):
+    """A run whose teardown left its registry (a process would not die) used the same scenario
+    as a run that is live now: cleanup removes the stale registry and must not touch one
+    interface of the live run, whether the stale file lists the names only (killed mid-build)
+    or with the ifindex and alias its run recorded."""
+    sc = load_scenario(write_scenario(tmp_path, two_dc("z")))
+    with Network(sc, tmp_path / "live") as live:
+        names = live.plan.root_interfaces()
+        stamped = live.registry.data["interface_ids"]
+        assert set(stamped) == set(names), stamped
+        with IPRoute() as ipr:
+            alias = ipr.get_links(ipr.link_lookup(ifname="za-s")[0])[0].get_attr("IFLA_IFALIAS")
+        assert alias == live.registry.alias
+        dead = {"pid": 1, "start": -1}  # an owner that is not alive
+        stale_ids = {n: {"ifindex": v["ifindex"] + 100000, "alias": "geotestbed:old:1"}
+                     for n, v in stamped.items()}
+        for i, extra in enumerate(({}, {"interface_ids": stale_ids})):
+            doc = {"run_id": f"old{i}", "owner": dead, "pids": [], "interfaces": names, **extra}
+            (leftovers.runtime_dir() / f"old{i}-1.json").write_text(json.dumps(doc))
+        from testbed.registry import _remove, cleanup, live_interfaces
+        done = cleanup(leftovers.runtime_dir())
+        assert not any(line.startswith("deleted") for line in done), done
+        assert f"skipped {live.run_id}" in " ".join(done), done
+        assert not list(leftovers.runtime_dir().glob("old*.json")), done
+        # Past the live-registry check (as if the live run's registry were gone), the ifindex
+        # and alias still protect every interface.
+        assert names[0] in live_interfaces(leftovers.runtime_dir())
+        for i, extra in enumerate(({}, {"interface_ids": stale_ids})):
+            doc = {"run_id": f"old{i}", "owner": dead, "pids": [], "interfaces": names, **extra}
+            done = _remove(doc, held=set())
+            assert not any(line.startswith("deleted") for line in done), done
+            assert all("skipped interface" in line for line in done) and len(done) == len(names), done
+        assert set(names) <= leftovers.root_links()
+        ping_ok(live, "za-h1", "zb-h1")
+        live.check()
+
+
+def test_supervisor_signal_during_teardown_cannot_cut_it_short(tmp_path, leftovers, monkeypatch):
+    """A delay line that dies as the run ends: its SIGUSR1 arrives while stop() tears down.
+    Teardown must finish whole, and the failure is still raised afterwards."""
+    import testbed.network as network_mod
+
+    before = leftovers.snapshot()
+    real_stop_all = network_mod.stop_all
+    sent = []
+
+    def stop_all_then_signal(procs, *args, **kwargs):
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGUSR1)  # as the supervisor would, mid-teardown
+        return real_stop_all(procs, *args, **kwargs)
+
+    with pytest.raises(TestbedError, match="died"):
+        with Network(load_scenario(write_scenario(tmp_path, two_dc("y"))), tmp_path / "run") as net:
+            if net.backend != "delayline":
+                pytest.skip(f"backend is {net.backend}")
+            net.failure = "delay line in ya-gw (links yb->ya) died with exit code -9"
+            monkeypatch.setattr(network_mod, "stop_all", stop_all_then_signal)
+    assert sent
+    leftovers.assert_nothing_new(before, "after a SIGUSR1 during teardown")

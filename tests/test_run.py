@@ -18,10 +18,11 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.network   # needs root; tests/conftest.py checks for leftovers
 
 
-def scenario(tmp_path: Path, delay_ms: float, name: str) -> Path:
+def scenario(tmp_path: Path, delay_ms: float, name: str, **extra) -> Path:
     doc = {
         "name": name,
         "scale": 100,
+        **extra,
         "dcs": [{"name": "east", "hosts": 1}, {"name": "west", "hosts": 1}],
         "wan": [{"between": ["east", "west"], "delay_ms": delay_ms, "rate_mbit": 100}],
         "training": {
@@ -57,7 +58,7 @@ def test_iteration_time_grows_with_wan_delay(tmp_path: Path) -> None:
 
 
 def test_metrics_document(tmp_path: Path) -> None:
-    doc = run(scenario(tmp_path, 5, "doc"), tmp_path / "results")
+    doc = run(scenario(tmp_path, 5, "doc", congestion_control="reno"), tmp_path / "results")
     assert doc["scenario"] == "doc" and doc["compute"] == "profile"
     assert doc["backend"] in ("netem", "delayline")
     base = doc["systems"]["baseline"]
@@ -68,3 +69,37 @@ def test_metrics_document(tmp_path: Path) -> None:
     assert [(s["stage"], s["dc"], s["host"]) for s in base["stages"]] == [
         (0, "east", "east-h1"), (1, "west", "west-h1")]
     assert Path(base["timeline_png"]).stat().st_size > 1000
+    # every WAN packet of this system's run counted per direction
+    wan = base["wan_links"]
+    assert sorted(wan) == ["east->west", "west->east"], wan
+    assert all(c["packets"] > 0 and c["dropped_loss"] == 0 for c in wan.values()), wan
+    assert isinstance(base["wan_warnings"], list)
+    env = json.loads((Path(doc["run_dir"]) / "env.json").read_text())
+    assert env["network"]["congestion_control"]["configured"] == "reno", env
+    assert set(env["network"]["delay_line_realtime"]) == {"east-gw", "west-gw"}, env
+    # the scenario's congestion control, read back from the stage-to-stage sockets
+    cc = base["congestion_control"]
+    assert cc["configured"] == "reno" and cc["in_use"] == ["reno"], cc
+    assert cc["host_default"] == "reno", cc   # reno is allowed as a namespace default here
+
+
+def test_time_scale_runs_slower_and_reports_real_time(tmp_path: Path) -> None:
+    """time_scale 4: delays x4, rates /4 and profile holds x4 on the wire and in the workers;
+    metrics.json reports real time (divided back), so the figures match the undilated run's."""
+    plain = run(scenario(tmp_path, 5, "ts1"), tmp_path / "results")["systems"]["baseline"]
+    slow_doc = run(scenario(tmp_path, 5, "ts4", time_scale=4), tmp_path / "results")
+    slow = slow_doc["systems"]["baseline"]
+    assert slow["time_scale"] == 4 and "real time" in slow["figures"]
+    assert slow_doc["time_scale"] == 4
+    for a, b in zip(plain["stages"], slow["stages"]):
+        # holds were 4x longer on the wire, divided back: the profile's durations again
+        assert b["forward_ms"] == pytest.approx(a["forward_ms"], rel=0.1), (a, b)
+        assert b["backward_ms"] == pytest.approx(a["backward_ms"], rel=0.1), (a, b)
+    assert slow["iteration_time_s"] == pytest.approx(plain["iteration_time_s"], rel=0.35), (
+        plain["iteration_time_s"], slow["iteration_time_s"])
+    # on the wire and in the workers the forwards really lasted 4x the profile's time
+    spans = [json.loads(line) for line in
+             (Path(slow_doc["run_dir"]) / "baseline" / "trainer_spans.jsonl").read_text().splitlines()]
+    f_ms = [(r["t_end_ns"] - r["t_start_ns"]) / 1e6 for r in spans
+            if r["name"] == "F" and r["iteration"] and r["stage"] == 0]
+    assert min(f_ms) >= 4 * plain["stages"][0]["forward_ms"] * 0.95, (f_ms, plain["stages"][0])

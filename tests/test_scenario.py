@@ -3,7 +3,8 @@
 - the shipped topologies load; every kind of bad input is a ScenarioError naming the field,
   and the CLI prints it as one 'error: <field>: ...' line on stderr with exit code 2;
 - queue sizes: packets vs bytes, default >= bandwidth-delay product;
-- the plan: names, addresses, routes (lowest total delay, multi-hop where that is shorter),
+- the plan: names, addresses, routes (a configured link carries its pair; multi-hop by lowest
+  total delay only for pairs without one, or for all with routing: shortest-delay),
   interface names within Linux's 15 characters;
 - shaping.plan_link as data; QueueSpec parse/format; ping and iperf3 output parsing.
 """
@@ -23,6 +24,7 @@ from testbed import shaping
 from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError
 from testbed.scenario import MIN_QUEUE_PACKETS, MTU_BYTES, load_scenario, parse_scenario
+from testbed.routing import dc_paths, edges_of, next_hops
 from testbed.topo import make_plan
 from traffic import iperf, ping
 
@@ -239,8 +241,13 @@ def test_cli_validate_missing_file(tmp_path):
 def test_cli_validate_shipped_topologies():
     out = run_cli("validate", *map(str, TOPOLOGIES))
     assert out.returncode == 0, out
-    assert len(out.stdout.splitlines()) == len(TOPOLOGIES)
-    assert all(": ok (" in line for line in out.stdout.splitlines()), out.stdout
+    heads = [line for line in out.stdout.splitlines() if not line.startswith(" ")]
+    assert len(heads) == len(TOPOLOGIES)
+    assert all(": ok (" in line for line in heads), out.stdout
+    # every ordered DC pair's route is printed, with its RTT
+    assert "    east -> west: direct, 1 WAN hop, 20 ms one way, RTT 40 ms" in out.stdout
+    n_pairs = sum(len(load_scenario(p).dcs) * (len(load_scenario(p).dcs) - 1) for p in TOPOLOGIES)
+    assert out.stdout.count(" ms one way, RTT ") == n_pairs, out.stdout
 
 
 def test_cli_bad_flag_is_one_line():
@@ -329,9 +336,9 @@ def test_plan_three_dc_routes_are_direct():
     }
 
 
-def routes_of(data: dict) -> dict[tuple[str, str], str]:
+def routes_of(data: dict, routing: str | None = None) -> dict[tuple[str, str], str]:
     """(gateway, destination DC) -> the gateway the first hop leads to."""
-    plan = make_plan(parse_scenario(data))
+    plan = make_plan(parse_scenario(data if routing is None else dict(data, routing=routing)))
     owner = {}
     for w in plan.wan:
         for end in w.ends():
@@ -353,28 +360,69 @@ def test_plan_line_routes_via_the_middle():
     assert len(routes) == 6
 
 
-def test_plan_takes_lower_total_delay_not_lower_first_hop():
-    # a->d: via b is 10+10 = 20 ms; via c the first hop is shorter (5) but the total is 35.
-    data = {"name": "diamond", "dcs": dcs("a", "b", "c", "d"),
-            "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 10},
-                    {"between": ["b", "d"], "delay_ms": 10, "rate_mbit": 10},
-                    {"between": ["a", "c"], "delay_ms": 5, "rate_mbit": 10},
-                    {"between": ["c", "d"], "delay_ms": 30, "rate_mbit": 10}]}
-    routes = routes_of(data)
-    assert routes[("a-gw", "d")] == "b-gw"
-    assert routes[("d-gw", "a")] == "b-gw"
-    assert routes[("c-gw", "b")] == "a-gw"       # 5+10 = 15 < 30+10
-    assert routes[("c-gw", "d")] == "a-gw"       # 5+10+10 = 25 < 30 direct (three hops)
-
-
-def test_plan_mesh_prefers_two_short_hops_over_one_long():
-    data = {"name": "tri", "dcs": dcs("a", "b", "c"),
+DIAMOND = {"name": "diamond", "dcs": dcs("a", "b", "c", "d"),
+           "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 10},
+                   {"between": ["b", "d"], "delay_ms": 10, "rate_mbit": 10},
+                   {"between": ["a", "c"], "delay_ms": 5, "rate_mbit": 10},
+                   {"between": ["c", "d"], "delay_ms": 30, "rate_mbit": 10}]}
+TRIANGLE = {"name": "tri", "dcs": dcs("a", "b", "c"),   # a-c (15 ms) is slower than a-b-c (10)
             "wan": [{"between": ["a", "b"], "delay_ms": 5, "rate_mbit": 10},
                     {"between": ["b", "c"], "delay_ms": 5, "rate_mbit": 10},
                     {"between": ["a", "c"], "delay_ms": 15, "rate_mbit": 10}]}
-    routes = routes_of(data)
-    assert routes[("a-gw", "c")] == "b-gw" and routes[("c-gw", "a")] == "b-gw"
-    assert routes[("a-gw", "b")] == "b-gw"
+
+
+def test_plan_takes_lower_total_delay_not_lower_first_hop():
+    # a->d has no link: via b is 10+10 = 20 ms; via c the first hop is shorter (5), total 35.
+    routes = routes_of(DIAMOND)
+    assert routes[("a-gw", "d")] == "b-gw"
+    assert routes[("d-gw", "a")] == "b-gw"
+    assert routes[("c-gw", "b")] == "a-gw"       # 5+10 = 15 < 30+10
+    assert routes[("c-gw", "d")] == "d-gw"       # c-d is a configured link: it carries c<->d
+
+
+def test_plan_shortest_delay_routing_is_explicit():
+    routes = routes_of(DIAMOND, routing="shortest-delay")
+    assert routes[("c-gw", "d")] == "a-gw"       # 5+10+10 = 25 < 30 direct (three hops)
+    assert routes[("d-gw", "c")] == "b-gw"
+    assert routes_of(TRIANGLE, routing="shortest-delay")[("a-gw", "c")] == "b-gw"
+
+
+def test_plan_configured_link_carries_its_pair_even_when_slower_than_a_detour():
+    routes = routes_of(TRIANGLE)
+    assert routes[("a-gw", "c")] == "c-gw" and routes[("c-gw", "a")] == "a-gw"
+    assert routes[("a-gw", "b")] == "b-gw" and routes[("b-gw", "c")] == "c-gw"
+    paths = {(p.src, p.dst): p for p in dc_paths(parse_scenario(TRIANGLE))}
+    assert paths[("a", "c")].dcs == ("a", "c") and paths[("a", "c")].delay_ms == 15
+
+
+def test_paths_follow_each_gateways_own_next_hop():
+    """A pair without a link takes a multi-hop path, and the DCs on the way forward it along
+    their own routes (no loops, every hop a configured link), for every pair of a bigger mesh."""
+    data = {"name": "mesh", "dcs": dcs("a", "b", "c", "d", "e"),
+            "wan": [{"between": ["a", "b"], "delay_ms": 50, "rate_mbit": 10},
+                    {"between": ["a", "c"], "delay_ms": 5, "rate_mbit": 10},
+                    {"between": ["c", "b"], "delay_ms": 5, "rate_mbit": 10},
+                    {"between": ["b", "d"], "delay_ms": 5, "rate_mbit": 10},
+                    {"between": ["d", "e"], "delay_ms": 5, "rate_mbit": 10},
+                    {"between": ["c", "e"], "delay_ms": 40, "rate_mbit": 10}]}
+    scenario = parse_scenario(data)
+    links = {frozenset(w.between) for w in scenario.wan}
+    hops = next_hops([d.name for d in scenario.dcs], edges_of(scenario), "direct")
+    for p in dc_paths(scenario):
+        if frozenset((p.src, p.dst)) in links:
+            assert p.dcs == (p.src, p.dst), p
+        for x, y in zip(p.dcs, p.dcs[1:]):
+            assert frozenset((x, y)) in links and hops[(x, p.dst)] == y, p
+        assert len(set(p.dcs)) == len(p.dcs), p
+    paths = {(p.src, p.dst): p for p in dc_paths(scenario)}
+    assert paths[("a", "d")].dcs == ("a", "c", "b", "d")   # 15 ms; a-b (50) + b-d is 55
+    assert paths[("a", "e")].dcs == ("a", "c", "e")   # c-e is c's own link to e (40)
+
+
+def test_routing_field_is_checked():
+    with pytest.raises(ScenarioError, match="^routing: 'fastest' is not one of direct, "
+                                            "shortest-delay; use one of"):
+        parse_scenario(dict(TRIANGLE, routing="fastest"))
 
 
 def all_interface_names(plan) -> list[str]:
@@ -604,3 +652,64 @@ def test_iperf_client_argv():
 
 def test_listening_unknown_pid():
     assert iperf.listening(2**22 + 12345, 5201) is False
+
+
+# ---- time_scale, congestion_control -----------------------------------------------------------
+def test_time_scale_dilates_delays_and_rates_but_not_bytes():
+    data = dict(TRIANGLE, time_scale=10)
+    data["dcs"] = [dict(d, rate_mbit=1000) for d in data["dcs"]]
+    data["wan"] = [dict(w, jitter_ms=1) for w in data["wan"]]
+    sc = parse_scenario(data)
+    em = sc.emulated()
+    assert sc.time_scale == 10 and em.time_scale == 10
+    for w, e in zip(sc.wan, em.wan):
+        assert (e.delay_ms, e.jitter_ms, e.rate_mbit) == (w.delay_ms * 10, 10, w.rate_mbit / 10)
+        assert e.queue_bytes == w.queue_bytes and e.bdp_bytes == w.bdp_bytes  # bytes kept
+    assert [d.rate_mbit for d in em.dcs] == [100] * 3
+    assert parse_scenario(TRIANGLE).emulated() == parse_scenario(TRIANGLE)
+    with pytest.raises(ScenarioError, match="^time_scale: 0.5 is out of range"):
+        parse_scenario(dict(TRIANGLE, time_scale=0.5))
+
+
+def test_metrics_in_real_time_divide_times_and_multiply_rates():
+    from trainer.metrics import in_real_time
+
+    m = {"iteration_time_s": 20.0, "tokens_per_s": 100.0, "model_tokens_per_s": 10.0,
+         "bubble_fraction": 0.5, "stages": [{"compute_s": 10.0, "forward_ms": 40.0,
+                                              "backward_ms": 80.0}],
+         "communication": {"SEND_F": {"count": 2, "bytes": 5, "total_s": 4.0}},
+         "predicted": {"iteration_time_s": 10.0}}
+    out = in_real_time(m, 10.0)
+    assert (out["iteration_time_s"], out["tokens_per_s"], out["model_tokens_per_s"]) == (2, 1000, 100)
+    assert out["bubble_fraction"] == 0.5 and out["predicted"]["iteration_time_s"] == 1.0
+    assert out["stages"][0] == {"compute_s": 1.0, "forward_ms": 4.0, "backward_ms": 8.0}
+    assert out["communication"]["SEND_F"] == {"count": 2, "bytes": 5, "total_s": 0.4}
+    assert out["time_scale"] == 10.0
+
+
+@pytest.mark.parametrize("cc", ["cubic", "reno", "bbr"])
+def test_congestion_control_field(cc):
+    assert parse_scenario(dict(TRIANGLE, congestion_control=cc)).congestion_control == cc
+    assert parse_scenario(TRIANGLE).congestion_control == "cubic"   # the Linux default
+
+
+def test_congestion_control_field_refuses_unknown():
+    with pytest.raises(ScenarioError, match="^congestion_control: 'vegas' is not one of"):
+        parse_scenario(dict(TRIANGLE, congestion_control="vegas"))
+
+
+def test_launch_dilates_holds_and_passes_congestion_control(tmp_path):
+    from trainer.config import TrainConfig
+    from trainer.launch import HostInfo, plan_workers
+
+    sc = load_scenario(REPO_ROOT / "topologies" / "two_dc.yaml")
+    cfg = TrainConfig.from_dict(sc.training)
+    hosts = [HostInfo(name=n, ip=f"10.0.0.{i}", dc=n.split("-")[0])
+             for i, n in enumerate(sc.host_names(), 1)]
+    one = plan_workers(cfg, hosts, tmp_path, scale=100)
+    ten = plan_workers(cfg, hosts, tmp_path, scale=100, time_scale=10, congestion_control="bbr")
+    for a, b in zip(one, ten):
+        assert b.hold_forward_ms == pytest.approx(10 * a.hold_forward_ms) and a.hold_forward_ms > 0
+        assert b.hold_backward_ms == pytest.approx(10 * a.hold_backward_ms)
+        assert (b.pad_bytes, b.allreduce_pad_bytes) == (a.pad_bytes, a.allreduce_pad_bytes)
+        assert (a.congestion_control, b.congestion_control) == (None, "bbr")

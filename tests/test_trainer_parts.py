@@ -306,3 +306,38 @@ def test_shipped_profiles_match_their_provenance():
     assert {name for name, _ in rows} == {p.name for p in PROFILE_DIR.glob("*.json")}
     for name, sha in rows:
         assert hashlib.sha256((PROFILE_DIR / name).read_bytes()).hexdigest() == sha, name
+
+
+@pytest.mark.parametrize("cc", ["reno", "cubic", "bbr"])
+def test_transport_sockets_run_the_chosen_congestion_control(cc):
+    """Both ends of a stage-to-stage connection run the congestion control asked for, as the
+    kernel reports it (TCP_CONGESTION read back). Any available one needs root; reno and bbr
+    are allowed to everyone here."""
+    import os
+
+    from trainer.transport import congestion_control_of
+
+    allowed = open("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read().split()
+    if cc not in open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split():
+        pytest.skip(f"this kernel has no {cc}")
+    if os.geteuid() != 0 and cc not in allowed:
+        pytest.skip(f"needs root: {cc} is not in tcp_allowed_congestion_control")
+    listener = Listener("127.0.0.1", 0, congestion_control=cc)
+    port = listener.sock.getsockname()[1]
+    got = {}
+    t = threading.Thread(target=lambda: got.update(ch=listener.accept("a", 10)))
+    t.start()
+    ch = connect("127.0.0.1", port, hello="a", peer="b", timeout_s=10, congestion_control=cc)
+    t.join(10)
+    try:
+        assert congestion_control_of(ch.sock) == cc
+        assert congestion_control_of(got["ch"].sock) == cc
+    finally:
+        ch.sock.close()
+        got["ch"].sock.close()
+        listener.close()
+
+
+def test_transport_refuses_an_unknown_congestion_control():
+    with pytest.raises(OSError, match="cannot use TCP congestion control 'nosuchcc'"):
+        Listener("127.0.0.1", 0, congestion_control="nosuchcc")

@@ -31,6 +31,7 @@ class IperfResult:
     sent_mbit: float         # the sender's own total, for reference
     retransmits: int
     intervals_mbit: tuple[float, ...]   # receiver, per interval
+    congestion_control: str = ""        # what the sender's sockets ran, as iperf3 reports it
 
 
 def server_argv(port: int) -> list[str]:
@@ -38,10 +39,13 @@ def server_argv(port: int) -> list[str]:
 
 
 def client_argv(dst_ip: str, port: int, *, seconds: float, streams: int = 1, omit_s: float = 1.0,
-                rate_mbit: float | None = None) -> list[str]:
-    """TCP client for omit_s + seconds; the server's report comes back in the same document."""
+                rate_mbit: float | None = None, congestion_control: str | None = None) -> list[str]:
+    """TCP client for omit_s + seconds; the server's report comes back in the same document.
+    congestion_control sets the senders' TCP congestion control (-C) per socket."""
     argv = ["iperf3", "-c", dst_ip, "-p", str(port), "-t", f"{seconds + omit_s:g}",
             "-O", f"{omit_s:g}", "-P", str(streams), "-J", "--get-server-output"]
+    if congestion_control is not None:
+        argv += ["-C", congestion_control]
     if rate_mbit is not None:
         # Paced by the kernel (SO_MAX_PACING_RATE) per stream, so TCP also sizes its GSO
         # bursts to the rate (~1 ms each) instead of sending 64 KB at once: the total is rate_mbit.
@@ -87,4 +91,5 @@ def parse_iperf(text: str, steady_from_s: float = 2.0) -> IperfResult:
         sent_mbit=end["sum_sent"]["bits_per_second"] / 1e6,
         retransmits=int(end["sum_sent"].get("retransmits", 0)),
         intervals_mbit=tuple(round(s["bits_per_second"] / 1e6, 3) for s in intervals),
+        congestion_control=str(end.get("sender_tcp_congestion", "")),
     )

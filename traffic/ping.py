@@ -14,6 +14,7 @@ from dataclasses import dataclass
 _SUMMARY_RE = re.compile(r"= ([0-9.]+)/([0-9.]+)/([0-9.]+)/([0-9.]+) ms")
 _COUNT_RE = re.compile(r"(\d+) packets transmitted, (\d+) received")
 _TIME_RE = re.compile(r"icmp_seq=(\d+) .*time=([0-9.]+) ms")
+_TTL_RE = re.compile(r"ttl=(\d+)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,6 +26,7 @@ class PingResult:
     max_ms: float
     mdev_ms: float
     samples_ms: tuple[float, ...]   # per reply, at ping's printed precision
+    ttls: tuple[int, ...] = ()      # per reply: 64 minus the routers it crossed on the way back
 
     @property
     def loss_pct(self) -> float:
@@ -44,4 +46,10 @@ def parse_ping(text: str) -> PingResult:
     mn, avg, mx, mdev = (float(summary.group(i)) for i in range(1, 5))
     samples = sorted((int(m.group(1)), float(m.group(2))) for m in _TIME_RE.finditer(text))
     return PingResult(sent=int(counts.group(1)), received=int(counts.group(2)), min_ms=mn,
-                      avg_ms=avg, max_ms=mx, mdev_ms=mdev, samples_ms=tuple(ms for _, ms in samples))
+                      avg_ms=avg, max_ms=mx, mdev_ms=mdev, samples_ms=tuple(ms for _, ms in samples),
+                      ttls=tuple(int(m.group(1)) for m in _TTL_RE.finditer(text)))
+
+
+def reply_ttl(result: PingResult) -> int | None:
+    """The replies' TTL if they all agree (one return path), else None."""
+    return result.ttls[0] if result.ttls and len(set(result.ttls)) == 1 else None

@@ -80,12 +80,15 @@ def plan_placement(cfg: TrainConfig, hosts: Sequence[HostInfo]) -> list[list[Hos
 
 def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, scale: float = 1.0,
                  base_port: int = 29500, connect_timeout_s: float = 60.0,
-                 recv_timeout_s: float = 120.0) -> list[WorkerSpec]:
+                 recv_timeout_s: float = 120.0, time_scale: float = 1.0,
+                 congestion_control: str | None = None) -> list[WorkerSpec]:
     """One spec per worker, in stage-major order. Ports: stage s>0 replica r listens on
     base_port + s*D + r; stage s's gloo store is on base_port + P*D + s (at replica 0's IP).
-    scale divides every padded byte count (the emulated WAN is scaled down by the same factor)."""
-    if scale <= 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
+    scale divides every padded byte count (the emulated WAN is scaled down by the same factor);
+    time_scale multiplies every profile hold (the emulated world runs that many times slower).
+    congestion_control: TCP_CONGESTION of the stage-to-stage sockets (None: host default)."""
+    if scale <= 0 or time_scale <= 0:
+        raise ValueError(f"scale and time_scale must be > 0, got {scale}, {time_scale}")
     place = plan_placement(cfg, hosts)
     P, D = cfg.stages, cfg.replicas
     costs = stage_costs(cfg.profile, P) if cfg.compute == "profile" else None
@@ -107,7 +110,7 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
             hold_f = hold_b = 0.0
             pad = ar_pad = 0
             if costs is not None and block is not None:
-                hold_f, hold_b = costs[s].forward_ms, costs[s].backward_ms
+                hold_f, hold_b = costs[s].forward_ms * time_scale, costs[s].backward_ms * time_scale
                 pad = int(costs[s].activation_bytes / scale)
                 ar_pad = int(costs[s].layers * block["params"] * 2 / scale)  # bf16 gradients
             tag = f"trainer-s{s}r{r}"
@@ -119,7 +122,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 pad_bytes=pad, allreduce_pad_bytes=ar_pad,
                 spans_path=str(run_dir / "spans" / f"{tag}.jsonl"),
                 loss_path=str(run_dir / "loss" / f"{tag}.jsonl"),
-                connect_timeout_s=connect_timeout_s, recv_timeout_s=recv_timeout_s))
+                connect_timeout_s=connect_timeout_s, recv_timeout_s=recv_timeout_s,
+                congestion_control=congestion_control))
     return specs
 
 
@@ -147,16 +151,19 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
            scale: float = 1.0, base_port: int = 29500, timeout_s: float = 600.0,
            python: str = sys.executable, env: dict[str, str] | None = None,
            connect_timeout_s: float = 60.0,
-           progress: Callable[[str], None] | None = None) -> TrainRun:
+           progress: Callable[[str], None] | None = None, time_scale: float = 1.0,
+           congestion_control: str | None = None) -> TrainRun:
     """Run training to the end; raise TestbedError (with the failing worker's log tail) if any
     worker fails or the run passes timeout_s. hosts are in topology order; scale divides padded
     message sizes."""
     run_dir = Path(run_dir)
     specs = plan_workers(cfg, hosts, run_dir, scale, base_port, connect_timeout_s,
-                         recv_timeout_s=max(30.0, timeout_s))
+                         recv_timeout_s=max(30.0, timeout_s), time_scale=time_scale,
+                         congestion_control=congestion_control)
     plan_path = run_dir / "trainer_plan.json"
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = {"config": cfg.to_dict(), "scale": scale, "base_port": base_port,
+    plan = {"config": cfg.to_dict(), "scale": scale, "time_scale": time_scale,
+            "congestion_control": congestion_control, "base_port": base_port,
             "layers_per_stage": [len(x) for x in split_layers(cfg.model.n_layer, cfg.stages)],
             "workers": [{"name": s.name, "stage": s.stage, "replica": s.replica, "host": s.host,
                          "ip": s.ip, "dc": s.dc, "listen_port": s.listen_port,

@@ -144,6 +144,32 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
     }
 
 
+def in_real_time(metrics: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """Metrics of a run on a network and GPUs dilated by time_scale (testbed.scenario's
+    `time_scale`: every delay and profile hold T times longer, rates T times lower), as real-time
+    figures: times divided by T, throughputs multiplied; fractions stay. In place; returns it.
+    The small model's real CPU time (the optimizer step, the parts outside the profile holds) is
+    not dilated, so it shrinks by T here: with T > 1 it is under-counted."""
+    metrics["time_scale"] = time_scale
+    if time_scale == 1.0:
+        return metrics
+    t = time_scale
+    metrics["iteration_time_s"] /= t
+    metrics["tokens_per_s"] *= t
+    metrics["model_tokens_per_s"] *= t
+    for st in metrics["stages"]:
+        st["compute_s"] /= t
+        st["forward_ms"] /= t
+        st["backward_ms"] /= t
+    for c in metrics["communication"].values():
+        c["total_s"] /= t
+    if metrics.get("predicted", {}).get("iteration_time_s") is not None:
+        metrics["predicted"] = dict(metrics["predicted"],
+                                    iteration_time_s=metrics["predicted"]["iteration_time_s"] / t)
+    metrics["figures"] = f"real time: measured {t:g}x slower (time_scale), divided back"
+    return metrics
+
+
 def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else 0.0
 
@@ -154,6 +180,12 @@ def loss_per_iteration(losses: Sequence[dict]) -> list[float]:
     for r in losses:
         by_it[r["iteration"]].append(r["loss"])
     return [statistics.fmean(by_it[it]) for it in sorted(by_it)]
+
+
+def congestion_control_in_use(spans_path: Path) -> list[str]:
+    """Every TCP congestion control the workers' stage-to-stage sockets ran (their SETUP)."""
+    return sorted({cc for r in read_jsonl(spans_path) if r["name"] == "SETUP"
+                   for cc in (r.get("congestion_control") or {}).values()})
 
 
 def compute_metrics(run_dir: Path) -> dict[str, Any]:

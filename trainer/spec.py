@@ -45,6 +45,7 @@ class WorkerSpec:
     loss_path: str
     connect_timeout_s: float = 60.0
     recv_timeout_s: float = 120.0
+    congestion_control: str | None = None   # TCP_CONGESTION of the stage-to-stage sockets
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

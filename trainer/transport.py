@@ -118,6 +118,23 @@ def _check_header(magic: bytes, kind: int, code: int, ndim: int, iteration: int,
         raise FrameError(f"payload does not match shape and dtype ({what})")
 
 
+def set_congestion_control(sock: socket.socket, name: str | None) -> None:
+    """TCP_CONGESTION on one socket (None: the host's default). Root may pick any congestion
+    control the kernel has; others only those in tcp_allowed_congestion_control."""
+    if name:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot use TCP congestion control {name!r}: "
+                                     f"{exc.strerror}") from None
+
+
+def congestion_control_of(sock: socket.socket) -> str:
+    """The congestion control the kernel runs on this socket (TCP_CONGESTION read back)."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+    return raw.split(b"\0", 1)[0].decode()
+
+
 class Channel:
     """A bidirectional tensor link to one peer. Thread-safe send/recv; close() when done."""
 
@@ -271,10 +288,16 @@ HELLO_TIMEOUT_S = 5.0   # a connection must send its hello this soon
 class Listener:
     """A listening socket bound to (ip, port) for one expected peer."""
 
-    def __init__(self, ip: str, port: int) -> None:
+    def __init__(self, ip: str, port: int, congestion_control: str | None = None) -> None:
         self.ip, self.port = ip, port
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.congestion_control = congestion_control
+        try:
+            set_congestion_control(self.sock, congestion_control)  # accepted sockets inherit it
+        except OSError:
+            self.sock.close()
+            raise
         try:
             self.sock.bind((ip, port))
         except OSError as exc:
@@ -312,6 +335,7 @@ class Listener:
                 conn.close()
                 rejected.append(f"{addr[0]}:{addr[1]} (hello {hello!r})")
                 continue
+            set_congestion_control(conn, self.congestion_control)
             return Channel(conn, expect_hello, on_sent)
 
     def close(self) -> None:
@@ -333,13 +357,20 @@ def _read_hello(conn: socket.socket) -> str:
 
 def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
             bind_ip: str | None = None, retry_s: float = 0.05,
-            on_sent: Callable[[SendRecord], None] | None = None) -> Channel:
+            on_sent: Callable[[SendRecord], None] | None = None,
+            congestion_control: str | None = None) -> Channel:
     """Connect to a Listener at ip:port, retrying refused/unreachable attempts until timeout_s
-    (the peer may not have started yet); send hello (this side's name)."""
+    (the peer may not have started yet); send hello (this side's name). congestion_control is
+    set on the socket before it connects."""
     deadline = time.monotonic() + timeout_s
     last: OSError | None = None
     while time.monotonic() < deadline:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            set_congestion_control(sock, congestion_control)
+        except OSError:
+            sock.close()
+            raise
         try:
             if bind_ip:
                 sock.bind((bind_ip, 0))

@@ -33,7 +33,8 @@ from trainer.pipeline import plan_stages
 from trainer.schedule import parse_action, schedule_table
 from trainer.spec import WorkerSpec
 from trainer.stage import StageModule, build_stage
-from trainer.transport import (KIND_ACT, KIND_GRAD, Channel, Listener, SendRecord, connect)
+from trainer.transport import (KIND_ACT, KIND_GRAD, Channel, Listener, SendRecord, connect,
+                               congestion_control_of)
 
 
 def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -78,12 +79,14 @@ class StageWorker:
         try:
             t0 = time.time_ns()
             if self.spec.stage > 0:
-                listener = Listener(self.spec.ip, self.spec.listen_port)
+                listener = Listener(self.spec.ip, self.spec.listen_port,
+                                    congestion_control=self.spec.congestion_control)
             if self.spec.next is not None:
                 nxt = self.spec.next
                 self.next = connect(nxt.ip, nxt.port, hello=self.spec.name, peer=nxt.name,
                                     timeout_s=self.spec.connect_timeout_s, bind_ip=self.spec.ip,
-                                    on_sent=self._on_sent)
+                                    on_sent=self._on_sent,
+                                    congestion_control=self.spec.congestion_control)
             if listener is not None:
                 assert self.spec.prev is not None
                 self.prev = listener.accept(self.spec.prev.name, self.spec.connect_timeout_s,
@@ -92,7 +95,11 @@ class StageWorker:
                 init_stage_group(self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
                                  self.spec.replica, self.cfg.replicas,
                                  self.spec.connect_timeout_s)
-            self.log.span("SETUP", t0, time.time_ns(), None, device=str(self.device))
+            # What the kernel runs on each stage-to-stage connection, read back (TCP_CONGESTION).
+            in_use = {peer: congestion_control_of(ch.sock) for peer, ch in
+                      (("next", self.next), ("prev", self.prev)) if ch is not None}
+            self.log.span("SETUP", t0, time.time_ns(), None, device=str(self.device),
+                          congestion_control=in_use)
             Path(self.spec.loss_path).parent.mkdir(parents=True, exist_ok=True)
             with open(self.spec.loss_path, "w") as loss_file:
                 for it in range(self.cfg.iterations):

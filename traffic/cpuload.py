@@ -1,0 +1,105 @@
+"""CPU-bound load beside the testbed: (cores + 1) single-threaded torch matmul loops.
+
+One job: make the machine as busy as trainers and prefill servers make it, so the emulation can
+be measured under that load (bench/bench_loaded_rtt.py) and the tests run beside it:
+
+    sudo .venv/bin/python -m traffic.cpuload [--workers N]     # until Ctrl-C or SIGTERM
+
+The workers run on this machine (the root namespace), each in its own process group; stop()
+ends exactly those, by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from testbed.errors import TestbedError
+
+LOAD_READY_TIMEOUT_S = 120.0
+# One CPU-bound worker: single-threaded torch matmuls, forever (until SIGTERM).
+LOAD_CODE = """
+import torch
+torch.set_num_threads(1)
+a = torch.randn(256, 256)
+b = torch.randn(256, 256) / 16
+print("LOADED", flush=True)
+while True:
+    a = torch.tanh(a @ b)
+"""
+
+
+
+class CpuLoad:
+    """(cpu_count + 1) single-threaded torch matmul loops in the root namespace; stop() ends
+    exactly these processes (their own process groups), by PID."""
+
+    def __init__(self, log_dir: Path, workers: int | None = None) -> None:
+        self.workers = workers or (os.cpu_count() or 1) + 1
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, timeout_s: float = LOAD_READY_TIMEOUT_S) -> float:
+        """Start the workers; return once each has printed LOADED (seconds it took)."""
+        t0 = time.monotonic()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        logs = []
+        for i in range(self.workers):
+            log = self.log_dir / f"cpu-load-{i}.log"
+            with open(log, "wb") as f:
+                self.procs.append(subprocess.Popen([sys.executable, "-c", LOAD_CODE], stdout=f,
+                                                   stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL,
+                                                   start_new_session=True))
+            logs.append(log)
+        while not all("LOADED" in log.read_text(errors="replace") for log in logs):
+            for proc, log in zip(self.procs, logs):
+                if proc.poll() is not None:
+                    raise TestbedError(f"CPU load worker {proc.pid} exited with {proc.returncode}: "
+                                       f"{log.read_text(errors='replace')[-300:]}")
+            if time.monotonic() - t0 > timeout_s:
+                raise TestbedError(f"CPU load workers not running after {timeout_s:g} s")
+            time.sleep(0.1)
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        self.procs.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=None, help="default: cores + 1")
+    ap.add_argument("--log-dir", default="/tmp/cpuload")
+    args = ap.parse_args(argv)
+    load = CpuLoad(Path(args.log_dir), args.workers)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        took = load.start()
+        print(f"{load.workers} CPU-bound workers running ({took:.1f} s to start); Ctrl-C stops them",
+              flush=True)
+        while not stop:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        load.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
