@@ -277,7 +277,7 @@ class DelayLine:
             off += (alen + 3) & ~3
         if packet_id is None:
             return
-        if not self.scheds[num].on_packet(packet_id, arrival, nbytes):
+        if not self.scheds[num].on_packet(packet_id, arrival, nbytes, now):
             self._verdict(num, NFQNL_MSG_VERDICT, NF_DROP, packet_id)
 
     def _verdict(self, queue: int, msg_type: int, verdict: int, packet_id: int) -> None:

@@ -140,19 +140,27 @@ class QueueCounters:
     id_gaps: int = 0          # ids that never reached us
     verdict_errors: int = 0   # verdicts the kernel refused (the packet was gone, e.g. flushed)
     lateness: LatencyHistogram = field(default_factory=LatencyHistogram)
+    # From the kernel's arrival stamp to our read: time the packet spent in the kernel before
+    # the delay line saw it (a busy CPU deferring network softirqs, or our own wake-up). It is
+    # part of the delay, not added to it, unless it exceeds the delay (then lateness shows it).
+    arrival_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
 
     def reset(self) -> None:
         self.packets = self.bytes = self.dropped_loss = self.id_gaps = self.verdict_errors = 0
         self.lateness.reset()
+        self.arrival_lag.reset()
 
     def report(self) -> dict:
         h = self.lateness
         return {"packets": self.packets, "bytes": self.bytes, "dropped_loss": self.dropped_loss,
                 "id_gaps": self.id_gaps, "verdict_errors": self.verdict_errors,
                 "released": h.total, "late_packets": h.over,
-                "lateness_ms": {"p50": round(h.percentile_s(0.5) * 1e3, 4),
-                                "p99": round(h.percentile_s(0.99) * 1e3, 4),
-                                "max": round(h.max_s * 1e3, 4)}}
+                "lateness_ms": _summary_ms(h), "arrival_lag_ms": _summary_ms(self.arrival_lag)}
+
+
+def _summary_ms(h: LatencyHistogram) -> dict[str, float]:
+    return {"p50": round(h.percentile_s(0.5) * 1e3, 4), "p99": round(h.percentile_s(0.99) * 1e3, 4),
+            "max": round(h.max_s * 1e3, 4)}
 
 
 class QueueSchedule:
@@ -172,9 +180,13 @@ class QueueSchedule:
         self.expected_id = 1    # a freshly bound queue numbers its packets from 1
         self.counters = QueueCounters()
 
-    def on_packet(self, packet_id: int, arrival_s: float, nbytes: int = 0) -> bool:
-        """Account for a packet and schedule it; False if it is lost (the caller drops it)."""
+    def on_packet(self, packet_id: int, arrival_s: float, nbytes: int = 0,
+                  read_s: float | None = None) -> bool:
+        """Account for a packet (read by us at read_s) and schedule it; False if it is lost
+        (the caller drops it)."""
         c = self.counters
+        if read_s is not None:
+            c.arrival_lag.record(read_s - arrival_s)
         if packet_id != self.expected_id:
             c.id_gaps += id_gap(self.expected_id, packet_id)
         self.expected_id = (packet_id + 1) & ID_MASK

@@ -13,6 +13,7 @@ import yaml
 
 from testbed.calibrate import Settings, calibrate, paths_table, table
 from testbed import wanstats
+from testbed.machine import CpuTimes
 from testbed.network import Network, check_environment
 from testbed.results import new_run_dir, provenance, write_json, write_text
 from testbed.errors import ScenarioError
@@ -34,7 +35,7 @@ def network_record(net: Network) -> dict:
     scenario = net.scenario
     return {"backend": net.backend, "routing": scenario.routing, "scale": scenario.scale,
             "time_scale": scenario.time_scale, "congestion_control": dict(net.congestion_control),
-            "delay_line_realtime": dict(net.realtime_status)}
+            "delay_line_realtime": dict(net.realtime_status), "cpu_idle": net.cpu_idle}
 
 
 def _network_up(net: Network, run_dir: Path) -> dict:
@@ -67,8 +68,7 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}
     write_json(run_dir / "calibration.json", doc)
     cc = doc["congestion_control"]
-    print(f"congestion control: {cc['per_socket']} (iperf3 -C); host default {cc['host_default']}"
-          + (f" ({cc['note']})" if cc["note"] else ""))
+    print(f"congestion control: {cc['per_socket']} (iperf3 -C, and every host route's congctl)")
     if scenario.time_scale != 1:
         print(f"time_scale {scenario.time_scale:g}: figures in real time ({doc['figures']})")
     print(table(doc))
@@ -130,6 +130,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                   f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}", flush=True)
             sys_dir = run_dir / name
             net.wan_stats()  # start this system's interval of WAN packet counts
+            cpu_before = CpuTimes.now()
             run = launch(cfg, hosts, sys_dir, net, scale=scenario.scale,
                          progress=lambda line: print("  " + line, flush=True),
                          time_scale=scenario.time_scale, timeout_s=600.0 * scenario.time_scale,
@@ -138,6 +139,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             wan_links = net.wan_stats()
             metrics = in_real_time(compute_metrics(sys_dir), scenario.time_scale)
             metrics["wan_links"] = wan_links
+            metrics["cpu"] = cpu_before.usage(CpuTimes.now())
             metrics["wan_warnings"] = wanstats.warnings(wan_links, scenario.wan)
             metrics["congestion_control"] = dict(net.congestion_control,
                                                  in_use=congestion_control_in_use(run.spans_path))
@@ -151,15 +153,20 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                   f"bubble {metrics['bubble_fraction']:.2f}, "
                   f"GPU utilization {metrics['gpu_utilization']:.2f}, "
                   f"loss {metrics['loss'][0]:.3f} -> {metrics['loss'][-1]:.3f}", flush=True)
-            print("  " + wan_summary(wan_links), flush=True)
+            print("  " + wan_summary(wan_links, metrics["cpu"]), flush=True)
             for line in metrics["wan_warnings"]:
                 print("  " + line, flush=True)
+            if metrics["wan_warnings"] and metrics["cpu"]["steal_pct"] >= 1:
+                print(f"  note: this VM's host took {metrics['cpu']['steal_pct']:g}% of the CPU "
+                      "time (steal) meanwhile; its stalls delay every process in the guest, the "
+                      "real-time delay lines included", flush=True)
     doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}
     return write_json(run_dir / "metrics.json", doc)
 
 
-def wan_summary(stats: dict[str, dict]) -> str:
-    """One line: what crossed the WAN and how late the delay lines released it."""
+def wan_summary(stats: dict[str, dict], cpu: dict[str, float]) -> str:
+    """One line: what crossed the WAN, how late the delay lines released it, and how much CPU
+    the machine's host took meanwhile (steal: a VM's stalls, which cause late releases)."""
     if not stats:
         return "wan: no delay-line counts (netem backend)"
     packets = sum(s["packets"] for s in stats.values())
@@ -168,4 +175,5 @@ def wan_summary(stats: dict[str, dict]) -> str:
     worst = max(stats.items(), key=lambda kv: kv[1]["lateness_ms"]["max"])
     return (f"wan: {packets} packets over {len(stats)} directions, {dropped} dropped; "
             f"release lateness max {worst[1]['lateness_ms']['max']:.3f} ms ({worst[0]}), "
-            f"p99 up to {max(s['lateness_ms']['p99'] for s in stats.values()):.3f} ms")
+            f"p99 up to {max(s['lateness_ms']['p99'] for s in stats.values()):.3f} ms; "
+            f"CPU busy {cpu['busy_pct']:g}%, stolen by the host {cpu['steal_pct']:g}%")

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +34,7 @@ from mininet.nodelib import LinuxBridge
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from testbed import shaping, wanstats
+from testbed import machine, shaping, wanstats
 from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError, TestbedError
 from testbed.procs import HostProcess, stop_all
@@ -45,6 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_TOOLS = {"mnexec": "mininet", "brctl": "bridge-utils", "iptables": "iptables",
                   "ifconfig": "net-tools", "ip": "iproute2"}
 MIN_TCP_BUFFER_BYTES = 4096
+LINUX_TCP_RTO_MIN_US = 200_000   # TCP_RTO_MIN, the default of net.ipv4.tcp_rto_min_us
 RTNH_F_ONLINK = 4
 CLONE_NEWNET = 0x40000000
 
@@ -94,21 +96,34 @@ def available_congestion_controls() -> list[str]:
     return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
 
 
-def namespace_congestion_controls() -> list[str]:
-    """What a host namespace may make its default (per socket, root may pick any available)."""
-    return Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+def set_route_congestion_control(ipr: IPRoute, cc: str) -> int:
+    """Give every IPv4 route of a host (its subnet and its default route) the congestion control
+    cc (the route metric RTAX_CC_ALGO, `ip route ... congctl cc`), so every TCP connection over
+    them runs cc unless its socket picks another (TCP_CONGESTION): gloo's sockets too. A host
+    namespace could make only tcp_allowed_congestion_control its default (reno or bbr here, not
+    cubic); a route's congctl has no such limit. Returns how many routes were changed."""
+    n = 0
+    for r in ipr.get_routes(family=socket.AF_INET, table=254):
+        keep = {k: r.get_attr(k) for k in ("RTA_DST", "RTA_GATEWAY", "RTA_OIF", "RTA_PREFSRC")}
+        args = {"dst": keep["RTA_DST"] or "0.0.0.0", "dst_len": r["dst_len"], "oif": keep["RTA_OIF"],
+                "scope": r["scope"], "proto": r["proto"], "table": 254,
+                "metrics": {"RTAX_CC_ALGO": cc}}
+        if keep["RTA_GATEWAY"]:
+            args["gateway"] = keep["RTA_GATEWAY"]
+        if keep["RTA_PREFSRC"]:
+            args["prefsrc"] = keep["RTA_PREFSRC"]
+        ipr.route("replace", **args)
+        n += 1
+    return n
 
 
-def congestion_control_record(cc: str) -> dict[str, str]:
-    """Which congestion control each kind of TCP socket in the hosts runs (for the results).
-    The testbed's own sockets (trainer transport, iperf3 -C) set `cc` per socket; others (gloo's
-    all-reduce) get the host's default, which a namespace may set only to an allowed one."""
-    default = cc if cc in namespace_congestion_controls() else Path(
-        "/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    return {"configured": cc, "per_socket": cc, "host_default": default,
-            "note": "" if default == cc else
-            f"a network namespace may default only to {' or '.join(namespace_congestion_controls())}"
-            f" on this kernel: sockets the testbed cannot set (gloo) run {default}"}
+def route_congestion_controls(ipr: IPRoute) -> set[str]:
+    """The congctl of every IPv4 route of a host, read back ('' for a route without one)."""
+    out = set()
+    for r in ipr.get_routes(family=socket.AF_INET, table=254):
+        metrics = r.get_attr("RTA_METRICS")
+        out.add((metrics.get_attr("RTAX_CC_ALGO") if metrics else None) or "")
+    return out
 
 
 def scaled_tcp_rmem_max_bytes(scale: float) -> int:
@@ -116,15 +131,21 @@ def scaled_tcp_rmem_max_bytes(scale: float) -> int:
     return max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_RMEM_MAX_BYTES / scale))
 
 
-def tcp_buffer_sysctls(scale: float) -> dict[str, str]:
-    """Per-host TCP buffer limits of a real server, scaled down with the WAN (so one flow stays
-    window-limited as it would be on the real link); at scale 1 the real server's own."""
+def host_tcp_sysctls(scale: float, time_scale: float = 1.0) -> dict[str, str]:
+    """Per-host TCP settings. Buffer limits of a real server, scaled down with the WAN (so one
+    flow stays window-limited as it would be on the real link); at scale 1 the real server's
+    own. With time_scale T, the minimum retransmission timeout is T times Linux's 200 ms, so
+    RTOs, and the idle restart that counts them (slow start after idle), keep their ratio to
+    the dilated RTT; the other kernel timers are not dilated (README: what each scaling keeps)."""
     rmem = scaled_tcp_rmem_max_bytes(scale)
     wmem = max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_WMEM_MAX_BYTES / scale))
-    return {
+    out = {
         "net.ipv4.tcp_rmem": f"{min(4096, rmem)} {min(131072, rmem)} {rmem}",
         "net.ipv4.tcp_wmem": f"{min(4096, wmem)} {min(16384, wmem)} {wmem}",
     }  # net.core.[rw]mem_max are machine-wide (read-only in a namespace): left alone
+    if time_scale != 1.0:
+        out["net.ipv4.tcp_rto_min_us"] = str(int(LINUX_TCP_RTO_MIN_US * time_scale))
+    return out
 
 
 class Network:
@@ -143,7 +164,9 @@ class Network:
         self.registry: Registry | None = None
         self.procs: list[HostProcess] = []
         self.delaylines: list[DelayLineProc] = []
-        self.realtime = realtime   # delay lines at SCHED_FIFO (False: --no-realtime)
+        self.realtime = realtime   # delay lines at SCHED_FIFO, idle CPUs polling (False: neither)
+        self.cpu_idle = "off"      # "poll" while the network holds the no-halt request (machine)
+        self._wakeup_fd: int | None = None
         self.realtime_status: dict[str, str] = {}  # gateway -> "fifo:50", "refused:EPERM", "off"
         self.failure: str | None = None
         self._stop_supervisor = threading.Event()
@@ -196,6 +219,10 @@ class Network:
         self._configure_hosts()
         self._shape()
         if self.backend == "delayline":
+            if self.realtime:
+                # A halted vCPU wakes through the hypervisor (ms on a busy host): keep idle
+                # CPUs polling while the delay lines must keep time (testbed.machine).
+                self._wakeup_fd, self.cpu_idle = machine.hold_cpu_wakeup_latency()
             self._start_delaylines()
         self._start_supervisor()
         self.timings_s["up"] = time.monotonic() - t0
@@ -221,6 +248,8 @@ class Network:
             errors += [f"{p.describe()} would not die" for p in stuck]
             self.procs.clear()
             self.delaylines.clear()
+            machine.release_cpu_wakeup_latency(self._wakeup_fd)
+            self._wakeup_fd = None
             if self.net is not None:
                 net, self.net = self.net, None
                 try:
@@ -262,11 +291,7 @@ class Network:
         """Start argv inside host's namespace (its own process group), output to log_path."""
         node = self.node(host)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        n = 1
-        stem = log_path.with_suffix("")
-        while log_path.exists():  # a process per log: never overwrite an earlier one's
-            n += 1
-            log_path = stem.with_name(f"{stem.name}-{n}.log")
+        log_path = unused_path(log_path)  # a process per log: never overwrite an earlier one's
         with open(log_path, "wb") as log:
             popen = node.popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT))
@@ -345,13 +370,19 @@ class Network:
                                   oif=ipr.link_lookup(ifname=route.intf)[0])
 
     def _configure_hosts(self) -> None:
-        sysctls = tcp_buffer_sysctls(self.scenario.scale)
+        sysctls = host_tcp_sysctls(self.scenario.scale, self.scenario.time_scale)
         cc = self.scenario.congestion_control
-        if cc in namespace_congestion_controls():
-            sysctls["net.ipv4.tcp_congestion_control"] = cc
+        routes: set[str] = set()
         for h in self.plan.hosts:
             self._sysctl(h.name, sysctls)
-        self.congestion_control = congestion_control_record(cc)
+            with self._ipr(h.name) as ipr:
+                set_route_congestion_control(ipr, cc)
+                routes |= route_congestion_controls(ipr)
+        if routes != {cc}:
+            raise TestbedError(f"host routes hold congestion controls {sorted(routes)}, asked "
+                               f"for {cc}")
+        # The testbed's own sockets (trainer transport, iperf3 -C) also set it per socket.
+        self.congestion_control = {"configured": cc, "per_socket": cc, "host_routes": cc}
         for dc in self.plan.scenario.dcs:
             if dc.rate_mbit is None:
                 continue
@@ -415,11 +446,7 @@ class Network:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         for gw, items in per_gw.items():
             # Each delay line draws its own jitter and loss (seeded by its first queue number).
-            stats_path = self.run_dir / "logs" / f"{gw}-delayline-stats.json"
-            n = 1
-            while stats_path.exists():  # a report per delay line: never an earlier one's
-                n += 1
-                stats_path = stats_path.with_name(f"{gw}-delayline-stats-{n}.json")
+            stats_path = unused_path(self.run_dir / "logs" / f"{gw}-delayline-stats.json")
             argv = [sys.executable, "-m", "testbed.delayline", "--seed", str(items[0][0].num),
                     "--stats", str(stats_path)]
             if not self.realtime:
@@ -538,6 +565,16 @@ class _RecordingMininet(Mininet):
         host = super().addHost(name, cls=cls, **params)
         self._registry.add_pid(host.pid, f"mininet host {name}")
         return host
+
+
+def unused_path(path: Path) -> Path:
+    """path, or path with -2, -3, ... before its suffix: the first that does not exist yet."""
+    n = 1
+    candidate = path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate
 
 
 def _wait_ready(proc: HostProcess, timeout_s: float) -> str:

@@ -29,7 +29,7 @@ REPORT_TIMEOUT_S = 2.0
 LATE_TOL_MS = 1.0     # a release later than this is worth a warning
 LOSS_Z = 4.0          # binomial tolerance: drops above n p + z sqrt(n p (1 - p)) are warned of
 FIELDS = ("packets", "bytes", "dropped_loss", "dropped_queue_full", "dropped_user", "id_gaps",
-          "enobufs", "verdict_errors", "late_packets", "lateness_ms", "released")
+          "enobufs", "verdict_errors", "late_packets", "lateness_ms", "arrival_lag_ms", "released")
 
 
 class _Proc(Protocol):

@@ -26,6 +26,7 @@ from pyroute2 import IPRoute
 from testbed import shaping
 from testbed.calibrate import measure_goodput
 from testbed.errors import TestbedError
+from testbed.machine import CpuTimes
 from testbed.network import Network
 from testbed.scenario import load_scenario
 from tests.scenarios import two_dc, write_scenario
@@ -118,11 +119,17 @@ def planned_path(net: Network, a: str, b: str) -> tuple[float, int]:
     return total, hops
 
 
-def busy_note(net: Network) -> str:
+def start_watch(net: Network) -> CpuTimes:
+    """Start counting for busy_note: the delay lines' interval and the machine's CPU times."""
+    net.wan_stats()
+    return CpuTimes.now()
+
+
+def busy_note(net: Network, since: CpuTimes) -> str:
     """For a missed fidelity figure: was the machine too busy for the emulation, or is it the
-    testbed? The delay lines' own release lateness since the test began (their wan_stats()
-    interval) says which, beside the load average and their real-time status."""
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    testbed? The delay lines' own release lateness since start_watch() says which, beside the
+    machine's CPU use (and, on a VM, the time its host stole) and their real-time status."""
+    cpu = since.usage(CpuTimes.now())
     stats = net.wan_stats()
     late_ms, where = max(((s["lateness_ms"]["max"], d) for d, s in stats.items()),
                          default=(0.0, "-"))
@@ -133,9 +140,10 @@ def busy_note(net: Network) -> str:
     else:
         verdict = ("the delay lines released every packet on time, so the error arose "
                    "elsewhere: suspect the testbed")
-    return (f"\n[machine: load average {load} on {os.cpu_count()} cores; delay lines "
-            f"{net.realtime_status}; release lateness max {late_ms:.3f} ms ({where}) during "
-            f"this test: {verdict}]")
+    return (f"\n[machine during this test: CPU busy {cpu['busy_pct']:g}%, stolen by the VM's host "
+            f"{cpu['steal_pct']:g}% ({os.cpu_count()} cores); delay lines {net.realtime_status}, "
+            f"idle CPUs {net.cpu_idle}; release lateness max {late_ms:.3f} ms ({where}): "
+            f"{verdict}]")
 
 
 def goodput_ok(result: iperf.IperfResult, rate_mbit: float) -> bool:
@@ -150,7 +158,7 @@ def describe_goodput(result: iperf.IperfResult, rate_mbit: float) -> str:
 
 
 def check_goodput(net: Network, src: str, dst: str, port: int, rate_mbit: float, what: str) -> None:
-    net.wan_stats()  # lateness counted from here (for busy_note)
+    since = start_watch(net)
     results = []
     for _ in range(GOODPUT_ATTEMPTS):
         results.append(measure_goodput(net, src, dst, port, IPERF_SECONDS))
@@ -159,7 +167,7 @@ def check_goodput(net: Network, src: str, dst: str, port: int, rate_mbit: float,
     raise AssertionError(
         f"{what}: goodput not within {100 * GOODPUT_LOW:.0f}-{100 * GOODPUT_HIGH:.0f}% of the rate "
         f"in {len(results)} tries of {IPERF_SECONDS} s:\n"
-        + "\n".join("  " + describe_goodput(r, rate_mbit) for r in results) + busy_note(net))
+        + "\n".join("  " + describe_goodput(r, rate_mbit) for r in results) + busy_note(net, since))
 
 
 def kernel_leaf_limit(ipr: IPRoute, intf: str) -> int | None:
@@ -184,14 +192,14 @@ def test_every_host_reaches_every_other_host_with_the_path_delay(tri):
             want = 2 * planned_path(tri, a, b)[0] if a != b else 0.0
             tol = max(RTT_ABS_TOL_MS, RTT_REL_TOL * want) if a != b else 1.0
             if not failed:
-                tri.wan_stats()  # lateness counted from here (for busy_note)
+                since = start_watch(tri)
             r, out = run_ping(tri, src, dst, 3, 0.05)
             if r is None or r.received != r.sent:
                 failed.append(f"{src} -> {dst}: no full answer:\n{out}")
             elif not (want - 0.1 <= r.min_ms <= want + tol):
                 failed.append(f"{src} -> {dst}: min RTT {r.min_ms} ms, want {want:g} "
                               f"(-0.1, +{tol:g}); samples {r.samples_ms}")
-    assert not failed, "\n".join(failed) + busy_note(tri)
+    assert not failed, "\n".join(failed) + busy_note(tri, since)
 
 
 @pytest.mark.parametrize("src, dst", [("qa-h1", "qb-h1"), ("qb-h1", "qc-h1"),
@@ -205,7 +213,7 @@ def test_wan_rtt_is_twice_the_path_delay(tri, src, dst):
     want = 2 * delay_ms
     tol = max(RTT_ABS_TOL_MS, RTT_REL_TOL * want)
     run_ping(tri, src, dst, 2, 0.05)  # warm-up (ARP on every hop)
-    tri.wan_stats()  # lateness counted from here (for busy_note)
+    since = start_watch(tri)
     attempts = []
     for _ in range(RTT_ATTEMPTS):
         r, out = run_ping(tri, src, dst, 20, 0.05)
@@ -217,7 +225,7 @@ def test_wan_rtt_is_twice_the_path_delay(tri, src, dst):
         f"{src}->{dst} ({a}->{b}, {hops} WAN hops, backend {tri.backend}): RTT avg not within "
         f"{want:g} +-{tol:g} ms in {len(attempts)} tries of 20 pings:\n" + "\n".join(
             f"  avg {r.avg_ms} min/max/mdev {r.min_ms}/{r.max_ms}/{r.mdev_ms}; samples {r.samples_ms}"
-            for r in attempts) + f"\nwan {TRI['wan']}" + busy_note(tri))
+            for r in attempts) + f"\nwan {TRI['wan']}" + busy_note(tri, since))
     # Each gateway on the way takes one off the reply's TTL: hops + 1 gateways, so a direct
     # link shows ttl=62 (the detour through qb would show 61).
     assert f"ttl={64 - (hops + 1)}" in out, f"want {hops} WAN hops on {a}->{b}:\n{out}"
@@ -227,6 +235,32 @@ def test_intra_dc_rtt_below_1ms(tri):
     run_ping(tri, "qa-h1", "qa-h2", 2, 0.05)
     r, out = run_ping(tri, "qa-h1", "qa-h2", 10, 0.05)
     assert r is not None and r.avg_ms < 1.0, f"qa-h1->qa-h2: avg {r and r.avg_ms} ms\n{out}"
+
+
+# ---- congestion control ---------------------------------------------------------------------
+CC_SERVER = ("import socket; s = socket.socket(); s.bind(('0.0.0.0', 5299)); s.listen(1); "
+             "c, _ = s.accept(); print('server', c.getsockopt(6, 13, 16).rstrip(b'\\0').decode())")
+CC_CLIENT = ("import socket, sys, time\nfor _ in range(100):\n    try:\n        c = socket.create_connection("
+             "(sys.argv[1], 5299)); break\n    except OSError:\n        time.sleep(0.05)\n"
+             "print('client', c.getsockopt(6, 13, 16).rstrip(b'\\0').decode())")
+
+
+def test_sockets_that_set_nothing_run_the_scenarios_congestion_control(tri):
+    """A plain TCP connection between hosts (as gloo's) runs the scenario's congestion control
+    (cubic by default) on both ends, through the host routes' congctl, although a namespace
+    could not make cubic its default (kernel's TCP_CONGESTION read back, both sides)."""
+    import sys
+
+    assert tri.congestion_control["host_routes"] == tri.scenario.congestion_control == "cubic"
+    server = tri.spawn("qb-h1", [sys.executable, "-c", CC_SERVER], tri.run_dir / "logs" / "cc-s.log")
+    try:
+        out = tri.run("qa-h1", [sys.executable, "-c", CC_CLIENT, tri.host_ip("qb-h1")],
+                      timeout_s=20, name="cc-client")
+        server.wait(10)
+    finally:
+        server.stop()
+    assert "client cubic" in out, out
+    assert "server cubic" in server.output(), server.output()
 
 
 # ---- rate -----------------------------------------------------------------------------------

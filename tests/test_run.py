@@ -80,7 +80,7 @@ def test_metrics_document(tmp_path: Path) -> None:
     # the scenario's congestion control, read back from the stage-to-stage sockets
     cc = base["congestion_control"]
     assert cc["configured"] == "reno" and cc["in_use"] == ["reno"], cc
-    assert cc["host_default"] == "reno", cc   # reno is allowed as a namespace default here
+    assert cc["host_routes"] == "reno", cc   # every other socket (gloo's) through the routes
 
 
 def test_time_scale_runs_slower_and_reports_real_time(tmp_path: Path) -> None:

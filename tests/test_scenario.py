@@ -419,6 +419,14 @@ def test_paths_follow_each_gateways_own_next_hop():
     assert paths[("a", "e")].dcs == ("a", "c", "e")   # c-e is c's own link to e (40)
 
 
+def test_shipped_triangle_keeps_its_slow_direct_link():
+    sc = load_scenario(REPO_ROOT / "topologies" / "triangle.yaml")
+    direct = {(p.src, p.dst): p.dcs for p in dc_paths(sc)}
+    assert direct[("east", "europe")] == ("east", "europe")
+    detour = {(p.src, p.dst): p.dcs for p in dc_paths(parse_scenario(dict(sc.raw, routing="shortest-delay")))}
+    assert detour[("east", "europe")] == ("east", "west", "europe")
+
+
 def test_routing_field_is_checked():
     with pytest.raises(ScenarioError, match="^routing: 'fastest' is not one of direct, "
                                             "shortest-delay; use one of"):
@@ -713,3 +721,13 @@ def test_launch_dilates_holds_and_passes_congestion_control(tmp_path):
         assert b.hold_backward_ms == pytest.approx(10 * a.hold_backward_ms)
         assert (b.pad_bytes, b.allreduce_pad_bytes) == (a.pad_bytes, a.allreduce_pad_bytes)
         assert (a.congestion_control, b.congestion_control) == (None, "bbr")
+
+
+def test_host_sysctls_real_server_buffers_at_every_scale_and_dilated_rto_min():
+    from testbed.network import host_tcp_sysctls
+
+    one = host_tcp_sysctls(1.0)
+    assert one["net.ipv4.tcp_rmem"].endswith(" 6291456")       # a real server's, not 16 MiB
+    assert host_tcp_sysctls(100.0)["net.ipv4.tcp_rmem"].endswith(" 62914")
+    assert "net.ipv4.tcp_rto_min_us" not in one
+    assert host_tcp_sysctls(100.0, 10.0)["net.ipv4.tcp_rto_min_us"] == "2000000"

@@ -58,6 +58,7 @@ def w(tmp_path_factory, leftovers):
 
 def test_delay_lines_run_at_realtime_priority(w):
     assert w.realtime_status == {"wa-gw": "fifo:50", "wb-gw": "fifo:50"}, w.realtime_status
+    assert w.cpu_idle == "poll", w.cpu_idle   # idle CPUs poll while the delay lines keep time
     for dl in w.delaylines:
         cmdline = open(f"/proc/{dl.proc.pid}/cmdline", "rb").read()
         assert b"testbed.delayline" in cmdline  # the pid we signal is the delay line itself
@@ -130,7 +131,7 @@ def test_configured_loss_is_counted_and_binomial(tmp_path, leftovers):
     with build(tmp_path, data, realtime=False) as net:
         if net.backend != "delayline":
             pytest.skip(f"backend is {net.backend}: no delay line to count packets")
-        assert net.realtime_status == {"wla-gw": "off", "wlb-gw": "off"}
+        assert net.realtime_status == {"wla-gw": "off", "wlb-gw": "off"} and net.cpu_idle == "off"
         assert all(os.sched_getscheduler(dl.proc.pid) == os.SCHED_OTHER for dl in net.delaylines)
         net.wan_stats()
         r = pings(net, "wla-h1", "wlb-h1", n, 0.01)
