@@ -11,6 +11,8 @@ PID at the end, always). Printed per link, next to the configured RTT (2 x delay
     target: loaded p99 within max(0.5 ms, 2%) of 2 x delay, loaded max within 1 ms of it
     late_ms max: how late the delay lines released packets (Network.wan_stats() over exactly
                  each ping, the larger of the link's two directions), idle / loaded
+    steal %:     CPU time this VM's host took meanwhile (/proc/stat): stalls no priority
+                 inside the guest prevents; a MISS beside a high steal is the host's
 
 Rows for the delay lines at real-time priority (Network(..., realtime=True)) and at normal
 priority (realtime=False), with each network's realtime_status. The load is traffic.cpuload.
@@ -41,6 +43,7 @@ from testbed.network import Network  # noqa: E402
 from testbed.results import new_run_dir, provenance, write_json  # noqa: E402
 from testbed.scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
 from testbed.topo import WanPlan  # noqa: E402
+from testbed.machine import CpuTimes  # noqa: E402
 from traffic import ping  # noqa: E402
 from traffic.cpuload import CpuLoad  # noqa: E402
 
@@ -71,6 +74,8 @@ class LinkRow:
     max_ok: bool
     late_idle_max_ms: float | None
     late_loaded_max_ms: float | None
+    steal_idle_pct: float      # CPU time this VM's host took during the pings (/proc/stat)
+    steal_loaded_pct: float
 
 
 def triangle() -> Scenario:
@@ -99,20 +104,22 @@ def rtt_stats(result: ping.PingResult) -> RttStats:
 
 
 def measure_rtt(net: Network, w: WanPlan, count: int, interval_s: float,
-                tag: str) -> tuple[RttStats, float | None]:
+                tag: str) -> tuple[RttStats, float | None, float]:
     """Ping across the link; with the delay lines' lateness over exactly the ping (the largest
     of the link's two directions), where the Network can report it."""
     src = net.plan.hosts_in(w.link.a)[0]
     dst = net.plan.hosts_in(w.link.b)[0]
     net.run(src.name, ping.ping_argv(dst.ip, 3, 0.05), timeout_s=10, name="ping-warmup")  # ARP
     net.wan_stats()  # starts a new interval
+    cpu0 = CpuTimes.now()
     out = net.run(src.name, ping.ping_argv(dst.ip, count, interval_s),
                   timeout_s=count * interval_s * 3 + 20, name=f"ping-{tag}")
     stats = net.wan_stats()
     net.check()
     found = [stats[key]["lateness_ms"]["max"] for key in (f"{w.link.a}->{w.link.b}",
                                                           f"{w.link.b}->{w.link.a}") if key in stats]
-    return rtt_stats(ping.parse_ping(out)), (max(found) if found else None)
+    steal = cpu0.usage(CpuTimes.now())["steal_pct"]
+    return rtt_stats(ping.parse_ping(out)), (max(found) if found else None), steal
 
 
 # ---- one network --------------------------------------------------------------------------------
@@ -129,8 +136,8 @@ def run_network(scenario: Scenario, run_dir: Path, realtime: bool, count: int,
               f"{info['realtime_status']}", flush=True)
         idle: dict[int, tuple[RttStats, float | None]] = {}
         for w in net.plan.wan:
-            st, late = measure_rtt(net, w, count, interval_s, "idle")
-            idle[w.index] = (st, late)
+            st, late, steal = measure_rtt(net, w, count, interval_s, "idle")
+            idle[w.index] = (st, late, steal)
             print(f"  idle   {w.link.a}<->{w.link.b}: p50 {st.p50_ms:.2f}  p99 {st.p99_ms:.2f}  "
                   f"max {st.max_ms:.3f} ms (want {2 * w.link.delay_ms:g})", flush=True)
         load = CpuLoad(folder / "logs", workers)
@@ -140,9 +147,9 @@ def run_network(scenario: Scenario, run_dir: Path, realtime: bool, count: int,
             print(f"  {load.workers} CPU load workers running (started in {took:.1f} s)",
                   flush=True)
             for w in net.plan.wan:
-                st, late = measure_rtt(net, w, count, interval_s, "loaded")
+                st, late, steal = measure_rtt(net, w, count, interval_s, "loaded")
                 want = 2 * w.link.delay_ms
-                idle_st, idle_late = idle[w.index]
+                idle_st, idle_late, idle_steal = idle[w.index]
                 p99_err, max_err = st.p99_ms - want, st.max_ms - want
                 rows.append(LinkRow(
                     link=f"{w.link.a}<->{w.link.b}", delay_ms=w.link.delay_ms, want_rtt_ms=want,
@@ -150,7 +157,8 @@ def run_network(scenario: Scenario, run_dir: Path, realtime: bool, count: int,
                     max_err_ms=round(max_err, 3),
                     p99_ok=abs(p99_err) <= max(P99_TOL_MS, P99_TOL_FRACTION * want),
                     max_ok=abs(max_err) <= MAX_TOL_MS,
-                    late_idle_max_ms=idle_late, late_loaded_max_ms=late))
+                    late_idle_max_ms=idle_late, late_loaded_max_ms=late,
+                    steal_idle_pct=idle_steal, steal_loaded_pct=steal))
                 print(f"  loaded {w.link.a}<->{w.link.b}: p50 {st.p50_ms:.2f}  "
                       f"p99 {st.p99_ms:.2f}  max {st.max_ms:.3f} ms (want {want:g})", flush=True)
         finally:
@@ -167,6 +175,7 @@ def print_table(rows: list[LinkRow]) -> None:
             f"{'':4}")
     if has_late:
         head += f" | {'late_ms max':>11} (idle / loaded)"
+    head += " | steal % (idle / loaded)"
     print(head)
     for r in rows:
         line = (f"{r.link:<12} {r.realtime:>3} {r.want_rtt_ms:>6g} | {r.idle.p50_ms:>8.1f} "
@@ -175,6 +184,7 @@ def print_table(rows: list[LinkRow]) -> None:
                 f"{_ok(r.p99_ok):4} {r.max_err_ms:>+7.3f} {_ok(r.max_ok):4}")
         if has_late:
             line += f" | {_fmt(r.late_idle_max_ms):>5} / {_fmt(r.late_loaded_max_ms)}"
+        line += f" | {r.steal_idle_pct:g} / {r.steal_loaded_pct:g}"
         if r.loaded.loss_pct or r.idle.loss_pct:
             line += f"  (ping loss idle {r.idle.loss_pct:g}%, loaded {r.loaded.loss_pct:g}%)"
         print(line)

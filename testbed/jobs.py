@@ -62,9 +62,11 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     run_dir = _prepare(scenario, out_dir)
     with Network(scenario, run_dir, backend=backend) as net:
         record = _network_up(net, run_dir)
+        cpu_before = CpuTimes.now()
         doc = calibrate(net, Settings(seconds=seconds, streams=streams),
                         progress=lambda line: print(line, flush=True))
         doc["network"] = record
+        doc["cpu"] = cpu_before.usage(CpuTimes.now())
     doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}
     write_json(run_dir / "calibration.json", doc)
     cc = doc["congestion_control"]
@@ -79,6 +81,7 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
         print(f"warning: {len(bad)} DC pairs did not take their planned path or RTT: {', '.join(bad)}")
     for line in doc["wan_warnings"]:
         print(line)
+    _steal_note(doc["wan_warnings"], doc["cpu"], indent="")
     return run_dir / "calibration.json"
 
 
@@ -156,12 +159,17 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             print("  " + wan_summary(wan_links, metrics["cpu"]), flush=True)
             for line in metrics["wan_warnings"]:
                 print("  " + line, flush=True)
-            if metrics["wan_warnings"] and metrics["cpu"]["steal_pct"] >= 1:
-                print(f"  note: this VM's host took {metrics['cpu']['steal_pct']:g}% of the CPU "
-                      "time (steal) meanwhile; its stalls delay every process in the guest, the "
-                      "real-time delay lines included", flush=True)
+            _steal_note(metrics["wan_warnings"], metrics["cpu"], indent="  ")
     doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}
     return write_json(run_dir / "metrics.json", doc)
+
+
+def _steal_note(warnings: list[str], cpu: dict[str, float], indent: str) -> None:
+    """Beside late-release warnings, the CPU share this VM's host took (their usual cause)."""
+    if warnings and cpu["steal_pct"] > 0:
+        print(f"{indent}note: this VM's host took {cpu['steal_pct']:g}% of the CPU time (steal) "
+              "meanwhile; its stalls delay every process in the guest, the real-time delay "
+              "lines included", flush=True)
 
 
 def wan_summary(stats: dict[str, dict], cpu: dict[str, float]) -> str:

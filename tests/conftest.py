@@ -239,6 +239,10 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Child:
     """A Python child process (a script or run_testbed.py) whose output we can wait on."""
 
@@ -247,8 +251,11 @@ class Child:
         self.stdout_path = log_dir / "stdout.txt"
         self.stderr_path = log_dir / "stderr.txt"
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            # SIGINT back to its default in the child: a test run started as a background job
+            # inherits SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt.
             self.popen = subprocess.Popen([sys.executable, *argv], cwd=REPO_ROOT, env=env,
-                                          stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+                                          stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                          preexec_fn=_default_sigint)
         self.pid = self.popen.pid
 
     @property
