@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed.calibrate import measure_goodput  # noqa: E402
+from testbed.calibrate import MSS_BYTES, TCP_PAYLOAD_FRACTION, measure_goodput  # noqa: E402
 from testbed.errors import ScenarioError, TestbedError  # noqa: E402
 from testbed.network import REPO_ROOT, Network  # noqa: E402
 from testbed.results import new_run_dir, provenance, write_json  # noqa: E402
@@ -59,8 +59,6 @@ from traffic import burst  # noqa: E402
 # Default message: one activation of two_dc's target model (width 4096 x seq 2048 x micro-batch 2
 # x bf16 = 33,554,432 bytes), used when the scenario names no profile to derive it from.
 DEFAULT_MESSAGE_BYTES = 33_554_432
-TCP_PAYLOAD_FRACTION = 1448 / 1514
-MSS_BYTES = 1448
 INITIAL_WINDOW_SEGMENTS = 10
 PROBE_FLOWS, PROBE_SECONDS = 8, 3.0
 PROBE_MIN_MBIT = 1000.0      # probe a network whose rows need at least this much goodput
