@@ -92,12 +92,14 @@ def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dic
     src = net.plan.hosts_in(w.link.a)[0]
     dst = net.plan.hosts_in(w.link.b)[0]
     idle = _ping(net, src.name, dst.ip, settings)
-    multi = measure_goodput(net, src.name, dst.name, port, settings.seconds, streams=settings.streams)
+    t = net.scenario.time_scale  # settings are in real time; the network runs t times slower
+    multi = measure_goodput(net, src.name, dst.name, port, settings.seconds,
+                            streams=settings.streams, time_scale=t)
     net.check()
     reverse = measure_goodput(net, dst.name, src.name, port, settings.seconds,
-                              streams=settings.streams)
+                              streams=settings.streams, time_scale=t)
     net.check()
-    single = measure_goodput(net, src.name, dst.name, port, settings.seconds)
+    single = measure_goodput(net, src.name, dst.name, port, settings.seconds, time_scale=t)
     net.check()
     mathis = mathis_mbit(w.link.delay_ms, w.link.loss_pct)
     loaded, load = _ping_under_load(net, src.name, dst.name, dst.ip, port, settings,
@@ -207,7 +209,9 @@ def to_real_time(doc: dict[str, Any], time_scale: float) -> dict[str, Any]:
                 if f is None:
                     continue
                 d[key] = [x * f for x in value] if isinstance(value, list) else value * f
-    doc["figures"] = f"real time: measured on a network {time_scale:g}x slower, divided back"
+    doc["figures"] = (f"real time: measured on a network {time_scale:g}x slower, divided back; "
+                      "the delay lines' counters (links[].wan: lateness, arrival lag, interval) "
+                      "stay in emulated time")
     return doc
 
 
@@ -258,9 +262,11 @@ def _err(measured: float, want: float) -> str:
 
 
 def _ping(net: Network, src: str, dst_ip: str, s: Settings) -> ping.PingResult:
-    net.run(src, ping.ping_argv(dst_ip, 2, 0.2), timeout_s=10, name="ping-warmup")  # ARP
-    out = net.run(src, ping.ping_argv(dst_ip, s.ping_count, s.ping_interval_s),
-                  timeout_s=s.ping_count * s.ping_interval_s + 10, name="ping")
+    t = net.scenario.time_scale
+    net.run(src, ping.ping_argv(dst_ip, 2, 0.2 * t), timeout_s=10 * t, name="ping-warmup")  # ARP
+    interval_s = s.ping_interval_s * t
+    out = net.run(src, ping.ping_argv(dst_ip, s.ping_count, interval_s),
+                  timeout_s=(s.ping_count * interval_s + 10) * t, name="ping")
     return ping.parse_ping(out)
 
 
@@ -278,40 +284,46 @@ def start_iperf_server(net: Network, host: str, port: int):
 
 def measure_goodput(net: Network, src: str, dst: str, port: int, seconds: float, *,
                     streams: int = 1, rate_mbit: float | None = None,
-                    congestion_control: str | None = None) -> iperf.IperfResult:
+                    congestion_control: str | None = None,
+                    time_scale: float = 1.0) -> iperf.IperfResult:
     """One iperf3 TCP test from host src to host dst (goodput at the receiver, steady state),
-    its senders running congestion_control (default: the scenario's)."""
+    its senders running congestion_control (default: the scenario's). seconds, the warm-up
+    and the steady-state cut are real time: on a network time_scale times slower they last
+    that much longer (the figures stay emulated: to_real_time converts them)."""
     server = start_iperf_server(net, dst, port)
     try:
-        out = net.run(src, iperf.client_argv(net.host_ip(dst), port, seconds=seconds,
+        out = net.run(src, iperf.client_argv(net.host_ip(dst), port, seconds=seconds * time_scale,
+                                             omit_s=time_scale,
                                              streams=streams, rate_mbit=rate_mbit,
                                              congestion_control=congestion_control
                                              or net.scenario.congestion_control),
-                      timeout_s=seconds + 20, name=f"iperf3-c-P{streams}")
+                      timeout_s=(seconds + 20) * time_scale, name=f"iperf3-c-P{streams}")
         server.wait(5)
     finally:
         server.stop()
-    return iperf.parse_iperf(out)
+    return iperf.parse_iperf(out, steady_from_s=2.0 * time_scale)
 
 
 def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings,
                      load_mbit: float) -> tuple[ping.PingResult, iperf.IperfResult]:
     """ping while paced TCP flows load the link; returns the ping and the load achieved
-    (a load that failed is an error, never a silently idle 'loaded' figure)."""
+    (a load that failed is an error, never a silently idle 'loaded' figure). Durations in
+    s are real time, stretched by time_scale here."""
+    t = net.scenario.time_scale
     server = start_iperf_server(net, dst, port)
     count = max(5, int((s.seconds - 1.0) / s.ping_interval_s))
     try:
-        client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds,
+        client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds * t, omit_s=t,
                                                   streams=s.streams, rate_mbit=load_mbit,
                                                   congestion_control=net.scenario.congestion_control),
                            net.run_dir / "logs" / f"{src}-iperf3-load.log")
-        time.sleep(1.0)  # let the load reach its rate before sampling
-        out = net.run(src, ping.ping_argv(dst_ip, count, s.ping_interval_s),
-                      timeout_s=count * s.ping_interval_s + 10, name="ping-loaded")
-        rc = client.wait(s.seconds + 20)
+        time.sleep(1.0 * t)  # let the load reach its rate before sampling
+        out = net.run(src, ping.ping_argv(dst_ip, count, s.ping_interval_s * t),
+                      timeout_s=(count * s.ping_interval_s + 10) * t, name="ping-loaded")
+        rc = client.wait((s.seconds + 20) * t)
     finally:
         server.stop()
     if rc != 0:
         raise TestbedError(f"the load for rtt_loaded_ms ({src} -> {dst}) failed with exit code "
                            f"{rc}: {client.output(400)}")
-    return ping.parse_ping(out), iperf.parse_iperf(client.output(10_000_000))
+    return ping.parse_ping(out), iperf.parse_iperf(client.output(10_000_000), steady_from_s=2.0 * t)

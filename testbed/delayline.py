@@ -38,7 +38,7 @@ is unchanged but for a few counter increments. The report is a JSON document, wr
     {"seq": N, "final": false, "pid": ..., "rt": "fifo:50", "start": t0, "end": t1,
      "interval_s": ..., "queues": {"<num>": {packets, bytes, dropped_loss, dropped_queue_full,
      dropped_user, id_gaps, enobufs, verdict_errors, released, late_packets,
-     lateness_ms: {p50, p99, max}, pending}}}
+     lateness_ms: {p50, p99, max}, arrival_lag_ms: {p50, p99, max}, pending}}}
 - packets, bytes: kept and delayed (a GSO super-packet counts once); bytes are IP bytes: the
   length the kernel reports in NFQA_CAP_LEN (attribute 13, big-endian u32), which it sends only
   in COPY_PACKET mode and only for packets longer than the copy range (a 1-byte packet counts
@@ -49,6 +49,7 @@ is unchanged but for a few counter increments. The report is a JSON document, wr
 - id_gaps: ids we never saw (each is one of the kernel's user_dropped); enobufs: messages the
   kernel could not queue to our socket (sk_drops in /proc/net/netlink, plus any ENOBUFS that
   recv() raised); verdict_errors: verdicts the kernel refused (the packet was gone).
+- arrival_lag_ms: from the kernel's arrival stamp to our read (time spent in the kernel first).
 - released, late_packets, lateness_ms: packets released in the interval and how late (verdict
   time minus due time; see testbed.delaysched). pending: held at the time of the report.
 A final report (`"final": true`) is written on exit, before the queues are unbound.

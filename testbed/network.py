@@ -92,8 +92,16 @@ def kernel_has_netem() -> bool:
     return code == 0
 
 
-def available_congestion_controls() -> list[str]:
-    return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+def congestion_control_available(cc: str) -> bool:
+    """Can a socket here run cc? Set it on a throwaway socket (as root this also loads a
+    module the kernel has but has not loaded; tcp_available_congestion_control lists only
+    loaded ones)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+        except OSError:
+            return False
+    return True
 
 
 def set_route_congestion_control(ipr: IPRoute, cc: str) -> int:
@@ -171,6 +179,7 @@ class Network:
         self.failure: str | None = None
         self._stop_supervisor = threading.Event()
         self._supervisor_lock = threading.Lock()
+        self._stopping = False
         self._supervisor: threading.Thread | None = None
         self._old_handlers: dict[int, object] = {}
         self.timings_s: dict[str, float] = {}
@@ -199,10 +208,13 @@ class Network:
             raise ScenarioError(self._backend_field, f"{self.requested_backend!r} is not a "
                                 "backend", "use auto, netem or delayline")
         self.backend = self._choose_backend()
-        if self.scenario.congestion_control not in available_congestion_controls():
+        if not congestion_control_available(self.scenario.congestion_control):
+            have = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
             raise ScenarioError("congestion_control", f"{self.scenario.congestion_control!r} is "
-                                "not available in this kernel", "use one of "
-                                f"{', '.join(available_congestion_controls())}")
+                                "not available in this kernel", f"use one of {', '.join(have)}")
+        if self.scenario.time_scale != 1 and not Path("/proc/sys/net/ipv4/tcp_rto_min_us").exists():
+            raise ScenarioError("time_scale", "needs net.ipv4.tcp_rto_min_us (Linux 6.11 or "
+                                "later) to dilate the minimum RTO", "use time_scale: 1 here")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.run_id)
         self.registry.add_interfaces(self.plan.root_interfaces())
@@ -233,6 +245,7 @@ class Network:
         be removed stays listed in the registry for `run_testbed.py cleanup`."""
         if os.getpid() != self._owner_pid:
             return  # a forked child (pyroute2's netns helper) never tears down the network
+        self._stopping = True  # first: from here on a SIGUSR1 handler does nothing
         t0 = time.monotonic()
         with self._supervisor_lock:  # from here on the supervisor sends no SIGUSR1
             self._stop_supervisor.set()
@@ -248,8 +261,6 @@ class Network:
             errors += [f"{p.describe()} would not die" for p in stuck]
             self.procs.clear()
             self.delaylines.clear()
-            machine.release_cpu_wakeup_latency(self._wakeup_fd)
-            self._wakeup_fd = None
             if self.net is not None:
                 net, self.net = self.net, None
                 try:
@@ -274,6 +285,8 @@ class Network:
                     self.registry.close()
                 self.registry = None
         finally:
+            machine.release_cpu_wakeup_latency(self._wakeup_fd)
+            self._wakeup_fd = None
             self._restore_signal_handlers(held)
             self.timings_s["down"] = time.monotonic() - t0
 
@@ -386,7 +399,9 @@ class Network:
         for dc in self.plan.scenario.dcs:
             if dc.rate_mbit is None:
                 continue
-            queue = max(100 * MTU_BYTES, int(dc.rate_mbit * 1e6 / 8 * 0.01))
+            # 10 ms of the configured rate: bytes, so not dilated by time_scale
+            configured_mbit = self.scenario.dc(dc.name).rate_mbit
+            queue = max(100 * MTU_BYTES, int(configured_mbit * 1e6 / 8 * 0.01))
             for i, h in enumerate(self.plan.hosts_in(dc.name), start=2):
                 with self._ipr(h.name) as ipr:
                     shaping.apply(ipr, shaping.plan_link(h.intf, dc.rate_mbit, queue))
@@ -519,7 +534,7 @@ class Network:
 
         def on_usr1(signum, frame):  # noqa: ARG001
             # Once stop() has begun, teardown must run whole: __exit__ raises the failure after.
-            if in_owner(signum) and not self._stop_supervisor.is_set():
+            if in_owner(signum) and not self._stopping:
                 raise TestbedError(self.failure or "a supervised process died")
 
         def on_term(signum, frame):  # noqa: ARG001

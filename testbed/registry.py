@@ -98,7 +98,6 @@ def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
     done: list[str] = []
     if not directory.is_dir():
         return done
-    held = live_interfaces(directory)
     for path in sorted(directory.glob("*.json")):
         data = _read(path)
         if data is None:
@@ -106,8 +105,13 @@ def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
         if alive(data.get("owner", {})):
             done.append(f"skipped {data.get('run_id')}: its run (pid {data['owner']['pid']}) is still going")
             continue
-        done += _remove(data, held)
-        path.unlink(missing_ok=True)
+        # What live runs hold, read afresh for each dead run (one may have started meanwhile).
+        lines = _remove(data, live_interfaces(directory))
+        done += lines
+        if any(line.startswith("could not") for line in lines):
+            done.append(f"kept {path.name}: run cleanup again once that is resolved")
+        else:
+            path.unlink(missing_ok=True)
     return done
 
 
@@ -150,8 +154,8 @@ def _owned(data: dict, name: str, now: tuple[int, str]) -> str:
             return (f"it is not the one this run made (ifindex {now[0]}, alias {now[1]!r}; "
                     f"recorded {recorded['ifindex']}, {recorded['alias']!r})")
         return ""
-    if now[1].startswith(ALIAS_PREFIX) and not now[1].startswith(
-            f"{ALIAS_PREFIX}{data.get('run_id')}:{data.get('owner', {}).get('pid')}"):
+    own = f"{ALIAS_PREFIX}{data.get('run_id')}:{data.get('owner', {}).get('pid')}"
+    if now[1].startswith(ALIAS_PREFIX) and now[1] != own:
         return f"another run holds it ({now[1]})"
     return ""
 

@@ -149,7 +149,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
                                 f"give each DC at most {MAX_WAN_LINKS_PER_DC} (interface names "
                                 "are capped at 15 characters)")
     scale = _number(top.get("scale", 1.0), "scale", low=1.0, high=1e6)
-    time_scale = _number(top.get("time_scale", 1.0), "time_scale", low=1.0, high=1000.0)
+    # At most 100: the dilated minimum RTO (200 ms x T) must stay under the kernel's 120 s cap.
+    time_scale = _number(top.get("time_scale", 1.0), "time_scale", low=1.0, high=100.0)
     backend = _choice(top.get("backend", "auto"), "backend", BACKENDS)
     routing = _choice(top.get("routing", "direct"), "routing", ROUTING_POLICIES)
     congestion_control = _choice(top.get("congestion_control", "cubic"), "congestion_control",

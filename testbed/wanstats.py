@@ -9,6 +9,7 @@ call at the start of a measured phase and one at its end give that phase's figur
 Per direction (the fields are described in testbed.delayline's docstring):
     {"packets", "bytes", "dropped_loss", "dropped_queue_full", "dropped_user", "id_gaps",
      "enobufs", "verdict_errors", "late_packets", "lateness_ms": {"p50", "p99", "max"},
+     "arrival_lag_ms": {"p50", "p99", "max"},
      "released", "interval_s", "rt"}
 dropped_queue_full and dropped_user are None where the kernel's counters could not be read.
 """

@@ -193,3 +193,15 @@ def test_supervisor_signal_during_teardown_cannot_cut_it_short(tmp_path, leftove
             monkeypatch.setattr(network_mod, "stop_all", stop_all_then_signal)
     assert sent
     leftovers.assert_nothing_new(before, "after a SIGUSR1 during teardown")
+
+
+def test_an_alias_counts_as_a_runs_own_only_when_it_is_exactly_its_own():
+    from testbed.registry import _owned
+
+    dead = {"run_id": "r", "owner": {"pid": 123}}
+    assert _owned(dead, "x-s", (7, "geotestbed:r:123")) == ""
+    assert _owned(dead, "x-s", (7, "")) == ""   # never stamped: killed mid-build
+    assert "another run" in _owned(dead, "x-s", (7, "geotestbed:r:1234"))
+    recorded = dict(dead, interface_ids={"x-s": {"ifindex": 7, "alias": "geotestbed:r:123"}})
+    assert _owned(recorded, "x-s", (7, "geotestbed:r:123")) == ""
+    assert "not the one" in _owned(recorded, "x-s", (8, "geotestbed:r:123"))

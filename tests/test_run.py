@@ -86,20 +86,23 @@ def test_metrics_document(tmp_path: Path) -> None:
 def test_time_scale_runs_slower_and_reports_real_time(tmp_path: Path) -> None:
     """time_scale 4: delays x4, rates /4 and profile holds x4 on the wire and in the workers;
     metrics.json reports real time (divided back), so the figures match the undilated run's."""
-    plain = run(scenario(tmp_path, 5, "ts1"), tmp_path / "results")["systems"]["baseline"]
+    plain_doc = run(scenario(tmp_path, 5, "ts1"), tmp_path / "results")
+    plain = plain_doc["systems"]["baseline"]
     slow_doc = run(scenario(tmp_path, 5, "ts4", time_scale=4), tmp_path / "results")
     slow = slow_doc["systems"]["baseline"]
     assert slow["time_scale"] == 4 and "real time" in slow["figures"]
     assert slow_doc["time_scale"] == 4
-    for a, b in zip(plain["stages"], slow["stages"]):
-        # holds were 4x longer on the wire, divided back: the profile's durations again
-        assert b["forward_ms"] == pytest.approx(a["forward_ms"], rel=0.1), (a, b)
-        assert b["backward_ms"] == pytest.approx(a["backward_ms"], rel=0.1), (a, b)
-    assert slow["iteration_time_s"] == pytest.approx(plain["iteration_time_s"], rel=0.35), (
+    # Real-time figures, not 4x them (loose: this is no timing test, a busy machine can
+    # lengthen any span; a missing division back would be off by 4x).
+    assert slow["iteration_time_s"] == pytest.approx(plain["iteration_time_s"], rel=0.5), (
         plain["iteration_time_s"], slow["iteration_time_s"])
-    # on the wire and in the workers the forwards really lasted 4x the profile's time
-    spans = [json.loads(line) for line in
-             (Path(slow_doc["run_dir"]) / "baseline" / "trainer_spans.jsonl").read_text().splitlines()]
-    f_ms = [(r["t_end_ns"] - r["t_start_ns"]) / 1e6 for r in spans
-            if r["name"] == "F" and r["iteration"] and r["stage"] == 0]
-    assert min(f_ms) >= 4 * plain["stages"][0]["forward_ms"] * 0.95, (f_ms, plain["stages"][0])
+    # In the workers each forward really lasted 4x its profile hold (the shortest forward: a
+    # hold is a floor; the CPU can only make a span longer), and divided back it is the hold.
+    def shortest_forward_ms(doc: dict) -> float:
+        spans = Path(doc["run_dir"]) / "baseline" / "trainer_spans.jsonl"
+        return min((r["t_end_ns"] - r["t_start_ns"]) / 1e6 for r in map(json.loads, spans.open())
+                   if r["name"] == "F" and r["stage"] == 0)
+
+    one, four = shortest_forward_ms(plain_doc), shortest_forward_ms(slow_doc)
+    assert 4 * one * 0.95 <= four <= 4 * one * 1.5, (one, four)
+    assert slow["stages"][0]["forward_ms"] >= 0.95 * plain["stages"][0]["forward_ms"], (plain, slow)

@@ -252,7 +252,10 @@ def send(host: str, port: int, connections: int, messages: int, total_bytes: int
     try:
         for _ in range(connections):
             socks.append(_connect(host, port, cc, connect_timeout_s))
-        used_cc = set_congestion_control(socks[0], None)
+        used = {set_congestion_control(s, None) for s in socks}
+        if cc and used != {cc}:
+            raise BurstError(f"asked for congestion control {cc}, the sockets run {sorted(used)}")
+        used_cc = used.pop()
         # header and payload in one buffer per connection, so the header never leaves as a
         # small segment of its own (with TCP_NODELAY it would, and take a slot of the window)
         frames = [bytearray(HEADER.size + s) for s in sizes]
@@ -289,6 +292,8 @@ def _connect(host: str, port: int, cc: str | None, timeout_s: float) -> socket.s
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         try:
             sock.connect((host, port))
+            # again once connected: a route's congctl replaces the socket's choice at connect
+            set_congestion_control(sock, cc)
             return sock
         except (ConnectionRefusedError, socket.timeout) as exc:
             sock.close()

@@ -70,12 +70,18 @@ class CpuLoad:
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:  # exited meanwhile
+                    pass
         for proc in self.procs:
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 proc.wait(timeout=5)
         self.procs.clear()
 
@@ -89,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
-        took = load.start()
+        try:
+            took = load.start()
+        except TestbedError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         print(f"{load.workers} CPU-bound workers running ({took:.1f} s to start); Ctrl-C stops them",
               flush=True)
         while not stop:

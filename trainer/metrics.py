@@ -166,7 +166,8 @@ def in_real_time(metrics: dict[str, Any], time_scale: float) -> dict[str, Any]:
     if metrics.get("predicted", {}).get("iteration_time_s") is not None:
         metrics["predicted"] = dict(metrics["predicted"],
                                     iteration_time_s=metrics["predicted"]["iteration_time_s"] / t)
-    metrics["figures"] = f"real time: measured {t:g}x slower (time_scale), divided back"
+    metrics["figures"] = (f"real time: measured {t:g}x slower (time_scale), divided back; the "
+                          "timeline and the delay lines' counters stay in emulated time")
     return metrics
 
 

@@ -376,6 +376,8 @@ def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
                 sock.bind((bind_ip, 0))
             sock.settimeout(max(0.1, min(5.0, deadline - time.monotonic())))
             sock.connect((ip, port))
+            # again once connected: a route's congctl replaces the socket's choice at connect
+            set_congestion_control(sock, congestion_control)
             data = hello.encode()
             sock.sendall(_HELLO.pack(MAGIC, len(data)) + data)
             return Channel(sock, peer, on_sent)
