@@ -137,6 +137,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             run = launch(cfg, hosts, sys_dir, net, scale=scenario.scale,
                          progress=lambda line: print("  " + line, flush=True),
                          time_scale=scenario.time_scale, timeout_s=600.0 * scenario.time_scale,
+                         connect_timeout_s=60.0 * scenario.time_scale,  # also gloo's timeout
                          congestion_control=scenario.congestion_control)
             net.check()
             wan_links = net.wan_stats()
