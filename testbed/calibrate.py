@@ -188,7 +188,7 @@ def calibrate(net: Network, settings: Settings = Settings(),
 _TIME_KEYS = ("delay_ms", "jitter_ms", "rtt_ms", "rtt_avg_ms", "rtt_min_ms", "rtt_max_ms", "rtt_mdev_ms",
               "rtt_loaded_ms", "rtt_loaded_mdev_ms", "tolerance_ms")
 _RATE_KEYS = ("rate_mbit", "goodput_mbit", "goodput_reverse_mbit", "load_mbit",
-              "goodput_1flow_mbit", "goodput_max_mbit", "mathis_mbit")
+              "goodput_1flow_mbit", "goodput_max_mbit", "mathis_mbit", "goodput_intervals_mbit")
 
 
 def to_real_time(doc: dict[str, Any], time_scale: float) -> dict[str, Any]:
@@ -204,8 +204,6 @@ def to_real_time(doc: dict[str, Any], time_scale: float) -> dict[str, Any]:
                     continue
                 f = 1 / time_scale if key in _TIME_KEYS else time_scale if key in _RATE_KEYS \
                     else None
-                if key == "goodput_intervals_mbit":
-                    f = time_scale
                 if f is None:
                     continue
                 d[key] = [x * f for x in value] if isinstance(value, list) else value * f

@@ -179,8 +179,7 @@ def wan_summary(stats: dict[str, dict], cpu: dict[str, float]) -> str:
     if not stats:
         return "wan: no delay-line counts (netem backend)"
     packets = sum(s["packets"] for s in stats.values())
-    dropped = sum(s["dropped_loss"] + (s["dropped_queue_full"] or 0) + s["id_gaps"]
-                  for s in stats.values())
+    dropped = sum(sum(wanstats.dropped(s)) for s in stats.values())
     worst = max(stats.items(), key=lambda kv: kv[1]["lateness_ms"]["max"])
     return (f"wan: {packets} packets over {len(stats)} directions, {dropped} dropped; "
             f"release lateness max {worst[1]['lateness_ms']['max']:.3f} ms ({worst[0]}), "

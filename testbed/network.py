@@ -41,6 +41,7 @@ from testbed.procs import HostProcess, stop_all
 from testbed.registry import Registry
 from testbed.scenario import MTU_BYTES, REAL_TCP_RMEM_MAX_BYTES, REAL_TCP_WMEM_MAX_BYTES, Scenario
 from testbed.topo import Plan, ScenarioTopo, make_plan
+from traffic.tcpcc import set_congestion_control
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_TOOLS = {"mnexec": "mininet", "brctl": "bridge-utils", "iptables": "iptables",
@@ -98,7 +99,7 @@ def congestion_control_available(cc: str) -> bool:
     loaded ones)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+            set_congestion_control(sock, cc)
         except OSError:
             return False
     return True

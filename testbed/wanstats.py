@@ -120,6 +120,12 @@ def loss_by_direction(links: Iterable[Any]) -> dict[str, float]:
     return out
 
 
+def dropped(s: dict) -> tuple[int, int, int]:
+    """A direction's drops: (configured loss, queue full, delay line too slow: the kernel's
+    user drops or, where /proc did not say, the ids that never reached us)."""
+    return s["dropped_loss"], s["dropped_queue_full"] or 0, max(s["dropped_user"] or 0, s["id_gaps"])
+
+
 def warnings(stats: Mapping[str, dict], links: Iterable[Any]) -> list[str]:
     """One line per problem: more drops than the configured loss_pct allows (binomial, LOSS_Z
     standard deviations; any kernel drop on a lossless link), releases more than LATE_TOL_MS
@@ -128,14 +134,13 @@ def warnings(stats: Mapping[str, dict], links: Iterable[Any]) -> list[str]:
     out = []
     for direction, s in stats.items():
         p = loss_pct.get(direction, 0.0) / 100
-        queue_full = s["dropped_queue_full"] or 0
-        too_slow = max(s["dropped_user"] or 0, s["id_gaps"])
-        dropped = s["dropped_loss"] + queue_full + too_slow
-        n = s["packets"] + dropped
+        loss, queue_full, too_slow = dropped(s)
+        n_dropped = loss + queue_full + too_slow
+        n = s["packets"] + n_dropped
         _low, high = binomial_band(n, p)
-        if dropped > high:
-            out.append(f"warning: wan {direction}: {dropped} of {n} packets dropped (configured "
-                       f"loss {s['dropped_loss']}, queue full {queue_full}, delay line too slow "
+        if n_dropped > high:
+            out.append(f"warning: wan {direction}: {n_dropped} of {n} packets dropped (configured "
+                       f"loss {loss}, queue full {queue_full}, delay line too slow "
                        f"{too_slow}); loss_pct {100 * p:g} allows at most {high:.0f}")
         lateness = s["lateness_ms"]
         if lateness["p99"] > LATE_TOL_MS or lateness["max"] > LATE_TOL_MS:

@@ -315,7 +315,7 @@ def test_transport_sockets_run_the_chosen_congestion_control(cc):
     are allowed to everyone here."""
     import os
 
-    from trainer.transport import congestion_control_of
+    from traffic.tcpcc import congestion_control_of
 
     allowed = open("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read().split()
     if cc not in open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split():

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import selectors
 import socket
 import struct
@@ -39,6 +40,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
+
+from traffic import tcpcc
 
 MAGIC = b"BRST"
 HEADER = struct.Struct("!4sIIQQ")     # magic, message, connection, chunk bytes, send_start_ns
@@ -81,14 +84,14 @@ def pattern_byte(msg: int, conn: int) -> int:
 
 
 def set_congestion_control(sock: socket.socket, cc: str | None) -> str:
-    """Set TCP_CONGESTION if cc is given; return the one the socket runs."""
-    if cc:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
-        except OSError as exc:
-            raise BurstError(f"cannot set congestion control {cc!r} on a socket: {exc} (needs "
-                             "root unless it is in tcp_allowed_congestion_control)") from None
-    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
+    """Set TCP_CONGESTION if cc is given (traffic.tcpcc); return the one the socket runs."""
+    try:
+        tcpcc.set_congestion_control(sock, cc)
+    except OSError as exc:
+        raise BurstError(f"cannot set congestion control {cc!r} on a socket: "
+                         f"{os.strerror(exc.errno)} (needs root unless it is in "
+                         "tcp_allowed_congestion_control)") from None
+    return tcpcc.congestion_control_of(sock)
 
 
 # ---- receiver --------------------------------------------------------------------------------

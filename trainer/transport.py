@@ -32,6 +32,8 @@ from typing import Callable
 
 import torch
 
+from traffic.tcpcc import set_congestion_control
+
 KIND_ACT = 1    # forward activation, stage s -> s+1
 KIND_GRAD = 2   # gradient of that activation, stage s+1 -> s
 KIND_NAMES = {KIND_ACT: "F", KIND_GRAD: "B"}
@@ -116,23 +118,6 @@ def _check_header(magic: bytes, kind: int, code: int, ndim: int, iteration: int,
         numel *= n
     if numel * _DTYPES[code].itemsize != payload:
         raise FrameError(f"payload does not match shape and dtype ({what})")
-
-
-def set_congestion_control(sock: socket.socket, name: str | None) -> None:
-    """TCP_CONGESTION on one socket (None: the host's default). Root may pick any congestion
-    control the kernel has; others only those in tcp_allowed_congestion_control."""
-    if name:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot use TCP congestion control {name!r}: "
-                                     f"{exc.strerror}") from None
-
-
-def congestion_control_of(sock: socket.socket) -> str:
-    """The congestion control the kernel runs on this socket (TCP_CONGESTION read back)."""
-    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
-    return raw.split(b"\0", 1)[0].decode()
 
 
 class Channel:

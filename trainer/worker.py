@@ -33,8 +33,8 @@ from trainer.pipeline import plan_stages
 from trainer.schedule import parse_action, schedule_table
 from trainer.spec import WorkerSpec
 from trainer.stage import StageModule, build_stage
-from trainer.transport import (KIND_ACT, KIND_GRAD, Channel, Listener, SendRecord, connect,
-                               congestion_control_of)
+from trainer.transport import KIND_ACT, KIND_GRAD, Channel, Listener, SendRecord, connect
+from traffic.tcpcc import congestion_control_of
 
 
 def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
