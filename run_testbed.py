@@ -5,6 +5,7 @@
     sudo python run_testbed.py run topologies/two_dc.yaml [--systems baseline] [--iterations N]
     sudo python run_testbed.py topologies/two_dc.yaml          # shorthand for run
     sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
+    python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
     sudo python run_testbed.py cleanup                         # remove what a killed run left
 
 CLI only: parse flags, load the scenario, call the job, print one line on error. Exit codes:
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from testbed.errors import ScenarioError, TestbedError
 
-COMMANDS = ("run", "calibrate", "validate", "cleanup")
+COMMANDS = ("run", "calibrate", "validate", "plan", "cleanup")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(cal)
     val = sub.add_parser("validate", help="check scenario files, build nothing")
     val.add_argument("scenario", nargs="+")
+    plan = sub.add_parser("plan", help="print each system's placement, WAN crossings and slot "
+                          "plan (no root, builds nothing)")
+    plan.add_argument("scenario")
+    plan.add_argument("--systems", default=None,
+                      help="comma-separated (default: the scenario's systems)")
+    plan.add_argument("--json", action="store_true", help="print one JSON document")
     sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
     return parser
 
@@ -62,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
             from testbed.registry import cleanup
             done = cleanup()
             print("\n".join(done) if done else "nothing to clean up")
+            return 0
+        if args.command == "plan":
+            from testbed.planview import plan_command
+            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            print(plan_command(args.scenario, systems, as_json=args.json))
             return 0
         if args.command == "validate":
             from testbed.jobs import load_run

@@ -39,14 +39,14 @@ from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError, TestbedError
 from testbed.procs import HostProcess, stop_all
 from testbed.registry import Registry
-from testbed.scenario import MTU_BYTES, REAL_TCP_RMEM_MAX_BYTES, REAL_TCP_WMEM_MAX_BYTES, Scenario
+from testbed.scenario import (MIN_TCP_BUFFER_BYTES, MTU_BYTES, REAL_TCP_WMEM_MAX_BYTES,
+                              Scenario, scaled_tcp_rmem_max_bytes)
 from testbed.topo import Plan, ScenarioTopo, make_plan
 from traffic.tcpcc import set_congestion_control
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_TOOLS = {"mnexec": "mininet", "brctl": "bridge-utils", "iptables": "iptables",
                   "ifconfig": "net-tools", "ip": "iproute2"}
-MIN_TCP_BUFFER_BYTES = 4096
 LINUX_TCP_RTO_MIN_US = 200_000   # TCP_RTO_MIN, the default of net.ipv4.tcp_rto_min_us
 RTNH_F_ONLINK = 4
 CLONE_NEWNET = 0x40000000
@@ -133,11 +133,6 @@ def route_congestion_controls(ipr: IPRoute) -> set[str]:
         metrics = r.get_attr("RTA_METRICS")
         out.add((metrics.get_attr("RTAX_CC_ALGO") if metrics else None) or "")
     return out
-
-
-def scaled_tcp_rmem_max_bytes(scale: float) -> int:
-    """The receive buffer limit a host gets with `scale` (scale 1: the real server's)."""
-    return max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_RMEM_MAX_BYTES / scale))
 
 
 def host_tcp_sysctls(scale: float, time_scale: float = 1.0) -> dict[str, str]:

@@ -12,11 +12,14 @@ Form (every WAN link: one-way delay per direction, rate per direction):
     backend: auto              # optional: auto | netem | delayline
     routing: direct            # optional: direct | shortest-delay (see testbed.routing)
     congestion_control: cubic  # optional: cubic | reno | bbr, every TCP socket the testbed opens
+    connections: auto          # optional: K TCP connections per cross-DC transfer, 1..16 or auto
+                               # (systems that use K: testbed.systems.connections_for)
     dcs:
       - {name: east, hosts: 2, rate_mbit: 1000}     # rate_mbit: optional intra-DC host link rate
     wan:
       - {between: [east, west], delay_ms: 20, rate_mbit: 100, jitter_ms: 0, loss_pct: 0,
          queue: 2000}          # queue: packets (int) or bytes ("4MB"); default >= BDP
+    systems: [baseline]        # optional: see SYSTEMS (testbed.systems describes each)
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from testbed.errors import ScenarioError
 from testbed.routing import ROUTING_POLICIES
 
 BACKENDS = ("auto", "netem", "delayline")
-SYSTEMS = ("baseline", "atlas", "bubbletea")
+# Every name testbed.systems.SYSTEMS describes, plus bubbletea (accepted here; a run refuses
+# what it cannot run yet).
+SYSTEMS = ("baseline", "multitcp", "temporal", "atlas", "dp-across-dcs", "bubbletea")
 CONGESTION_CONTROLS = ("cubic", "reno", "bbr")
 MTU_BYTES = 1500
 MIN_QUEUE_PACKETS = 100
@@ -48,6 +53,14 @@ REAL_TCP_WMEM_MAX_BYTES = 2 * REAL_TCP_RMEM_MAX_BYTES
 # Linux advertises as window only the payload share of the receive buffer (its scaling_ratio,
 # skb length / truesize, for full-size segments); measured 0.73-0.755 on this kernel over veth.
 RCV_WINDOW_FRACTION = 0.73
+MIN_TCP_BUFFER_BYTES = 4096
+# K TCP connections per cross-DC transfer: "auto" (testbed.systems.auto_connections) or 1..16.
+MAX_CONNECTIONS = 16
+
+
+def scaled_tcp_rmem_max_bytes(scale: float) -> int:
+    """The receive buffer limit a host gets with `scale` (scale 1: the real server's)."""
+    return max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_RMEM_MAX_BYTES / scale))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,6 +100,7 @@ class Scenario:
     backend: str = "auto"
     routing: str = "direct"
     congestion_control: str = "cubic"
+    connections: int | str = "auto"   # K per cross-DC transfer, or "auto"
     systems: tuple[str, ...] = ("baseline",)
     training: dict[str, Any] | None = None
     path: str = ""
@@ -134,7 +148,7 @@ def load_scenario(path: str | Path) -> Scenario:
 def parse_scenario(data: Any, path: str = "") -> Scenario:
     top = _mapping(data, "scenario")
     _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
-                          "congestion_control", "systems", "training"})
+                          "congestion_control", "connections", "systems", "training"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
@@ -155,6 +169,7 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     routing = _choice(top.get("routing", "direct"), "routing", ROUTING_POLICIES)
     congestion_control = _choice(top.get("congestion_control", "cubic"), "congestion_control",
                                  CONGESTION_CONTROLS)
+    connections = _parse_connections(top.get("connections", "auto"))
     systems = top.get("systems", ["baseline"])
     if isinstance(systems, str):
         systems = [systems]
@@ -170,7 +185,17 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
         raise ScenarioError("training", "must be a mapping", "see topologies/two_dc.yaml")
     return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
                     backend=backend, routing=routing, congestion_control=congestion_control,
-                    systems=tuple(systems), training=training, path=path, raw=top)
+                    connections=connections, systems=tuple(systems), training=training, path=path, raw=top)
+
+
+def _parse_connections(value: Any) -> int | str:
+    if value == "auto":
+        return "auto"
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 1 <= value <= MAX_CONNECTIONS):
+        raise ScenarioError("connections", f"{value!r} is not a connection count",
+                            f"use auto or an integer from 1 to {MAX_CONNECTIONS}")
+    return value
 
 
 def _parse_dcs(value: Any) -> tuple[DataCenter, ...]:

@@ -20,6 +20,8 @@ checked by `validate_against_hosts`, which the launcher calls with the hosts it 
       compute: profile     # measured | profile
       profile: {file: h200-transformer.json, width: 4096, seq: 2048, micro_batch: 1, n_layer: 32}
       placement: [[dc0h1, dc0h2], [dc1h1, dc1h2]]   # optional: hosts[stage][replica]
+      # or placement: [east, west]: one DC per stage (all its replicas there; testbed.placement
+      # checks the names and host counts against the scenario)
 """
 
 from __future__ import annotations
@@ -166,6 +168,7 @@ class TrainConfig:
     compute: str = "measured"
     profile: ProfileConfig | None = None
     placement: tuple[tuple[str, ...], ...] | None = None   # hosts[stage][replica]
+    placement_dcs: tuple[str, ...] | None = None   # DC per stage (the `placement: [dc, ...]` form)
 
     @property
     def n_workers(self) -> int:
@@ -178,7 +181,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: Any, field_prefix: str = "training") -> TrainConfig:
         p = field_prefix
-        names = [f.name for f in fields(cls)]
+        names = [f.name for f in fields(cls) if f.name != "placement_dcs"]  # YAML: placement
         _check_keys(d, p, names, ["model", "stages", "micro_batches"])
         model = ModelConfig.from_dict(d["model"], f"{p}.model")
         stages = _pos_int(d, "stages", p)
@@ -200,6 +203,8 @@ class TrainConfig:
         seed = d.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ScenarioError(f"{p}.seed", f"{seed!r} is not an integer >= 0", "set seed: 0")
+        placement, placement_dcs = _placement(d.get("placement"), f"{p}.placement", stages,
+                                              replicas)
         return cls(model=model, stages=stages, replicas=replicas,
                    micro_batches=_pos_int(d, "micro_batches", p),
                    micro_batch_size=_pos_int(d, "micro_batch_size", p, 1),
@@ -208,24 +213,35 @@ class TrainConfig:
                    lr=_pos_float(d, "lr", p, 3e-3),
                    optimizer=_choice(d, "optimizer", p, OPTIMIZERS, "adamw"),
                    seed=seed, compute=compute, profile=profile,
-                   placement=_placement(d.get("placement"), f"{p}.placement", stages, replicas))
+                   placement=placement, placement_dcs=placement_dcs)
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        del out["placement_dcs"]    # both forms travel as `placement`, as in the scenario
         if self.placement is not None:
             out["placement"] = [list(row) for row in self.placement]
+        elif self.placement_dcs is not None:
+            out["placement"] = list(self.placement_dcs)
         if self.profile is None:
             del out["profile"]
         return out
 
 
-def _placement(value: Any, prefix: str, stages: int,
-               replicas: int) -> tuple[tuple[str, ...], ...] | None:
+def _placement(value: Any, prefix: str, stages: int, replicas: int
+               ) -> tuple[tuple[tuple[str, ...], ...] | None, tuple[str, ...] | None]:
+    """(hosts[stage][replica], None) for a list of lists of host names; (None, dc per stage)
+    for a list of DC names; (None, None) when absent."""
     if value is None:
-        return None
-    fix = f"give a list of {stages} lists of {replicas} host names (hosts[stage][replica])"
+        return None, None
+    fix = (f"give a list of {stages} DC names (one per stage) or of {stages} lists of "
+           f"{replicas} host names (hosts[stage][replica])")
     if not isinstance(value, (list, tuple)) or len(value) != stages:
         raise ScenarioError(prefix, f"expected {stages} rows (one per stage)", fix)
+    if all(isinstance(x, str) for x in value):
+        for s, dc in enumerate(value):
+            if not dc:
+                raise ScenarioError(f"{prefix}[{s}]", "empty DC name", fix)
+        return None, tuple(value)
     rows = []
     seen: set[str] = set()
     for s, row in enumerate(value):
@@ -239,7 +255,7 @@ def _placement(value: Any, prefix: str, stages: int,
                                     "place one worker per host (one host = one GPU)")
             seen.add(host)
         rows.append(tuple(row))
-    return tuple(rows)
+    return tuple(rows), None
 
 
 def validate_against_hosts(cfg: TrainConfig, n_hosts: int, host_names: Sequence[str] = (),

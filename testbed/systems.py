@@ -1,0 +1,132 @@
+"""Training systems as plain data, and how many TCP connections each cross-DC transfer gets.
+
+One job: name what a system does differently (where it places stages, how many TCP connections a
+transfer uses, how the WAN links are shared), so the planner (testbed.placement,
+testbed.slotplan) and the runner read the same table instead of branching on names. Pure: no
+kernel, no Mininet, no torch.
+
+    baseline       scenario-order placement, 1 connection, transfers share the WAN concurrently
+    multitcp       scenario-order placement, the scenario's K connections, concurrent
+    temporal       scenario-order placement, 1 connection, temporal WAN slots
+    atlas          Atlas placement (all replicas of a stage in one DC), K connections, temporal
+    dp-across-dcs  each pipeline in one DC, so every stage's all-reduce crosses the WAN
+
+K connections (the scenario's `connections`, default auto): a transfer between DCs X and Y over
+one TCP flow is window-limited at window / RTT, so K flows striped over the message move K times
+that, up to the path's bottleneck rate. `auto` picks the smallest K that fills the path:
+
+    K = ceil(rate x RTT / window), clamped to 1..16
+
+rate = the lowest configured rate_mbit over the path's links, RTT = the path's one-way delay
+there plus back (testbed.routing.dc_paths), window = the receive window the testbed's hosts
+advertise per connection = scaled_tcp_rmem_max_bytes(scale) x RCV_WINDOW_FRACTION. Configured,
+not time_scale-dilated, values are used: time dilation divides rate and multiplies RTT by the
+same T, so rate x RTT (and K) is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from testbed.errors import ScenarioError
+from testbed.routing import Path, dc_paths
+from testbed.scenario import MAX_CONNECTIONS, RCV_WINDOW_FRACTION, scaled_tcp_rmem_max_bytes
+
+if TYPE_CHECKING:
+    from testbed.scenario import Scenario
+
+PLACEMENTS = ("scenario-order", "atlas", "dp-across-dcs")
+CONNECTION_RULES = ("one", "scenario")
+WAN_SHARING = ("concurrent", "temporal")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class System:
+    name: str
+    placement: str      # "scenario-order" | "atlas" | "dp-across-dcs" (testbed.placement)
+    connections: str    # "one" (1 per transfer) | "scenario" (the scenario's K per link)
+    wan_sharing: str    # "concurrent" | "temporal" (testbed.slotplan)
+    fill_bubbles: bool = False
+
+    @property
+    def temporal(self) -> bool:
+        return self.wan_sharing == "temporal"
+
+
+SYSTEMS: dict[str, System] = {s.name: s for s in (
+    System(name="baseline", placement="scenario-order", connections="one",
+           wan_sharing="concurrent"),
+    System(name="multitcp", placement="scenario-order", connections="scenario",
+           wan_sharing="concurrent"),
+    System(name="temporal", placement="scenario-order", connections="one",
+           wan_sharing="temporal"),
+    System(name="atlas", placement="atlas", connections="scenario", wan_sharing="temporal"),
+    System(name="dp-across-dcs", placement="dp-across-dcs", connections="one",
+           wan_sharing="concurrent"),
+)}
+
+
+def get_system(name: str, field: str = "systems") -> System:
+    """The system called `name`, or ScenarioError on `field` listing the names there are."""
+    try:
+        return SYSTEMS[name]
+    except (KeyError, TypeError):
+        raise ScenarioError(field, f"{name!r} is not a system",
+                            f"use one of {', '.join(SYSTEMS)}") from None
+
+
+def window_bytes(scale: float) -> float:
+    """The receive window one connection of the testbed's hosts advertises (bytes)."""
+    return scaled_tcp_rmem_max_bytes(scale) * RCV_WINDOW_FRACTION
+
+
+def auto_connections(link_rate_mbit: float, rtt_ms: float, window_bytes: float) -> int:
+    """K = ceil(rate x RTT / window), clamped to 1..MAX_CONNECTIONS: the fewest window-limited
+    connections that together fill a path of this bottleneck rate and round-trip time."""
+    if window_bytes <= 0:
+        raise ValueError(f"window_bytes must be > 0, got {window_bytes}")
+    bdp_bytes = link_rate_mbit * 1e6 / 8 * rtt_ms / 1e3
+    # round off float noise before ceil (e.g. exactly 2 windows must give 2, not 3)
+    k = math.ceil(round(bdp_bytes / window_bytes, 9))
+    return max(1, min(MAX_CONNECTIONS, k))
+
+
+def path_between(scenario: "Scenario", src_dc: str, dst_dc: str) -> Path:
+    """The routed path src_dc -> dst_dc (KeyError for an unknown or equal pair)."""
+    for p in dc_paths(scenario):
+        if (p.src, p.dst) == (src_dc, dst_dc):
+            return p
+    raise KeyError((src_dc, dst_dc))
+
+
+def path_rtt_ms(scenario: "Scenario", src_dc: str, dst_dc: str) -> float:
+    """One-way delay of the path there plus that of the path back (configured values)."""
+    return (path_between(scenario, src_dc, dst_dc).delay_ms
+            + path_between(scenario, dst_dc, src_dc).delay_ms)
+
+
+def path_rate_mbit(scenario: "Scenario", src_dc: str, dst_dc: str) -> float:
+    """The bottleneck: the lowest configured rate over the path's links."""
+    dcs = path_between(scenario, src_dc, dst_dc).dcs
+    rate = {frozenset(link.between): link.rate_mbit for link in scenario.wan}
+    return min(rate[frozenset(hop)] for hop in zip(dcs, dcs[1:]))
+
+
+def scenario_connections(scenario: "Scenario", src_dc: str, dst_dc: str) -> int:
+    """The scenario's K for transfers src_dc -> dst_dc: its `connections`, or the auto rule."""
+    if src_dc == dst_dc:
+        return 1
+    if scenario.connections != "auto":
+        return int(scenario.connections)
+    return auto_connections(path_rate_mbit(scenario, src_dc, dst_dc),
+                            path_rtt_ms(scenario, src_dc, dst_dc), window_bytes(scenario.scale))
+
+
+def connections_for(scenario: "Scenario", system: System, src_dc: str, dst_dc: str) -> int:
+    """TCP connections one transfer src_dc -> dst_dc uses under `system`: 1 inside a DC and for
+    systems with connections "one"; else the scenario's K (scenario_connections)."""
+    if src_dc == dst_dc or system.connections == "one":
+        return 1
+    return scenario_connections(scenario, src_dc, dst_dc)
