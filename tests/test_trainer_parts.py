@@ -137,9 +137,9 @@ def test_transport_deadlines_name_the_peer():
 
 
 def _raw_hello(port: int, hello: str) -> socket.socket:
-    from trainer.transport import _HELLO, MAGIC
+    from trainer.transport import hello_frame
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(_HELLO.pack(MAGIC, len(hello)) + hello.encode())
+    sock.sendall(hello_frame(hello, 0, 1))
     return sock
 
 
@@ -151,10 +151,12 @@ def test_unknown_dtype_in_a_header_reaches_recv():
     ch = lst.accept("s0r0", timeout_s=5)
     try:
         # a well-formed frame first, then one with dtype code 99
-        sock.sendall(HEADER.pack(MAGIC, KIND_ACT, 0, 1, 0, 0, 0, 8, 0, 2, 0, 0, 0)
+        # (... shape, stripe offset, length, index, count): one stripe of 8 bytes
+        sock.sendall(HEADER.pack(MAGIC, KIND_ACT, 0, 1, 0, 0, 0, 8, 0, 2, 0, 0, 0, 0, 8, 0, 1)
                      + torch.tensor([1.0, 2.0]).numpy().tobytes())
         assert torch.equal(ch.recv(KIND_ACT, 0, 0, timeout_s=5).tensor, torch.tensor([1.0, 2.0]))
-        sock.sendall(HEADER.pack(MAGIC, KIND_ACT, 99, 1, 0, 0, 1, 8, 0, 2, 0, 0, 0) + bytes(8))
+        sock.sendall(HEADER.pack(MAGIC, KIND_ACT, 99, 1, 0, 0, 1, 8, 0, 2, 0, 0, 0, 0, 8, 0, 1)
+                     + bytes(8))
         with pytest.raises(ConnectionError, match="unknown dtype code 99.*iteration=0 mb=1"):
             ch.recv(KIND_ACT, 0, 1, timeout_s=5)
         with pytest.raises(ConnectionError, match="dtype code 99"):   # and stays so

@@ -11,7 +11,7 @@ by DC (DCs in order of first appearance, hosts in list order within a DC). So th
 stage share a DC where they fit, and the pipeline crosses the WAN between stages.
 
 Run folder:
-    trainer_plan.json           placement, ports, stage costs, predicted timeline
+    trainer_plan.json           placement, ports, K per channel, stage costs, predicted timeline
     specs/trainer-s{S}r{R}.json one per worker (trainer/spec.py)
     logs/{host}-trainer.log     worker stdout/stderr
     spans/trainer-s{S}r{R}.jsonl, loss/trainer-s{S}r{R}.jsonl   per worker
@@ -81,14 +81,27 @@ def plan_placement(cfg: TrainConfig, hosts: Sequence[HostInfo]) -> list[list[Hos
 def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, scale: float = 1.0,
                  base_port: int = 29500, connect_timeout_s: float = 60.0,
                  recv_timeout_s: float = 120.0, time_scale: float = 1.0,
-                 congestion_control: str | None = None) -> list[WorkerSpec]:
+                 congestion_control: str | None = None,
+                 connections: Callable[[str, str], int] | None = None) -> list[WorkerSpec]:
     """One spec per worker, in stage-major order. Ports: stage s>0 replica r listens on
     base_port + s*D + r; stage s's gloo store is on base_port + P*D + s (at replica 0's IP).
     scale divides every padded byte count (the emulated WAN is scaled down by the same factor);
     time_scale multiplies every profile hold (the emulated world runs that many times slower).
-    congestion_control: TCP_CONGESTION of the stage-to-stage sockets (None: host default)."""
+    congestion_control: TCP_CONGESTION of the stage-to-stage sockets (None: host default).
+    connections(src_dc, dst_dc): K, the TCP connections a stage-to-stage channel from a host in
+    src_dc to one in dst_dc stripes its messages over (None: 1 everywhere)."""
     if scale <= 0 or time_scale <= 0:
         raise ValueError(f"scale and time_scale must be > 0, got {scale}, {time_scale}")
+
+    def k_of(src: HostInfo, dst: HostInfo) -> int:
+        if connections is None:
+            return 1
+        k = connections(src.dc, dst.dc)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"connections({src.dc!r}, {dst.dc!r}) gave {k!r}, not an integer "
+                             f">= 1")
+        return k
+
     place = plan_placement(cfg, hosts)
     P, D = cfg.stages, cfg.replicas
     costs = stage_costs(cfg.profile, P) if cfg.compute == "profile" else None
@@ -99,14 +112,17 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
             h = place[s][r]
             name = worker_name(s, r, h.name)
             prev = nxt = None
+            k_prev = k_next = 1
             if s > 0:
                 ph = place[s - 1][r]
                 prev = Peer(name=worker_name(s - 1, r, ph.name), host=ph.name, ip=ph.ip,
                             port=base_port + s * D + r)
+                k_prev = k_of(ph, h)
             if s < P - 1:
                 nh = place[s + 1][r]
                 nxt = Peer(name=worker_name(s + 1, r, nh.name), host=nh.name, ip=nh.ip,
                            port=base_port + (s + 1) * D + r)
+                k_next = k_of(h, nh)
             hold_f = hold_b = 0.0
             pad = ar_pad = 0
             if costs is not None and block is not None:
@@ -123,7 +139,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 spans_path=str(run_dir / "spans" / f"{tag}.jsonl"),
                 loss_path=str(run_dir / "loss" / f"{tag}.jsonl"),
                 connect_timeout_s=connect_timeout_s, recv_timeout_s=recv_timeout_s,
-                congestion_control=congestion_control))
+                congestion_control=congestion_control, connections_next=k_next,
+                connections_prev=k_prev))
     return specs
 
 
@@ -152,14 +169,15 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
            python: str = sys.executable, env: dict[str, str] | None = None,
            connect_timeout_s: float = 60.0,
            progress: Callable[[str], None] | None = None, time_scale: float = 1.0,
-           congestion_control: str | None = None) -> TrainRun:
+           congestion_control: str | None = None,
+           connections: Callable[[str, str], int] | None = None) -> TrainRun:
     """Run training to the end; raise TestbedError (with the failing worker's log tail) if any
     worker fails or the run passes timeout_s. hosts are in topology order; scale divides padded
-    message sizes."""
+    message sizes; connections(src_dc, dst_dc) is K per stage-to-stage channel (plan_workers)."""
     run_dir = Path(run_dir)
     specs = plan_workers(cfg, hosts, run_dir, scale, base_port, connect_timeout_s,
                          recv_timeout_s=max(30.0, timeout_s), time_scale=time_scale,
-                         congestion_control=congestion_control)
+                         congestion_control=congestion_control, connections=connections)
     plan_path = run_dir / "trainer_plan.json"
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = {"config": cfg.to_dict(), "scale": scale, "time_scale": time_scale,
@@ -169,7 +187,9 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                          "ip": s.ip, "dc": s.dc, "listen_port": s.listen_port,
                          "hold_forward_ms": s.hold_forward_ms,
                          "hold_backward_ms": s.hold_backward_ms, "pad_bytes": s.pad_bytes,
-                         "allreduce_pad_bytes": s.allreduce_pad_bytes} for s in specs],
+                         "allreduce_pad_bytes": s.allreduce_pad_bytes,
+                         "connections_next": s.connections_next,
+                         "connections_prev": s.connections_prev} for s in specs],
             "predicted": predicted_timeline(cfg, specs)}
     plan_path.write_text(json.dumps(plan, indent=1))
     env = worker_env(env)

@@ -3,7 +3,9 @@
 One job: the launcher/worker contract, as a dataclass that round-trips through JSON. A worker
 finds its peers only here: `next` is the listener of stage s+1 replica d (ip, port) it connects
 to; `listen_port` is where it accepts stage s-1 replica d (bound to its own `ip`); `dp_master_*`
-is the TCPStore of its stage's data-parallel group (the stage's replica 0).
+is the TCPStore of its stage's data-parallel group (the stage's replica 0). `connections_next`
+and `connections_prev` are the K (TCP connections each message is striped over) of those two
+channels; both ends of a channel get the same K.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class WorkerSpec:
     connect_timeout_s: float = 60.0
     recv_timeout_s: float = 120.0
     congestion_control: str | None = None   # TCP_CONGESTION of the stage-to-stage sockets
+    connections_next: int = 1        # K: TCP connections of the channel to `next`
+    connections_prev: int = 1        # K: TCP connections of the channel from `prev`
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -4,31 +4,55 @@ One job: move activations (forward) and their gradients (backward) between stage
 and stage s+1 replica d, without blocking compute. It does not know about schedules, models or
 timing policy (trainer/worker.py decides what to send when).
 
-- One `Channel` per neighbour: one TCP connection, used in both directions. Stage s+1 listens
-  (`Listener`, bound to its own IP and port); stage s connects (`connect`, retrying until a
-  deadline because the peer may start later). TCP_NODELAY on both ends. A hello frame names the
-  connecting worker, and the listener checks it.
-- Sending never blocks the caller: `send()` enqueues, a sender thread per channel writes.
-- Receiving: a receiver thread per channel reads frames and fills per-(kind, iteration, mb)
-  slots; `recv()` waits on its slot with a deadline.
-- Framing: fixed header, then payload, then padding. Header (network order): magic 'TBT1', kind,
-  dtype code, ndim, reserved, iteration (u32), micro-batch (u32), payload bytes (u64),
-  pad bytes (u64), shape (4 x u64). Padding (zeros) makes a message as large as the target
-  model's activation (profile mode), so the WAN sees the right number of bytes.
-
-A later extension (several TCP connections per peer, timed sending) replaces the inside of
-`Channel` and keeps this API.
+- One `Channel` per neighbour: K >= 1 TCP connections to that peer (K=1 by default), used in
+  both directions. Stage s+1 listens (`Listener`, bound to its own IP and port); stage s
+  connects (`connect`, retrying until a deadline because the peer may start later) and opens
+  all K. TCP_NODELAY and the congestion control on every socket. A hello frame on each
+  connection names the connecting worker, the connection's index and K; the listener checks
+  the name, index < K, no index twice and the same K on all, and returns one Channel per peer.
+- Striping: each message (payload, then zero padding: the virtual byte range [0, payload + pad))
+  is cut into n contiguous stripes, stripe i written on connection i:
+      n = min(K, max(1, (payload + pad) // MIN_STRIPE_BYTES))
+  so every stripe carries at least MIN_STRIPE_BYTES (16 KiB), and a message below twice that
+  goes on connection 0 alone; the bytes are split evenly (the first (payload + pad) % n stripes
+  one byte longer). A zero-byte message is one empty stripe. (16 KiB, not more: at scale 100 a
+  host's window is 46 KB and an activation 336 KB, and stripes must stay near a window for K
+  to matter; with a 64 KiB minimum K=8 sent 5 stripes, bench/bench_connections.py.)
+- Sending never blocks the caller: `send()` enqueues; the channel's sender thread (connection
+  0's writer) takes one message at a time, in order, hands stripes 1..n-1 to the writer threads
+  of their connections and writes stripe 0 itself, so a message's stripes go out in parallel,
+  and the next message starts only when every stripe of this one is in the kernel. `gate`
+  (optional): `with gate(wire_bytes):` is held around writing all stripes of a message
+  (wire_bytes = its frame headers + payload + pad), so a WAN-slot arbiter can hold a message
+  until its slot and learns when the last byte went to the kernel. `on_sent` gets one
+  SendRecord per message (first stripe write start, last stripe's sendall returned).
+- Receiving: one reader thread per connection reads frames; stripes are reassembled per
+  (kind, iteration, mb) in any order, from any connection: the message buffer is allocated
+  once, at its first stripe, each stripe's part overlapping [0, payload) is read straight into
+  it and padding is read into a scratch buffer and dropped. The message is complete when all
+  its stripes are in; `recv()` waits for it with a deadline. Every header is validated before
+  anything is allocated (FrameError); an error on any connection (reset, EOF inside a frame,
+  a bad header) makes recv() raise ConnectionError naming the peer and the connection at once.
+  A connection i that ends cleanly between frames ends only its own reader, unless a message
+  still lacks its stripe i (an error, as above); once all K have ended, recv() reports the
+  peer closed.
+- Framing, per stripe: fixed header, then the stripe's bytes. Header (network order): magic
+  'TBT2', kind, dtype code, ndim, reserved, iteration (u32), micro-batch (u32), message payload
+  bytes (u64), message pad bytes (u64), shape (4 x u64), stripe offset (u64), stripe length
+  (u64), stripe index (u16), stripe count (u16). Padding (zeros) makes a message as large as the
+  target model's activation (profile mode), so the WAN sees the right number of bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Sequence
 
 import torch
 
@@ -38,18 +62,24 @@ KIND_ACT = 1    # forward activation, stage s -> s+1
 KIND_GRAD = 2   # gradient of that activation, stage s+1 -> s
 KIND_NAMES = {KIND_ACT: "F", KIND_GRAD: "B"}
 
-MAGIC = b"TBT1"
+MAGIC = b"TBT2"
 MAX_DIMS = 4
-HEADER = struct.Struct("!4sBBBBIIQQ" + "Q" * MAX_DIMS)
+HEADER = struct.Struct("!4sBBBBIIQQ" + "Q" * MAX_DIMS + "QQHH")
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]
 _DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 _PAD_CHUNK_BYTES = 1 << 20
 _ZEROS = bytes(_PAD_CHUNK_BYTES)
+MIN_STRIPE_BYTES = 16 * 1024   # a stripe carries at least this much (module docstring)
+MAX_CONNECTIONS = 64           # K per channel
+MAX_PAYLOAD_BYTES = 1 << 34    # a header claiming a larger tensor is refused (16 GiB)
+LISTEN_BACKLOG = 64
+
+Gate = Callable[[int], ContextManager[None]]
 
 
 @dataclass(frozen=True, slots=True)
 class SendRecord:
-    """What the sender thread did with one message (times on time.time_ns())."""
+    """What the sender did with one message (times on time.time_ns())."""
 
     kind: int
     iteration: int
@@ -57,8 +87,9 @@ class SendRecord:
     payload_bytes: int
     pad_bytes: int
     t_enqueue_ns: int
-    t_start_ns: int
-    t_end_ns: int          # sendall returned: the kernel took the last byte
+    t_start_ns: int        # the first stripe's write began
+    t_end_ns: int          # the last stripe's sendall returned: the kernel took the last byte
+    stripes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +97,9 @@ class Received:
     tensor: torch.Tensor
     payload_bytes: int
     pad_bytes: int
-    t_first_ns: int        # header arrived
-    t_last_ns: int         # last byte arrived
+    t_first_ns: int        # the first stripe's header arrived
+    t_last_ns: int         # the last byte of the last stripe arrived
+    stripes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +110,47 @@ class _Outgoing:
     tensor: torch.Tensor
     pad_bytes: int
     t_enqueue_ns: int
+
+
+@dataclass(slots=True)
+class _StripeJob:
+    header: bytes
+    data: memoryview       # the whole message's payload bytes
+    offset: int            # in the virtual range [0, payload + pad)
+    length: int
+    done: threading.Event = field(default_factory=threading.Event)
+    t_start_ns: int = 0
+    t_end_ns: int = 0
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Assembly:
+    """A message whose stripes are still arriving."""
+
+    code: int
+    ndim: int
+    shape: tuple[int, ...]
+    payload: int
+    pad: int
+    count: int
+    body: bytearray
+    t_first_ns: int
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (offset, len)
+    done: int = 0          # stripes fully read
+
+
+def stripe_plan(total_bytes: int, connections: int) -> list[tuple[int, int]]:
+    """(offset, length) of each stripe of a message of total_bytes (payload + pad) over
+    `connections` connections: the rule of the module docstring."""
+    n = min(connections, max(1, total_bytes // MIN_STRIPE_BYTES))
+    base, extra = divmod(total_bytes, n)
+    out, offset = [], 0
+    for i in range(n):
+        length = base + (1 if i < extra else 0)
+        out.append((offset, length))
+        offset += length
+    return out
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -92,19 +165,22 @@ def _recv_exact(sock: socket.socket, buf: memoryview) -> bool:
         if n == 0:
             if got == 0:
                 return False
-            raise ConnectionError(f"peer closed mid-message ({got}/{len(buf)} bytes)")
+            raise ConnectionError(f"peer closed mid-frame ({got}/{len(buf)} bytes)")
         got += n
     return True
 
 
 class FrameError(ValueError):
-    """A received frame header that this side cannot decode."""
+    """A received frame header that this side cannot decode or accept."""
 
 
 def _check_header(magic: bytes, kind: int, code: int, ndim: int, iteration: int, mb: int,
-                  payload: int, shape: list[int]) -> None:
+                  payload: int, pad: int, shape: list[int], offset: int, length: int,
+                  index: int, count: int, connections: int) -> None:
+    """Everything one header can be checked for on its own (before anything is allocated)."""
     what = (f"header kind={kind} dtype={code} ndim={ndim} iteration={iteration} mb={mb} "
-            f"payload={payload} shape={shape}")
+            f"payload={payload} pad={pad} shape={shape} stripe {index}/{count} "
+            f"offset={offset} length={length}")
     if magic != MAGIC:
         raise FrameError(f"bad frame magic {magic!r} ({what})")
     if kind not in KIND_NAMES:
@@ -118,28 +194,57 @@ def _check_header(magic: bytes, kind: int, code: int, ndim: int, iteration: int,
         numel *= n
     if numel * _DTYPES[code].itemsize != payload:
         raise FrameError(f"payload does not match shape and dtype ({what})")
+    if payload > MAX_PAYLOAD_BYTES:
+        raise FrameError(f"payload over {MAX_PAYLOAD_BYTES} bytes ({what})")
+    if not 1 <= count <= connections:
+        raise FrameError(f"stripe count {count} outside 1..{connections} (this channel has "
+                         f"{connections} connections; {what})")
+    if index >= count:
+        raise FrameError(f"stripe index {index} not below the count {count} ({what})")
+    if offset + length > payload + pad:
+        raise FrameError(f"stripe ends at {offset + length}, beyond the message's "
+                         f"{payload + pad} bytes ({what})")
 
 
 class Channel:
-    """A bidirectional tensor link to one peer. Thread-safe send/recv; close() when done."""
+    """A bidirectional tensor link to one peer over K connected sockets (connection i = socks[i]).
+    Thread-safe send/recv; close() when done."""
 
-    def __init__(self, sock: socket.socket, peer: str,
-                 on_sent: Callable[[SendRecord], None] | None = None) -> None:
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
+    def __init__(self, socks: socket.socket | Sequence[socket.socket], peer: str,
+                 on_sent: Callable[[SendRecord], None] | None = None,
+                 gate: Gate | None = None) -> None:
+        self.socks = [socks] if isinstance(socks, socket.socket) else list(socks)
+        if not 1 <= len(self.socks) <= MAX_CONNECTIONS:
+            raise ValueError(f"{len(self.socks)} connections (1..{MAX_CONNECTIONS})")
+        for sock in self.socks:
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = self.socks[0]       # connection 0 (what callers of one connection used)
+        self.connections = len(self.socks)
         self.peer = peer
         self._on_sent = on_sent
+        self._gate = gate
         self._outq: queue.Queue[_Outgoing | None] = queue.Queue()
         self._slots: dict[tuple[int, int, int], Received] = {}
+        self._partial: dict[tuple[int, int, int], _Assembly] = {}
         self._cond = threading.Condition()
         self._rx_error: BaseException | None = None
-        self._rx_closed = False
+        self._rx_open = self.connections    # readers still running
         self._tx_error: BaseException | None = None
-        self._sender = threading.Thread(target=self._send_loop, name=f"tx-{peer}", daemon=True)
-        self._receiver = threading.Thread(target=self._recv_loop, name=f"rx-{peer}", daemon=True)
-        self._sender.start()
-        self._receiver.start()
+        self._closed = False
+        k = self.connections
+        self._stripe_qs: list[queue.Queue[_StripeJob | None]] = [queue.Queue() for _ in range(k)]
+        self._sender = threading.Thread(target=self._send_loop, name=f"tx-{peer}-0", daemon=True)
+        self._writers = [threading.Thread(target=self._write_loop, args=(i,),
+                                          name=f"tx-{peer}-{i}", daemon=True)
+                         for i in range(1, k)]
+        self._readers = [threading.Thread(target=self._recv_loop, args=(i,),
+                                          name=f"rx-{peer}-{i}", daemon=True) for i in range(k)]
+        for t in (self._sender, *self._writers, *self._readers):
+            t.start()
+
+    def _conn(self, i: int) -> str:
+        return f"connection {i} of {self.connections} to {self.peer}"
 
     # -- sending --------------------------------------------------------------------------
     def send(self, kind: int, iteration: int, microbatch: int, tensor: torch.Tensor,
@@ -147,7 +252,8 @@ class Channel:
         """Queue a tensor; returns at once. The message is padded with zeros to pad_to_bytes
         when that is larger than the tensor."""
         if self._tx_error is not None:
-            raise ConnectionError(f"sending to {self.peer} failed earlier") from self._tx_error
+            raise ConnectionError(f"sending to {self.peer} failed earlier: "
+                                  f"{self._tx_error}") from self._tx_error
         if tensor.dim() > MAX_DIMS:
             raise ValueError(f"tensor of {tensor.dim()} dims (max {MAX_DIMS})")
         if tensor.dtype not in _DTYPE_CODE:
@@ -157,34 +263,76 @@ class Channel:
                                  max(0, pad_to_bytes - payload), time.time_ns()))
 
     def _send_loop(self) -> None:
-        while True:
-            msg = self._outq.get()
-            try:
-                if msg is None:
-                    return
-                if self._tx_error is None:
-                    self._write(msg)
-            except OSError as exc:
-                self._tx_error = exc
-            finally:
-                self._outq.task_done()
+        try:
+            while True:
+                msg = self._outq.get()
+                try:
+                    if msg is None:
+                        return
+                    if self._tx_error is None:
+                        self._send_message(msg)
+                except Exception as exc:  # noqa: BLE001 - a socket or gate failure ends sending
+                    self._tx_error = exc
+                finally:
+                    self._outq.task_done()
+        finally:
+            for q in self._stripe_qs[1:]:
+                q.put(None)
 
-    def _write(self, msg: _Outgoing) -> None:
+    def _send_message(self, msg: _Outgoing) -> None:
         data = _tensor_bytes(msg.tensor)
-        shape = list(msg.tensor.shape) + [0] * (MAX_DIMS - msg.tensor.dim())
-        header = HEADER.pack(MAGIC, msg.kind, _DTYPE_CODE[msg.tensor.dtype], msg.tensor.dim(), 0,
-                             msg.iteration, msg.microbatch, len(data), msg.pad_bytes, *shape)
-        t_start = time.time_ns()
-        self.sock.sendall(header)
-        self.sock.sendall(data)
-        left = msg.pad_bytes
-        while left > 0:
-            n = min(left, _PAD_CHUNK_BYTES)
-            self.sock.sendall(memoryview(_ZEROS)[:n])
-            left -= n
+        payload = len(data)
+        tensor = msg.tensor
+        shape = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
+        plan = stripe_plan(payload + msg.pad_bytes, self.connections)
+        jobs = [_StripeJob(HEADER.pack(MAGIC, msg.kind, _DTYPE_CODE[tensor.dtype], tensor.dim(),
+                                       0, msg.iteration, msg.microbatch, payload, msg.pad_bytes,
+                                       *shape, offset, length, i, len(plan)),
+                           data, offset, length) for i, (offset, length) in enumerate(plan)]
+        wire_bytes = len(jobs) * HEADER.size + payload + msg.pad_bytes
+        with (self._gate(wire_bytes) if self._gate is not None else contextlib.nullcontext()):
+            for i, job in enumerate(jobs[1:], start=1):
+                self._stripe_qs[i].put(job)
+            self._write_job(0, jobs[0])
+            for job in jobs:
+                job.done.wait()
+            failed = [(i, j.error) for i, j in enumerate(jobs) if j.error is not None]
+            if failed:
+                i, err = failed[0]
+                raise ConnectionError(f"{self._conn(i)}: {err}") from err
         if self._on_sent is not None:
-            self._on_sent(SendRecord(msg.kind, msg.iteration, msg.microbatch, len(data),
-                                     msg.pad_bytes, msg.t_enqueue_ns, t_start, time.time_ns()))
+            self._on_sent(SendRecord(msg.kind, msg.iteration, msg.microbatch, payload,
+                                     msg.pad_bytes, msg.t_enqueue_ns,
+                                     min(j.t_start_ns for j in jobs),
+                                     max(j.t_end_ns for j in jobs), len(jobs)))
+
+    def _write_loop(self, i: int) -> None:
+        while True:
+            job = self._stripe_qs[i].get()
+            if job is None:
+                return
+            self._write_job(i, job)
+
+    def _write_job(self, i: int, job: _StripeJob) -> None:
+        """Write one stripe frame on connection i; never raises (the error goes in the job)."""
+        sock = self.socks[i]
+        try:
+            job.t_start_ns = time.time_ns()
+            sock.sendall(job.header)
+            end = job.offset + job.length
+            payload = len(job.data)
+            if job.offset < payload:
+                sock.sendall(job.data[job.offset:min(end, payload)])
+            left = end - max(job.offset, payload)
+            while left > 0:
+                n = min(left, _PAD_CHUNK_BYTES)
+                sock.sendall(memoryview(_ZEROS)[:n])
+                left -= n
+            job.t_end_ns = time.time_ns()
+        except BaseException as exc:  # noqa: BLE001 - reported by the sender thread
+            job.error = exc
+        finally:
+            job.done.set()
 
     # -- receiving ------------------------------------------------------------------------
     def recv(self, kind: int, iteration: int, microbatch: int, timeout_s: float) -> Received:
@@ -196,7 +344,7 @@ class Channel:
                 if self._rx_error is not None:
                     raise ConnectionError(f"receiving from {self.peer} failed: "
                                           f"{self._rx_error}") from self._rx_error
-                if self._rx_closed:
+                if self._rx_open == 0:
                     raise ConnectionError(f"{self.peer} closed before sending "
                                           f"{KIND_NAMES.get(kind, kind)}{microbatch} of "
                                           f"iteration {iteration}")
@@ -207,67 +355,147 @@ class Channel:
                 self._cond.wait(left)
             return self._slots.pop(key)
 
-    def _recv_loop(self) -> None:
+    def _recv_loop(self, i: int) -> None:
+        sock = self.socks[i]
         hbuf = bytearray(HEADER.size)
         scratch = bytearray(_PAD_CHUNK_BYTES)
         try:
             while True:
-                if not _recv_exact(self.sock, memoryview(hbuf)):
+                if not _recv_exact(sock, memoryview(hbuf)):
                     break
                 t_first = time.time_ns()
-                (magic, kind, code, ndim, _, iteration, mb, payload, pad,
-                 *shape) = HEADER.unpack(hbuf)
-                _check_header(magic, kind, code, ndim, iteration, mb, payload, shape)
-                body = bytearray(payload)
-                if payload and not _recv_exact(self.sock, memoryview(body)):
-                    raise ConnectionError(f"{self.peer} closed mid-message")
-                left = pad
+                (magic, kind, code, ndim, _, iteration, mb, payload, pad, *rest) = \
+                    HEADER.unpack(hbuf)
+                shape, (offset, length, index, count) = rest[:MAX_DIMS], rest[MAX_DIMS:]
+                _check_header(magic, kind, code, ndim, iteration, mb, payload, pad, shape,
+                              offset, length, index, count, self.connections)
+                key = (kind, iteration, mb)
+                asm = self._claim_stripe(key, code, ndim, tuple(shape[:ndim]), payload, pad,
+                                         offset, length, index, count, t_first)
+                end = offset + length
+                if offset < payload:   # the part in [0, payload): straight into the message
+                    body = memoryview(asm.body)[offset:min(end, payload)]
+                    if not _recv_exact(sock, body):
+                        raise ConnectionError("peer closed mid-stripe")
+                left = end - max(offset, payload)   # the padding: read and dropped
                 while left > 0:
-                    n = self.sock.recv_into(scratch, min(left, len(scratch)))
+                    n = sock.recv_into(scratch, min(left, len(scratch)))
                     if n == 0:
-                        raise ConnectionError(f"{self.peer} closed mid-padding")
+                        raise ConnectionError("peer closed mid-padding")
                     left -= n
-                dtype = _DTYPES[code]
-                if payload:
-                    tensor = torch.frombuffer(body, dtype=torch.uint8).view(dtype)
-                else:
-                    tensor = torch.empty(0, dtype=dtype)
-                tensor = tensor.reshape(shape[:ndim])
-                with self._cond:
-                    self._slots[(kind, iteration, mb)] = Received(tensor, payload, pad, t_first,
-                                                                  time.time_ns())
-                    self._cond.notify_all()
+                self._stripe_done(key, asm)
         except Exception as exc:  # noqa: BLE001 - any failure must reach recv(), not kill silently
             with self._cond:
-                self._rx_error = exc
+                if self._rx_error is None:
+                    err = ConnectionError if isinstance(exc, OSError) else FrameError
+                    self._rx_error = err(f"{self._conn(i)}: {exc}")
+                    self._rx_error.__cause__ = exc
                 self._cond.notify_all()
         finally:
             with self._cond:
-                self._rx_closed = True
+                self._rx_open -= 1
+                if self._rx_error is None:
+                    # A clean end between frames. Stripe i travels on connection i, so a
+                    # message still missing stripe i, or anything missing once all have
+                    # ended, will never complete.
+                    for key, asm in self._partial.items():
+                        if (i < asm.count and i not in asm.ranges) or self._rx_open == 0:
+                            self._rx_error = ConnectionError(
+                                f"{self._conn(i)}: closed with message {key} incomplete "
+                                f"(stripes {sorted(asm.ranges)} of {asm.count} in)")
+                            break
                 self._cond.notify_all()
+
+    def _claim_stripe(self, key: tuple[int, int, int], code: int, ndim: int,
+                      shape: tuple[int, ...], payload: int, pad: int, offset: int, length: int,
+                      index: int, count: int, t_first: int) -> _Assembly:
+        """Register a stripe with its message (allocating the message's buffer at its first
+        stripe), after checking it against the stripes already seen. Raises FrameError."""
+        with self._cond:
+            asm = self._partial.get(key)
+            if asm is None:
+                if key in self._slots:
+                    raise FrameError(f"stripe {index}/{count} of message {key}, which is "
+                                     f"complete and not yet taken (duplicate)")
+                asm = _Assembly(code, ndim, shape, payload, pad, count, bytearray(payload),
+                                t_first)
+                self._partial[key] = asm
+            else:
+                mine = (code, ndim, shape, payload, pad, count)
+                first = (asm.code, asm.ndim, asm.shape, asm.payload, asm.pad, asm.count)
+                if mine != first:
+                    raise FrameError(f"stripe {index} of message {key} disagrees with its "
+                                     f"first stripe: (dtype, ndim, shape, payload, pad, count) "
+                                     f"{mine} vs {first}")
+                if index in asm.ranges:
+                    raise FrameError(f"duplicate stripe {index}/{count} of message {key}")
+                for o, n in asm.ranges.values():
+                    if offset < o + n and o < offset + length:
+                        raise FrameError(f"stripe {index} [{offset}, {offset + length}) of "
+                                         f"message {key} overlaps [{o}, {o + n})")
+            asm.ranges[index] = (offset, length)
+            if len(asm.ranges) == count:
+                covered = sum(n for _, n in asm.ranges.values())
+                if covered != payload + pad:
+                    raise FrameError(f"the {count} stripes of message {key} cover {covered} "
+                                     f"of its {payload + pad} bytes")
+            return asm
+
+    def _stripe_done(self, key: tuple[int, int, int], asm: _Assembly) -> None:
+        with self._cond:
+            asm.done += 1
+            if asm.done < asm.count:
+                return
+            del self._partial[key]
+            dtype = _DTYPES[asm.code]
+            if asm.payload:
+                tensor = torch.frombuffer(asm.body, dtype=torch.uint8).view(dtype)
+            else:
+                tensor = torch.empty(0, dtype=dtype)
+            self._slots[key] = Received(tensor.reshape(asm.shape), asm.payload, asm.pad,
+                                        asm.t_first_ns, time.time_ns(), asm.count)
+            self._cond.notify_all()
 
     # -- shutdown -------------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:
-        """Drain sends, half-close, wait for the peer's half-close, then close the socket."""
+        """Drain sends, half-close every connection, wait for the peer's half-closes, then close
+        the sockets. A second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout_s
         try:
             self._outq.put(None)
             self._sender.join(timeout_s)
-            try:
-                self.sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-            self._receiver.join(timeout_s)
+            for t in self._writers:
+                t.join(max(0.0, deadline - time.monotonic()))
+            # After a receive error the other readers may wait forever for their peer's data.
+            how = socket.SHUT_RDWR if self._rx_error is not None else socket.SHUT_WR
+            for sock in self.socks:
+                try:
+                    sock.shutdown(how)
+                except OSError:
+                    pass
+            for t in self._readers:
+                t.join(max(0.0, deadline - time.monotonic()))
         finally:
-            self.sock.close()
+            for sock in self.socks:
+                sock.close()
         if self._tx_error is not None:
-            raise ConnectionError(f"sending to {self.peer} failed") from self._tx_error
+            raise ConnectionError(f"sending to {self.peer} failed: "
+                                  f"{self._tx_error}") from self._tx_error
 
 
 # ---------------------------------------------------------------------------------------------
 # connection setup
 
-_HELLO = struct.Struct("!4sH")
+_HELLO = struct.Struct("!4sHHH")   # magic, connection index, connections (K), name length
 HELLO_TIMEOUT_S = 5.0   # a connection must send its hello this soon
+
+
+def _check_connections(k: int) -> None:
+    if not isinstance(k, int) or not 1 <= k <= MAX_CONNECTIONS:
+        raise ValueError(f"connections must be an integer in 1..{MAX_CONNECTIONS}, got {k!r}")
 
 
 class Listener:
@@ -288,66 +516,113 @@ class Listener:
         except OSError as exc:
             self.sock.close()
             raise OSError(f"cannot bind {ip}:{port}: {exc}") from exc
-        self.sock.listen(4)
+        self.sock.listen(LISTEN_BACKLOG)
 
     def accept(self, expect_hello: str, timeout_s: float,
-               on_sent: Callable[[SendRecord], None] | None = None) -> Channel:
-        """Accept the peer whose hello is expect_hello; raise TimeoutError naming it. Any other
-        connection (a wrong or missing hello) is closed and accepting goes on until the
+               on_sent: Callable[[SendRecord], None] | None = None, connections: int = 1,
+               gate: Gate | None = None) -> Channel:
+        """Accept the `connections` connections of the peer whose hello is expect_hello (each
+        with its index, all saying K = connections) and return them as one Channel; raise
+        TimeoutError naming the peer. Any other connection (a wrong or missing hello, another
+        K, an index out of range or seen before) is closed and accepting goes on until the
         deadline."""
+        _check_connections(connections)
         deadline = time.monotonic() + timeout_s
         rejected: list[str] = []
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                why = f"; rejected: {', '.join(rejected[-3:])}" if rejected else ""
-                raise TimeoutError(f"{expect_hello} did not connect to {self.ip}:{self.port} "
-                                   f"within {timeout_s:.0f} s{why}")
-            self.sock.settimeout(left)
-            try:
-                conn, addr = self.sock.accept()
-            except socket.timeout:
-                continue
-            # a real peer sends its hello right after connecting: a silent one is not it
-            conn.settimeout(max(0.1, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
-            try:
-                hello = _read_hello(conn)
-            except (OSError, ValueError) as exc:   # ConnectionError is an OSError
+        got: dict[int, socket.socket] = {}
+        try:
+            while len(got) < connections:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    why = f"; rejected: {', '.join(rejected[-3:])}" if rejected else ""
+                    have = (f" ({len(got)} of its {connections} connections came)"
+                            if got else "")
+                    raise TimeoutError(f"{expect_hello} did not connect to {self.ip}:{self.port} "
+                                       f"within {timeout_s:.0f} s{have}{why}")
+                self.sock.settimeout(left)
+                try:
+                    conn, addr = self.sock.accept()
+                except socket.timeout:
+                    continue
+                # a real peer sends its hello right after connecting: a silent one is not it
+                conn.settimeout(max(0.1, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
+                try:
+                    hello, index, k = _read_hello(conn)
+                except (OSError, ValueError) as exc:   # ConnectionError is an OSError
+                    conn.close()
+                    rejected.append(f"{addr[0]}:{addr[1]} ({exc})")
+                    continue
+                problem = ""
+                if hello != expect_hello:
+                    problem = f"hello {hello!r}"
+                elif k != connections:
+                    problem = f"hello {hello!r} with K={k}, expected K={connections}"
+                elif index >= k:
+                    problem = f"hello {hello!r} with connection index {index}, K={k}"
+                elif index in got:
+                    problem = f"hello {hello!r}: connection index {index} twice"
+                if problem:
+                    conn.close()
+                    rejected.append(f"{addr[0]}:{addr[1]} ({problem})")
+                    continue
+                set_congestion_control(conn, self.congestion_control)
+                got[index] = conn
+        except BaseException:
+            for conn in got.values():
                 conn.close()
-                rejected.append(f"{addr[0]}:{addr[1]} ({exc})")
-                continue
-            if hello != expect_hello:
-                conn.close()
-                rejected.append(f"{addr[0]}:{addr[1]} (hello {hello!r})")
-                continue
-            set_congestion_control(conn, self.congestion_control)
-            return Channel(conn, expect_hello, on_sent)
+            raise
+        return Channel([got[i] for i in range(connections)], expect_hello, on_sent, gate)
 
     def close(self) -> None:
         self.sock.close()
 
 
-def _read_hello(conn: socket.socket) -> str:
+def _read_hello(conn: socket.socket) -> tuple[str, int, int]:
+    """(name, connection index, K) of a connection's hello frame."""
     head = bytearray(_HELLO.size)
     if not _recv_exact(conn, memoryview(head)):
         raise ConnectionError("closed before hello")
-    magic, n = _HELLO.unpack(head)
+    magic, index, k, n = _HELLO.unpack(head)
     if magic != MAGIC:
         raise ConnectionError(f"bad hello magic {magic!r}")
     body = bytearray(n)
     if n and not _recv_exact(conn, memoryview(body)):
         raise ConnectionError("closed inside hello")
-    return body.decode()    # UnicodeDecodeError is a ValueError
+    return body.decode(), index, k    # UnicodeDecodeError is a ValueError
+
+
+def hello_frame(hello: str, index: int = 0, connections: int = 1) -> bytes:
+    """The hello a connecting side sends on connection `index` of `connections`."""
+    data = hello.encode()
+    return _HELLO.pack(MAGIC, index, connections, len(data)) + data
 
 
 def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
             bind_ip: str | None = None, retry_s: float = 0.05,
             on_sent: Callable[[SendRecord], None] | None = None,
-            congestion_control: str | None = None) -> Channel:
-    """Connect to a Listener at ip:port, retrying refused/unreachable attempts until timeout_s
-    (the peer may not have started yet); send hello (this side's name). congestion_control is
-    set on the socket before it connects."""
+            congestion_control: str | None = None, connections: int = 1,
+            gate: Gate | None = None) -> Channel:
+    """Open `connections` connections to a Listener at ip:port, each retrying refused or
+    unreachable attempts until timeout_s (the peer may not have started yet), and send on each
+    its hello (this side's name, its index, K). congestion_control is set on every socket before
+    it connects and again after."""
+    _check_connections(connections)
     deadline = time.monotonic() + timeout_s
+    socks: list[socket.socket] = []
+    try:
+        for index in range(connections):
+            socks.append(_connect_one(ip, port, hello_frame(hello, index, connections), peer,
+                                      timeout_s, deadline, bind_ip, retry_s, congestion_control))
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return Channel(socks, peer, on_sent, gate)
+
+
+def _connect_one(ip: str, port: int, hello: bytes, peer: str, timeout_s: float,
+                 deadline: float, bind_ip: str | None, retry_s: float,
+                 congestion_control: str | None) -> socket.socket:
     last: OSError | None = None
     while time.monotonic() < deadline:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -363,9 +638,8 @@ def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
             sock.connect((ip, port))
             # again once connected: a route's congctl replaces the socket's choice at connect
             set_congestion_control(sock, congestion_control)
-            data = hello.encode()
-            sock.sendall(_HELLO.pack(MAGIC, len(data)) + data)
-            return Channel(sock, peer, on_sent)
+            sock.sendall(hello)
+            return sock
         except OSError as exc:   # refused, unreachable, timed out: the peer is not up yet
             sock.close()
             last = exc

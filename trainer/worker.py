@@ -86,11 +86,13 @@ class StageWorker:
                 self.next = connect(nxt.ip, nxt.port, hello=self.spec.name, peer=nxt.name,
                                     timeout_s=self.spec.connect_timeout_s, bind_ip=self.spec.ip,
                                     on_sent=self._on_sent,
-                                    congestion_control=self.spec.congestion_control)
+                                    congestion_control=self.spec.congestion_control,
+                                    connections=self.spec.connections_next)
             if listener is not None:
                 assert self.spec.prev is not None
                 self.prev = listener.accept(self.spec.prev.name, self.spec.connect_timeout_s,
-                                            on_sent=self._on_sent)
+                                            on_sent=self._on_sent,
+                                            connections=self.spec.connections_prev)
             if self.dp:
                 init_stage_group(self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
                                  self.spec.replica, self.cfg.replicas,
@@ -117,10 +119,11 @@ class StageWorker:
         finally:
             for ch in (self.next, self.prev):
                 if ch is not None:
-                    try:
-                        ch.sock.close()
-                    except OSError:
-                        pass
+                    for sock in ch.socks:
+                        try:
+                            sock.close()
+                        except OSError:
+                            pass
             if listener is not None:
                 listener.close()
             if dist.is_initialized():
