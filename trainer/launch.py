@@ -82,14 +82,17 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                  base_port: int = 29500, connect_timeout_s: float = 60.0,
                  recv_timeout_s: float = 120.0, time_scale: float = 1.0,
                  congestion_control: str | None = None,
-                 connections: Callable[[str, str], int] | None = None) -> list[WorkerSpec]:
+                 connections: Callable[[str, str], int] | None = None,
+                 gate: Callable[[str, str, int], dict | None] | None = None) -> list[WorkerSpec]:
     """One spec per worker, in stage-major order. Ports: stage s>0 replica r listens on
     base_port + s*D + r; stage s's gloo store is on base_port + P*D + s (at replica 0's IP).
     scale divides every padded byte count (the emulated WAN is scaled down by the same factor);
     time_scale multiplies every profile hold (the emulated world runs that many times slower).
     congestion_control: TCP_CONGESTION of the stage-to-stage sockets (None: host default).
     connections(src_dc, dst_dc): K, the TCP connections a stage-to-stage channel from a host in
-    src_dc to one in dst_dc stripes its messages over (None: 1 everywhere)."""
+    src_dc to one in dst_dc stripes its messages over (None: 1 everywhere).
+    gate(src_dc, dst_dc, replica): the WAN arbiter a worker asks before each message it sends
+    from src_dc to dst_dc ({"ip", "port", "link", "pipeline"}, testbed.temporal), or None."""
     if scale <= 0 or time_scale <= 0:
         raise ValueError(f"scale and time_scale must be > 0, got {scale}, {time_scale}")
 
@@ -113,16 +116,19 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
             name = worker_name(s, r, h.name)
             prev = nxt = None
             k_prev = k_next = 1
+            gate_prev = gate_next = None
             if s > 0:
                 ph = place[s - 1][r]
                 prev = Peer(name=worker_name(s - 1, r, ph.name), host=ph.name, ip=ph.ip,
                             port=base_port + s * D + r)
                 k_prev = k_of(ph, h)
+                gate_prev = gate(h.dc, ph.dc, r) if gate is not None else None
             if s < P - 1:
                 nh = place[s + 1][r]
                 nxt = Peer(name=worker_name(s + 1, r, nh.name), host=nh.name, ip=nh.ip,
                            port=base_port + (s + 1) * D + r)
                 k_next = k_of(h, nh)
+                gate_next = gate(h.dc, nh.dc, r) if gate is not None else None
             hold_f = hold_b = 0.0
             pad = ar_pad = 0
             if costs is not None and block is not None:
@@ -140,7 +146,7 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 loss_path=str(run_dir / "loss" / f"{tag}.jsonl"),
                 connect_timeout_s=connect_timeout_s, recv_timeout_s=recv_timeout_s,
                 congestion_control=congestion_control, connections_next=k_next,
-                connections_prev=k_prev))
+                connections_prev=k_prev, gate_next=gate_next, gate_prev=gate_prev))
     return specs
 
 
@@ -170,14 +176,16 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
            connect_timeout_s: float = 60.0,
            progress: Callable[[str], None] | None = None, time_scale: float = 1.0,
            congestion_control: str | None = None,
-           connections: Callable[[str, str], int] | None = None) -> TrainRun:
+           connections: Callable[[str, str], int] | None = None,
+           gate: Callable[[str, str, int], dict | None] | None = None) -> TrainRun:
     """Run training to the end; raise TestbedError (with the failing worker's log tail) if any
     worker fails or the run passes timeout_s. hosts are in topology order; scale divides padded
     message sizes; connections(src_dc, dst_dc) is K per stage-to-stage channel (plan_workers)."""
     run_dir = Path(run_dir)
     specs = plan_workers(cfg, hosts, run_dir, scale, base_port, connect_timeout_s,
                          recv_timeout_s=max(30.0, timeout_s), time_scale=time_scale,
-                         congestion_control=congestion_control, connections=connections)
+                         congestion_control=congestion_control, connections=connections,
+                         gate=gate)
     plan_path = run_dir / "trainer_plan.json"
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = {"config": cfg.to_dict(), "scale": scale, "time_scale": time_scale,
@@ -189,7 +197,8 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                          "hold_backward_ms": s.hold_backward_ms, "pad_bytes": s.pad_bytes,
                          "allreduce_pad_bytes": s.allreduce_pad_bytes,
                          "connections_next": s.connections_next,
-                         "connections_prev": s.connections_prev} for s in specs],
+                         "connections_prev": s.connections_prev,
+                         "gate_next": s.gate_next, "gate_prev": s.gate_prev} for s in specs],
             "predicted": predicted_timeline(cfg, specs)}
     plan_path.write_text(json.dumps(plan, indent=1))
     env = worker_env(env)

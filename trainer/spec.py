@@ -50,6 +50,10 @@ class WorkerSpec:
     congestion_control: str | None = None   # TCP_CONGESTION of the stage-to-stage sockets
     connections_next: int = 1        # K: TCP connections of the channel to `next`
     connections_prev: int = 1        # K: TCP connections of the channel from `prev`
+    # Temporal WAN sharing: the arbiter to ask before each message to next / prev, or None.
+    # {"ip": arbiter address, "port": int, "link": "a->b", "pipeline": replica index}
+    gate_next: dict | None = None
+    gate_prev: dict | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

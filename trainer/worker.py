@@ -33,6 +33,7 @@ from trainer.pipeline import plan_stages
 from trainer.schedule import parse_action, schedule_table
 from trainer.spec import WorkerSpec
 from trainer.stage import StageModule, build_stage
+from trainer.slotclient import SlotClient
 from trainer.transport import KIND_ACT, KIND_GRAD, Channel, Listener, SendRecord, connect
 from traffic.tcpcc import congestion_control_of
 
@@ -72,6 +73,7 @@ class StageWorker:
         self.prev: Channel | None = None
         self.next: Channel | None = None
         self.dp = self.cfg.replicas > 1
+        self._slot_clients: list[SlotClient] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     def run(self) -> None:
@@ -87,12 +89,14 @@ class StageWorker:
                                     timeout_s=self.spec.connect_timeout_s, bind_ip=self.spec.ip,
                                     on_sent=self._on_sent,
                                     congestion_control=self.spec.congestion_control,
-                                    connections=self.spec.connections_next)
+                                    connections=self.spec.connections_next,
+                                    gate=self._gate(self.spec.gate_next))
             if listener is not None:
                 assert self.spec.prev is not None
                 self.prev = listener.accept(self.spec.prev.name, self.spec.connect_timeout_s,
                                             on_sent=self._on_sent,
-                                            connections=self.spec.connections_prev)
+                                            connections=self.spec.connections_prev,
+                                            gate=self._gate(self.spec.gate_prev))
             if self.dp:
                 init_stage_group(self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
                                  self.spec.replica, self.cfg.replicas,
@@ -126,9 +130,20 @@ class StageWorker:
                             pass
             if listener is not None:
                 listener.close()
+            for client in self._slot_clients:
+                client.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
             self.log.close()
+
+    def _gate(self, where: dict | None):
+        """The WAN arbiter's gate for messages in one direction (temporal sharing), or None."""
+        if where is None:
+            return None
+        client = SlotClient(where["ip"], where["port"], link=where["link"],
+                            pipeline=where["pipeline"], timeout_s=self.spec.recv_timeout_s)
+        self._slot_clients.append(client)
+        return client.gate
 
     def _on_sent(self, rec: SendRecord) -> None:  # called from a sender thread
         self.log.span("SEND_F" if rec.kind == KIND_ACT else "SEND_B", rec.t_start_ns,

@@ -1,0 +1,126 @@
+"""Train one system (testbed.systems) on a fresh emulated network and return its metrics block.
+
+One job: put a system's choices into effect for one run. Placement (testbed.placement) decides
+which host runs every stage replica; K (testbed.systems.connections_for) how many TCP
+connections each stage-to-stage channel stripes over; for temporal sharing, testbed.temporal
+starts the per-link arbiters and captures from the slot plan (testbed.slotplan) and the workers
+ask them for every cross-DC message. The training itself is trainer.launch's; the figures are
+trainer.metrics', with the WAN's (delay-line counters, link utilization, slot adherence) added.
+
+Run folder: <run>/<system>/ holds the network's logs, the trainer's records (trainer/launch.py),
+placement.json, slot_plan.json and, for temporal systems, the arbiters' slot logs and captures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from testbed import linkuse, report, wanstats
+from testbed.machine import CpuTimes
+from testbed.network import Network
+from testbed.placement import place_for_system
+from testbed.results import write_json
+from testbed.slotplan import plan_slots
+from testbed.systems import System, connections_for
+
+if TYPE_CHECKING:
+    from testbed.scenario import Scenario
+    from trainer.config import TrainConfig
+
+
+def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir: Path, *,
+               backend: str | None, progress: Callable[[str], None]) -> dict:
+    from testbed import temporal
+    from trainer.launch import HostInfo, launch
+    from trainer.metrics import compute_metrics, congestion_control_in_use, in_real_time
+    from trainer.timeline_plot import plot_timeline
+
+    placement = place_for_system(scenario, cfg, system)
+    placed = replace(cfg, placement=placement.hosts, placement_dcs=None)
+    slots = plan_slots(scenario, placed, placement, system)
+    sys_dir = run_dir / system.name
+    sys_dir.mkdir(parents=True)
+    write_json(sys_dir / "placement.json", placement.to_dict())
+    write_json(sys_dir / "slot_plan.json", slots.to_dict())
+    T = scenario.time_scale
+    with Network(scenario, sys_dir, backend=backend,
+                 run_id=f"{run_dir.name}-{system.name}") as net:
+        record = report.announce(net, sys_dir, indent="  ")
+        hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts]
+        net.wan_stats()  # start this system's interval of WAN packet counts
+        cpu_before = CpuTimes.now()
+        sharing = temporal.start(net, slots, placement, sys_dir) if system.temporal else None
+        try:
+            run = launch(placed, hosts, sys_dir, net, scale=scenario.scale,
+                         progress=progress, time_scale=T, timeout_s=600.0 * T,
+                         connect_timeout_s=60.0 * T,  # also gloo's timeout
+                         congestion_control=scenario.congestion_control,
+                         connections=lambda a, b: connections_for(scenario, system, a, b),
+                         gate=None if sharing is None else sharing.gate_for)
+        finally:
+            shared = sharing.finish() if sharing is not None else {}
+        net.check()
+        wan_links = net.wan_stats()
+    metrics = compute_metrics(sys_dir)
+    spans = _read_spans(run.spans_path)
+    window_s = _window_s(spans, metrics["iterations_averaged"])
+    use = linkuse.utilization(spans, placement, scenario, metrics["iterations_averaged"],
+                              window_s)
+    for key, counts in wan_links.items():
+        counts.update(use.get(key, {}))
+        counts.update(shared.get(key, {}))
+    metrics = in_real_time(metrics, T)
+    metrics.update(
+        system=system.name,
+        choices={"placement": placement.policy, "placement_source": placement.source,
+                 "connections": system.connections, "wan_sharing": system.wan_sharing},
+        placement=placement.to_dict(),
+        connections={f"{a}->{b}": connections_for(scenario, system, a, b)
+                     for a, b in sorted({p for row in placement.boundaries() for p in row})
+                     if a != b},
+        slot_plan=[lp.to_dict() for lp in slots.used_links()] if system.temporal else [],
+        wan_links=wan_links, network=record,
+        cpu=cpu_before.usage(CpuTimes.now()),
+        congestion_control=dict(net.congestion_control,
+                                in_use=congestion_control_in_use(run.spans_path)),
+        wall_s=round(run.wall_s, 3),
+        timings_s={k: round(v, 3) for k, v in net.timings_s.items()})
+    metrics["wan_warnings"] = wanstats.warnings(wan_links, scenario.wan)
+    metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
+                                                title=f"{scenario.name} {system.name}"))
+    return metrics
+
+
+def _read_spans(path: Path) -> list[dict]:
+    from trainer.events import read_jsonl
+    return list(read_jsonl(path))
+
+
+def _window_s(spans: list[dict], iterations: list[int]) -> float:
+    """The measured iterations' summed walls, in emulated seconds (trainer.metrics' rule)."""
+    from trainer.events import COMPUTE_SPANS
+    from trainer.metrics import iteration_walls, iteration_windows
+    walls = iteration_walls(iteration_windows(spans, COMPUTE_SPANS))
+    return sum(walls[it] for it in iterations) / 1e9
+
+
+def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
+    """What a person reads after each system: iteration time, utilizations, WAN."""
+    whose = "target model" if cfg.compute == "profile" else "model"
+    lines = [f"iteration {metrics['iteration_time_s']:.3f} s, "
+             f"{metrics['tokens_per_s']:.0f} tokens/s ({whose}), "
+             f"bubble {metrics['bubble_fraction']:.2f}, "
+             f"GPU utilization {metrics['gpu_utilization']:.2f}, "
+             f"loss {metrics['loss'][0]:.3f} -> {metrics['loss'][-1]:.3f}"]
+    used = [(k, v) for k, v in metrics["wan_links"].items() if v.get("bytes")]
+    if used:
+        lines.append("WAN utilization (training): " + ", ".join(
+            f"{k} {v['utilization']:.0%}" + (f" (slot adherence {v['slot_adherence']:.1%}, "
+                                               f"switch error median {v['switch_error_ms']['median_ms'] or 0:.2f} ms)"
+                                               if v.get("slot_adherence") is not None else "")
+            for k, v in used))
+    lines.append(report.wan_summary(metrics["wan_links"], metrics["cpu"]))
+    lines += metrics["wan_warnings"]
+    return lines

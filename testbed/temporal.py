@@ -1,0 +1,139 @@
+"""Atlas's temporal WAN sharing put into effect on a running network, and checked on the wire.
+
+One job: from a system's slot plan (testbed.slotplan) start one arbiter per gateway whose WAN
+egress carries stage-to-stage transfers (testbed.arbiter: it builds the per-pipeline HTB classes
+of testbed.wanshare and grants one transfer at a time per link direction, in the planned
+order), a headers-only capture on each of those egress interfaces (traffic.capture), and tell
+the launcher where each worker asks (`gate_for`). `finish()` stops them and judges the slots
+against the capture: per link direction the share of each pipeline's bytes that left inside its
+own slots (`slot_adherence`, the lowest pipeline's) and how far the first byte of each slot
+landed from its grant (`switch_error_ms`).
+
+A transfer between DCs X and Y is granted by the arbiter of the first link of its routed path
+(X's gateway); later links of a multi-hop path carry it without slots (stated in the README).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from testbed.arbiter import DEFAULT_PORT, read_log, specs_for_network, start_arbiters
+from testbed.errors import TestbedError
+from testbed.procs import HostProcess
+from traffic import capture
+
+if TYPE_CHECKING:
+    from testbed.network import Network
+    from testbed.placement import Placement
+    from testbed.slotplan import SlotPlan
+
+READY_TIMEOUT_S = 10.0
+
+
+class TemporalSharing:
+    def __init__(self, net: "Network", plan: "SlotPlan", placement: "Placement",
+                 run_dir: Path) -> None:
+        self.net = net
+        self.run_dir = run_dir
+        self.links = {f"{lp.src_dc}->{lp.dst_dc}": lp for lp in plan.used_links()}
+        pipelines = {d: [row[d] for row in placement.hosts] for d in range(placement.replicas)}
+        order = {link: [s.pipeline for s in lp.order] for link, lp in self.links.items()}
+        specs = specs_for_network(net.plan, pipelines, order, port=DEFAULT_PORT,
+                                  log_dir=run_dir / "slots")
+        for spec in specs.values():   # only the link directions that carry transfers
+            spec.links = [x for x in spec.links if x.link in self.links]
+        self.specs = {gw: s for gw, s in specs.items() if s.links}
+        self.intf = {x.link: x.intf for s in self.specs.values() for x in s.links}
+        self.gateway = {x.link: gw for gw, s in self.specs.items() for x in s.links}
+        self.ip_pipeline = {ip: d for s in self.specs.values() for x in s.links
+                            for d, ips in x.pipelines.items() for ip in ips}
+        self.arbiters: dict[str, HostProcess] = {}
+        self.captures: dict[str, tuple[HostProcess, Path]] = {}
+
+    def start(self) -> "TemporalSharing":
+        (self.run_dir / "slots").mkdir(parents=True, exist_ok=True)
+        self.arbiters = start_arbiters(self.net, self.specs, realtime=self.net.realtime)
+        for link, intf in self.intf.items():
+            out = self.run_dir / "slots" / f"{link.replace('->', '-to-')}.cap"
+            proc = self.net.spawn(self.gateway[link], [sys.executable, "-m", "traffic.capture",
+                                                       "--iface", intf, "--out", str(out)],
+                                  self.run_dir / "logs" / f"{self.gateway[link]}-capture.log")
+            self.captures[link] = (proc, out)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for link, (proc, _) in self.captures.items():
+            while not re.search(r"^ready$", proc.output(), re.MULTILINE):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise TestbedError(f"capture on {self.intf[link]} did not start: "
+                                       f"{proc.output().strip()}")
+                time.sleep(0.02)
+        return self
+
+    def gate_for(self, src_dc: str, dst_dc: str, replica: int) -> dict | None:
+        """Where a worker in src_dc asks before each message to dst_dc (None: same DC)."""
+        if src_dc == dst_dc:
+            return None
+        from testbed.systems import path_between
+        path = path_between(self.net.scenario, src_dc, dst_dc).dcs
+        link = f"{path[0]}->{path[1]}"
+        if link not in self.links:
+            return None
+        spec = self.specs[self.gateway[link]]
+        return {"ip": spec.listen_ip, "port": spec.port, "link": link, "pipeline": replica}
+
+    def finish(self) -> dict[str, dict]:
+        """Stop captures and arbiters; per link direction, the slots against the wire."""
+        for proc, _ in self.captures.values():
+            proc.stop(grace_s=5.0)
+        for proc in self.arbiters.values():
+            proc.stop(grace_s=5.0)
+        out: dict[str, dict] = {}
+        for link, (_, cap_path) in self.captures.items():
+            spec = self.specs[self.gateway[link]]
+            slots = [s for s in read_log(spec.log_path) if s["link"] == link]
+            try:
+                packets = [p for p in capture.load(cap_path) if p.outgoing]
+            except FileNotFoundError:
+                packets = []
+            by_pipe = capture.slot_adherence(packets, slots, self.ip_pipeline)
+            switch = capture.switch_errors_ms(packets, slots, self.ip_pipeline)
+            activate = [s["activate_ms"] for s in slots if s.get("activate_ms") is not None]
+            out[link] = {
+                "slot_adherence": min(by_pipe.values()) if by_pipe else None,
+                "slot_adherence_by_pipeline": {str(d): round(v, 4) for d, v in by_pipe.items()},
+                "switch_error_ms": {k: (round(v, 3) if isinstance(v, float) else v)
+                                    for k, v in switch.items() if k != "errors_ms"},
+                "slots": len(slots),
+                "slot_ends": _count(s.get("reason") for s in slots),
+                "activate_ms_median": round(statistics.median(activate), 3) if activate else None,
+                "captured_packets": len(packets),
+            }
+        return out
+
+
+def _stop_all(sharing: TemporalSharing) -> None:
+    for proc, _ in sharing.captures.values():
+        proc.stop(grace_s=2.0)
+    for proc in sharing.arbiters.values():
+        proc.stop(grace_s=2.0)
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[str(v)] = out.get(str(v), 0) + 1
+    return out
+
+
+def start(net: "Network", plan: "SlotPlan", placement: "Placement",
+          run_dir: Path) -> TemporalSharing:
+    sharing = TemporalSharing(net, plan, placement, run_dir)
+    try:
+        return sharing.start()
+    except BaseException:
+        _stop_all(sharing)
+        raise
