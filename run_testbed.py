@@ -2,7 +2,7 @@
 """Entry point: build the emulated multi-DC testbed for a scenario and run something on it.
 
     sudo python run_testbed.py calibrate topologies/three_dc.yaml [--out results] [--backend B]
-    sudo python run_testbed.py run topologies/two_dc.yaml [--systems baseline] [--iterations N]
+    sudo python run_testbed.py run topologies/atlas_paper.yaml [--systems baseline,atlas] [--iterations N]
     sudo python run_testbed.py topologies/two_dc.yaml          # shorthand for run
     sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
     python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="build the network and train on it (default command)")
     run.add_argument("scenario")
-    run.add_argument("--systems", default=None, help="comma-separated: baseline (default: the scenario's)")
+    run.add_argument("--systems", default=None,
+                     help="comma-separated, each on a fresh network: baseline, multitcp, temporal, "
+                          "atlas, dp-across-dcs (default: the scenario's systems)")
     run.add_argument("--iterations", type=int, default=None, help="override training.iterations")
     _common(run)
     cal = sub.add_parser("calibrate", help="measure every WAN link (ping, iperf3) against its config")
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                  seconds=args.seconds, streams=args.streams)
         else:
             from testbed.jobs import run_job
-            systems = args.systems.split(",") if args.systems else None
+            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
             path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                            systems=systems, iterations=args.iterations)
     except ScenarioError as exc:

@@ -86,6 +86,8 @@ class LinkSpec:
     queue_bytes: int
     pipelines: dict[int, list[str]]    # pipeline -> IPs of its hosts that send out of intf
     order: list[int] = field(default_factory=list)   # planned order of one round
+    peers: dict[int, list[str]] = field(default_factory=dict)  # pipeline -> its IPs beyond the
+    #   link; given: only traffic to them is the pipeline's (testbed.wanshare), else by source
 
     def validate(self) -> None:
         if not self.pipelines:
@@ -116,7 +118,10 @@ class ArbiterSpec:
         links = [LinkSpec(link=str(x["link"]), intf=str(x["intf"]), rate_mbit=float(x["rate_mbit"]),
                           queue_bytes=int(x["queue_bytes"]),
                           pipelines={int(d): [str(ip) for ip in ips] for d, ips in x["pipelines"].items()},
-                          order=[int(d) for d in x.get("order", [])]) for x in raw["links"]]
+                          order=[int(d) for d in x.get("order", [])],
+                          peers={int(d): [str(ip) for ip in ips]
+                                 for d, ips in x.get("peers", {}).items()})
+                 for x in raw["links"]]
         spec = cls(listen_ip=str(raw["listen_ip"]), port=int(raw["port"]), log_path=str(raw["log_path"]),
                    links=links, stall_s=float(raw.get("stall_s", 2.0)),
                    restore_on_exit=bool(raw.get("restore_on_exit", True)))
@@ -150,6 +155,9 @@ def specs_for_network(plan, pipelines: dict[int, Sequence[str]],
             pipes = {int(d): [plan.host(h).ip for h in hosts if dc_of_host[h] == src_dc]
                      for d, hosts in pipelines.items()}
             pipes = {d: ips for d, ips in pipes.items() if ips}
+            # the pipeline's own hosts beyond this link: its transfers go to them
+            peers = {int(d): [plan.host(h).ip for h in hosts if dc_of_host[h] != src_dc]
+                     for d, hosts in pipelines.items() if int(d) in pipes}
             if not pipes:
                 continue
             rnd = order.get(link_id, []) if isinstance(order, dict) else order
@@ -158,7 +166,8 @@ def specs_for_network(plan, pipelines: dict[int, Sequence[str]],
                 log_path=str(Path(log_dir) / f"{src.gateway}-arbiter.jsonl"), links=[]))
             spec.links.append(LinkSpec(link=link_id, intf=src.intf, rate_mbit=w.link.rate_mbit,
                                        queue_bytes=w.link.queue_bytes, pipelines=pipes,
-                                       order=[int(d) for d in rnd if int(d) in pipes]))
+                                       order=[int(d) for d in rnd if int(d) in pipes],
+                                       peers=peers))
     return out
 
 
@@ -305,7 +314,7 @@ class Arbiter:
         for ls in self.spec.links:
             first = ls.order[0] if ls.order else None
             layout = self.wanshare.apply_temporal(self.ipr, ls.intf, ls.rate_mbit, ls.queue_bytes,
-                                                  ls.pipelines, active=first)
+                                                  ls.pipelines, active=first, peers=ls.peers)
             state = LinkState(spec=ls, layout=layout, cursor=PlanCursor(ls.order))
             self.links[ls.link] = state
             self.by_name[ls.link] = state

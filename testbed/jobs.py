@@ -19,7 +19,7 @@ from testbed.network import Network, check_environment
 from testbed.placement import place_for_system
 from testbed.results import new_run_dir, provenance, write_json, write_text
 from testbed.scenario import Scenario, load_scenario
-from testbed.systems import get_system
+from testbed.systems import SYSTEMS, get_system
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -66,7 +66,7 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     return run_dir / "calibration.json"
 
 
-AVAILABLE_SYSTEMS = ("baseline", "multitcp", "temporal", "atlas", "dp-across-dcs")
+AVAILABLE_SYSTEMS = tuple(SYSTEMS)   # testbed.systems: what `run` can train
 
 
 def load_run(scenario_path: str, *, systems: list[str] | None = None,
@@ -109,7 +109,6 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
            "scale": scenario.scale, "time_scale": scenario.time_scale,
            "routing": scenario.routing, "congestion_control": scenario.congestion_control,
            "connections": scenario.connections, "run_dir": str(run_dir), "systems": {}}
-    check_environment()
     for name in systems:
         print(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
               f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}", flush=True)

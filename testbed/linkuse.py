@@ -53,8 +53,8 @@ def link_bytes(spans: Sequence[dict], placement: "Placement", scenario: "Scenari
 
 def utilization(spans: Sequence[dict], placement: "Placement", scenario: "Scenario",
                 iterations: Sequence[int], window_s: float) -> dict[str, dict]:
-    """Per link direction of the scenario: {"bytes", "wire_bytes", "utilization"} over window_s
-    seconds of emulated time (the measured iterations' summed walls)."""
+    """Per link direction of the scenario: {"training_bytes", "training_wire_bytes",
+    "utilization"} over window_s seconds of emulated time (the measured iterations' walls)."""
     emulated = scenario.emulated()
     got = link_bytes(spans, placement, scenario, iterations)
     out = {}
@@ -64,6 +64,6 @@ def utilization(spans: Sequence[dict], placement: "Placement", scenario: "Scenar
             payload = got.get(key, 0.0)
             wire = payload * WIRE_BYTES_PER_PAYLOAD_BYTE
             capacity = w.rate_mbit * 1e6 / 8 * window_s
-            out[key] = {"bytes": int(payload), "wire_bytes": int(wire),
+            out[key] = {"training_bytes": int(payload), "training_wire_bytes": int(wire),
                         "utilization": round(wire / capacity, 4) if capacity > 0 else 0.0}
     return out

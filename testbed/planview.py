@@ -83,7 +83,7 @@ class SystemPlan:
                 out.append(head + f"inside {rt.src_dc}")
                 continue
             fwd = ", ".join(f"{a}->{b}" for a, b in zip(rt.forward, rt.forward[1:]))
-            line = head + f"{rt.src_dc}->{rt.dst_dc} over {fwd} (K={rt.connections} per link)"
+            line = head + f"{rt.src_dc}->{rt.dst_dc} over {fwd} (K={rt.connections} connections per transfer)"
             if rt.backward != tuple(reversed(rt.forward)):
                 back = ", ".join(f"{a}->{b}" for a, b in zip(rt.backward, rt.backward[1:]))
                 line += f"; gradients back over {back}"

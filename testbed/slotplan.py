@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from testbed.routing import dc_paths
 from testbed.systems import connections_for, path_rate_mbit, path_rtt_ms, window_bytes
 from trainer.schedule import schedule_table, simulate
+from trainer.stripes import stripe_count
 
 if TYPE_CHECKING:
     from testbed.placement import Placement
@@ -62,7 +63,7 @@ class Crossing:
     dst_dc: str
     path: tuple[str, ...]          # routed DCs, src_dc ... dst_dc
     pipelines: tuple[int, ...]     # replica indices whose boundary s crosses here
-    connections: int               # K
+    connections: int               # connections a message uses: min(K, trainer.stripes' count)
     payload_bytes: int             # per message
     wire_bytes: int
     rtt_ms: float
@@ -255,7 +256,8 @@ def plan_slots(scenario: "Scenario", cfg: "TrainConfig", placement: "Placement",
                                                     kv[0][3], kv[0][4])):
                 if first != (src_l, dst_l):
                     continue
-                k = connections_for(scenario, system, src, dst)
+                # K configured, but a message uses only as many stripes as trainer.stripes cuts
+                k = stripe_count(payloads[s], connections_for(scenario, system, src, dst))
                 rtt = path_rtt_ms(scenario, src, dst)
                 rate = path_rate_mbit(scenario, src, dst)
                 wire = wire_bytes(payloads[s])

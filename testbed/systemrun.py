@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from testbed import linkuse, report, wanstats
+from testbed import linkuse, report, temporal, wanstats
+from testbed.errors import ScenarioError
 from testbed.machine import CpuTimes
 from testbed.network import Network
 from testbed.placement import place_for_system
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir: Path, *,
                backend: str | None, progress: Callable[[str], None]) -> dict:
-    from testbed import temporal
     from trainer.launch import HostInfo, launch
     from trainer.metrics import compute_metrics, congestion_control_in_use, in_real_time
     from trainer.timeline_plot import plot_timeline
@@ -48,6 +48,10 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     with Network(scenario, sys_dir, backend=backend,
                  run_id=f"{run_dir.name}-{system.name}") as net:
         record = report.announce(net, sys_dir, indent="  ")
+        if system.temporal and net.backend != "delayline":
+            # the temporal tree replaces the link's HTB leaf, where netem would hold the delay
+            raise ScenarioError("backend", f"{system.name} (temporal WAN sharing) runs on the "
+                                "delayline backend only", "set backend: delayline")
         hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts]
         net.wan_stats()  # start this system's interval of WAN packet counts
         cpu_before = CpuTimes.now()
@@ -60,7 +64,9 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                          connections=lambda a, b: connections_for(scenario, system, a, b),
                          gate=None if sharing is None else sharing.gate_for)
         finally:
-            shared = sharing.finish() if sharing is not None else {}
+            if sharing is not None:
+                sharing.stop()
+        shared = sharing.results() if sharing is not None else {}
         net.check()
         wan_links = net.wan_stats()
     metrics = compute_metrics(sys_dir)
@@ -68,18 +74,18 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     window_s = _window_s(spans, metrics["iterations_averaged"])
     use = linkuse.utilization(spans, placement, scenario, metrics["iterations_averaged"],
                               window_s)
-    for key, counts in wan_links.items():
-        counts.update(use.get(key, {}))
-        counts.update(shared.get(key, {}))
+    # every link direction: the delay line's counters (if any), the training's use, the slots
+    wan_links = {key: dict(wan_links.get(key, {}), **use[key], **shared.get(key, {}))
+                 for key in use}
     metrics = in_real_time(metrics, T)
     metrics.update(
         system=system.name,
         choices={"placement": placement.policy, "placement_source": placement.source,
                  "connections": system.connections, "wan_sharing": system.wan_sharing},
         placement=placement.to_dict(),
-        connections={f"{a}->{b}": connections_for(scenario, system, a, b)
+        connections={f"{x}->{y}": connections_for(scenario, system, x, y)
                      for a, b in sorted({p for row in placement.boundaries() for p in row})
-                     if a != b},
+                     if a != b for x, y in ((a, b), (b, a))},
         slot_plan=[lp.to_dict() for lp in slots.used_links()] if system.temporal else [],
         wan_links=wan_links, network=record,
         cpu=cpu_before.usage(CpuTimes.now()),
@@ -87,10 +93,21 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                 in_use=congestion_control_in_use(run.spans_path)),
         wall_s=round(run.wall_s, 3),
         timings_s={k: round(v, 3) for k, v in net.timings_s.items()})
-    metrics["wan_warnings"] = wanstats.warnings(wan_links, scenario.wan)
+    metrics["wan_warnings"] = (wanstats.warnings({k: v for k, v in wan_links.items()
+                                                  if "packets" in v}, scenario.wan)
+                               + temporal.warnings(shared))
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                 title=f"{scenario.name} {system.name}"))
+    write_json(sys_dir / "metrics.json", metrics)   # this system's block, kept if a later fails
     return metrics
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f} ms"
 
 
 def _read_spans(path: Path) -> list[dict]:
@@ -114,13 +131,14 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
              f"bubble {metrics['bubble_fraction']:.2f}, "
              f"GPU utilization {metrics['gpu_utilization']:.2f}, "
              f"loss {metrics['loss'][0]:.3f} -> {metrics['loss'][-1]:.3f}"]
-    used = [(k, v) for k, v in metrics["wan_links"].items() if v.get("bytes")]
+    used = [(k, v) for k, v in metrics["wan_links"].items() if v.get("training_bytes")]
     if used:
         lines.append("WAN utilization (training): " + ", ".join(
-            f"{k} {v['utilization']:.0%}" + (f" (slot adherence {v['slot_adherence']:.1%}, "
-                                               f"switch error median {v['switch_error_ms']['median_ms'] or 0:.2f} ms)"
-                                               if v.get("slot_adherence") is not None else "")
+            f"{k} {v['utilization']:.0%}" + (f" (slot adherence {_pct(v['slot_adherence'])}, "
+                                               f"median switch error {_ms(v['switch_error_ms'])})"
+                                               if "slot_adherence" in v else "")
             for k, v in used))
-    lines.append(report.wan_summary(metrics["wan_links"], metrics["cpu"]))
+    lines.append(report.wan_summary({k: v for k, v in metrics["wan_links"].items()
+                                     if "packets" in v}, metrics["cpu"]))
     lines += metrics["wan_warnings"]
     return lines

@@ -7,7 +7,9 @@ order), a headers-only capture on each of those egress interfaces (traffic.captu
 the launcher where each worker asks (`gate_for`). `finish()` stops them and judges the slots
 against the capture: per link direction the share of each pipeline's bytes that left inside its
 own slots (`slot_adherence`, the lowest pipeline's) and how far the first byte of each slot
-landed from its grant (`switch_error_ms`).
+landed from its grant (`switch_error_ms`, the median; `switch_error` has n, p90, max). A
+pipeline's bytes are its transfers: packets from its hosts in the sending DC to its hosts
+beyond, as the HTB filters classify them. `warnings` names every missed target.
 
 A transfer between DCs X and Y is granted by the arbiter of the first link of its routed path
 (X's gateway); later links of a multi-hop path carry it without slots (stated in the README).
@@ -15,6 +17,7 @@ A transfer between DCs X and Y is granted by the arbiter of the first link of it
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import sys
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from testbed.slotplan import SlotPlan
 
 READY_TIMEOUT_S = 10.0
+ADHERENCE_TARGET = 0.95     # share of a pipeline's bytes inside its own slots
+SWITCH_TARGET_MS = 1.0      # median |first byte of a slot on the wire - its grant|
 
 
 class TemporalSharing:
@@ -50,8 +55,6 @@ class TemporalSharing:
         self.specs = {gw: s for gw, s in specs.items() if s.links}
         self.intf = {x.link: x.intf for s in self.specs.values() for x in s.links}
         self.gateway = {x.link: gw for gw, s in self.specs.items() for x in s.links}
-        self.ip_pipeline = {ip: d for s in self.specs.values() for x in s.links
-                            for d, ips in x.pipelines.items() for ip in ips}
         self.arbiters: dict[str, HostProcess] = {}
         self.captures: dict[str, tuple[HostProcess, Path]] = {}
 
@@ -85,41 +88,83 @@ class TemporalSharing:
         spec = self.specs[self.gateway[link]]
         return {"ip": spec.listen_ip, "port": spec.port, "link": link, "pipeline": replica}
 
-    def finish(self) -> dict[str, dict]:
-        """Stop captures and arbiters; per link direction, the slots against the wire."""
+    def stop(self) -> None:
+        """Stop the captures, then the arbiters (they put the plain HTB tree back)."""
         for proc, _ in self.captures.values():
             proc.stop(grace_s=5.0)
         for proc in self.arbiters.values():
             proc.stop(grace_s=5.0)
+
+    def results(self) -> dict[str, dict]:
+        """Per link direction, after stop(): the arbiter's slots judged against the capture.
+        A link whose files cannot be read gets {"error": ...} instead of failing the run."""
         out: dict[str, dict] = {}
-        for link, (_, cap_path) in self.captures.items():
-            spec = self.specs[self.gateway[link]]
-            slots = [s for s in read_log(spec.log_path) if s["link"] == link]
+        for link in self.captures:
             try:
-                packets = [p for p in capture.load(cap_path) if p.outgoing]
-            except FileNotFoundError:
-                packets = []
-            by_pipe = capture.slot_adherence(packets, slots, self.ip_pipeline)
-            switch = capture.switch_errors_ms(packets, slots, self.ip_pipeline)
-            activate = [s["activate_ms"] for s in slots if s.get("activate_ms") is not None]
-            out[link] = {
-                "slot_adherence": min(by_pipe.values()) if by_pipe else None,
-                "slot_adherence_by_pipeline": {str(d): round(v, 4) for d, v in by_pipe.items()},
-                "switch_error_ms": {k: (round(v, 3) if isinstance(v, float) else v)
-                                    for k, v in switch.items() if k != "errors_ms"},
-                "slots": len(slots),
-                "slot_ends": _count(s.get("reason") for s in slots),
-                "activate_ms_median": round(statistics.median(activate), 3) if activate else None,
-                "captured_packets": len(packets),
-            }
+                out[link] = self._judge(link)
+            except (OSError, ValueError, KeyError) as exc:
+                out[link] = {"slot_adherence": None, "switch_error_ms": None,
+                             "error": f"{type(exc).__name__}: {exc}"}
         return out
 
+    def _judge(self, link: str) -> dict:
+        proc, cap_path = self.captures[link]
+        spec = self.specs[self.gateway[link]]
+        ls = next(x for x in spec.links if x.link == link)
+        # this link's pipelines: a pipeline's packets are those from its hosts here to its
+        # hosts beyond (its transfers), as the HTB filters classify them
+        pair = {(src, dst): d for d, srcs in ls.pipelines.items() for src in srcs
+                for dst in ls.peers.get(d, [])}
+        by_ip = {ip: d for d, ips in ls.pipelines.items() for ip in ips}
+        slots = [s for s in read_log(spec.log_path) if s["link"] == link]
+        packets = [p for p in capture.load(cap_path)
+                   if p.outgoing and (p.src, p.dst) in pair]
+        by_pipe = capture.slot_adherence(packets, slots, by_ip)
+        switch = capture.switch_errors_ms(packets, slots, by_ip)
+        activate = [s["activate_ms"] for s in slots if s.get("activate_ms") is not None]
+        return {
+            "slot_adherence": round(min(by_pipe.values()), 4) if by_pipe else None,
+            "slot_adherence_by_pipeline": {str(d): round(v, 4) for d, v in by_pipe.items()},
+            "switch_error_ms": None if switch["median_ms"] is None
+            else round(switch["median_ms"], 3),
+            "switch_error": {k: (round(v, 3) if isinstance(v, float) else v)
+                             for k, v in switch.items() if k != "errors_ms"},
+            "slots": len(slots),
+            "slot_ends": _count(s.get("reason") for s in slots),
+            "activate_ms_median": round(statistics.median(activate), 3) if activate else None,
+            "capture": dict(_summary(proc.output()), packets_judged=len(packets)),
+        }
 
-def _stop_all(sharing: TemporalSharing) -> None:
-    for proc, _ in sharing.captures.values():
-        proc.stop(grace_s=2.0)
-    for proc in sharing.arbiters.values():
-        proc.stop(grace_s=2.0)
+
+def warnings(links: dict[str, dict]) -> list[str]:
+    """One line per link direction that missed a target: slot adherence >= 95%, median switch
+    error <= 1 ms, a complete capture."""
+    out = []
+    for key, v in links.items():
+        if v.get("error"):
+            out.append(f"warning: slots on {key} not judged: {v['error']}")
+        if v.get("slot_adherence") is not None and v["slot_adherence"] < ADHERENCE_TARGET:
+            out.append(f"warning: slots on {key}: only {v['slot_adherence']:.1%} of a pipeline's "
+                       f"bytes left inside its own slots (target {ADHERENCE_TARGET:.0%})")
+        if v.get("switch_error_ms") is not None and v["switch_error_ms"] > SWITCH_TARGET_MS:
+            out.append(f"warning: slots on {key}: median switch error {v['switch_error_ms']:.2f} "
+                       f"ms (target {SWITCH_TARGET_MS:g} ms)")
+        drops = (v.get("capture") or {}).get("kernel_drops")
+        if drops:
+            out.append(f"warning: the capture on {key} lost {drops} packets: its adherence "
+                       "counts only what it saw")
+    return out
+
+
+def _summary(output: str) -> dict:
+    """The capture's last JSON line (packets, bytes, kernel drops), or {}."""
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return {}
+    return {}
 
 
 def _count(values) -> dict[str, int]:
@@ -135,5 +180,5 @@ def start(net: "Network", plan: "SlotPlan", placement: "Placement",
     try:
         return sharing.start()
     except BaseException:
-        _stop_all(sharing)
+        sharing.stop()   # what started; the network's teardown ends the rest
         raise

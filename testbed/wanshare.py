@@ -17,7 +17,10 @@ Tree (replaces testbed.shaping's plain htb 1:0 -> 1:10 -> bfifo on that interfac
       prio 1: IP total length < 256 bytes ((tot_len & 0xff00) == 0: pure ACKs, SYNs, arbiter
               messages) -> 1:10, so one pipeline's ACKs for data in the other direction are never
               held back by this direction's slots;
-      prio 2: source IP of each of pipeline d's sending hosts -> 1:(20+d) (hex minor 0x20 + d).
+      prio 2: source IP of each of pipeline d's sending hosts -> 1:(20+d) (hex minor 0x20 + d);
+              with `peers` given for d, only packets from those hosts to one of d's peers (its
+              hosts beyond the link): a pipeline's stage-to-stage transfers, not other traffic
+              of the same hosts (a gloo all-reduce to another pipeline's host stays in 1:10).
     Anything else (ARP, unclassified hosts, transit traffic of other DCs) -> 1:10 (default).
     Every bfifo holds the link's queue_bytes.
 
@@ -165,7 +168,8 @@ def _ip_key(ip: str, offset: int) -> str:
 
 def plan_temporal(intf: str, link_rate_mbit: float, queue_bytes: int,
                   pipelines: dict[int, list[str]], *, active: int | None = None,
-                  rates: Rates | None = None) -> list[TcOp]:
+                  rates: Rates | None = None,
+                  peers: dict[int, list[str]] | None = None) -> list[TcOp]:
     """The tree of the module docstring, as tc operations (pure). active: the pipeline that
     owns the link at first (default: the lowest-numbered)."""
     if not pipelines:
@@ -204,12 +208,16 @@ def plan_temporal(intf: str, link_rate_mbit: float, queue_bytes: int,
                             # pyroute2 places a key's mask bytes from +offset on: byte 2 of the
                             # IP header is the high byte of tot_len.
                             "keys": ["0x0/0xff+2"]}))
+    peers = peers or {}
     for d in sorted(pipelines):
         for ip in pipelines[d]:
-            ops.append(TcOp(command="add-filter", kind="u32", intf=intf, handle=0,
-                            params={"parent": ROOT_HANDLE, "prio": FILTER_PRIO_PIPELINE,
-                                    "protocol": ETH_P_IP, "target": class_handle(d),
-                                    "keys": [_ip_key(ip, 12)]}))
+            keys = ([[_ip_key(ip, 12), _ip_key(dst, 16)] for dst in peers[d]] if peers.get(d)
+                    else [[_ip_key(ip, 12)]])
+            for key in keys:
+                ops.append(TcOp(command="add-filter", kind="u32", intf=intf, handle=0,
+                                params={"parent": ROOT_HANDLE, "prio": FILTER_PRIO_PIPELINE,
+                                        "protocol": ETH_P_IP, "target": class_handle(d),
+                                        "keys": key}))
     return ops
 
 
@@ -228,13 +236,15 @@ def remove_root(ipr: IPRoute, intf: str) -> None:
 
 def apply_temporal(ipr: IPRoute, intf: str, link_rate_mbit: float, queue_bytes: int,
                    pipelines: dict[int, list[str]], *, active: int | None = None,
-                   rates: Rates | None = None) -> TemporalLayout:
+                   rates: Rates | None = None,
+                   peers: dict[int, list[str]] | None = None) -> TemporalLayout:
     """Replace intf's tree by the temporal-sharing tree; returns (and remembers, for activate)
     its layout. Packets queued in the old tree are dropped."""
     pipelines = {int(d): list(ips) for d, ips in pipelines.items()}
     link_bps = int(link_rate_mbit * 1e6)
     rates = rates or plan_rates(link_bps, len(pipelines))
-    ops = plan_temporal(intf, link_rate_mbit, queue_bytes, pipelines, active=active, rates=rates)
+    ops = plan_temporal(intf, link_rate_mbit, queue_bytes, pipelines, active=active, rates=rates,
+                        peers=peers)
     remove_root(ipr, intf)
     shaping.apply(ipr, ops)
     layout = TemporalLayout(intf=intf, queue_bytes=int(queue_bytes),

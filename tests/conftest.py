@@ -7,7 +7,8 @@ each of them and fails the test if anything new remains:
     - interface names in the root namespace (`ip -br link`): bridges <dc>-s and their ports
     - registry files of the testbed (testbed.registry.RUNTIME_DIR)
     - processes whose command line contains mnexec, iperf3, testbed.delayline, 'bash --norc'
-      (Mininet's host shells) or trainer.worker (training processes)
+      (Mininet's host shells), trainer.worker (training processes), testbed.arbiter or
+      traffic.capture (temporal WAN sharing)
     - named network namespaces (`ip netns list`)
 
 The session uses its own registry directory, /run/geotestbed/tests-XXXX (GEOTESTBED_RUNTIME_DIR,
@@ -36,7 +37,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_RUNTIME_DIR = Path("/run/geotestbed")
-PROC_MARKERS = ("mnexec", "iperf3", "testbed.delayline", "bash --norc", "trainer.worker")
+PROC_MARKERS = ("mnexec", "iperf3", "testbed.delayline", "bash --norc", "trainer.worker",
+                "testbed.arbiter", "traffic.capture")
 SETTLE_S = 3.0  # things a teardown ended may take this long to vanish from /proc
 
 _session_runtime_dir: Path | None = None

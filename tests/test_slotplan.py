@@ -23,10 +23,11 @@ def two_dc(hosts: int = 2, **top):
                                     "rate_mbit": 100}], **top})
 
 
-def measured(stages=2, replicas=2, micro_batches=3, schedule="gpipe") -> TrainConfig:
+def measured(stages=2, replicas=2, micro_batches=3, schedule="gpipe",
+             n_embd=64) -> TrainConfig:
     # one activation: micro_batch_size 2 x seq_len 32 x n_embd 64 x 4 B = 16384 B
     return TrainConfig.from_dict({
-        "model": {"n_layer": 4, "n_embd": 64, "n_head": 4, "seq_len": 32, "vocab_size": 256},
+        "model": {"n_layer": 4, "n_embd": n_embd, "n_head": 4, "seq_len": 32, "vocab_size": 256},
         "stages": stages, "replicas": replicas, "micro_batches": micro_batches,
         "micro_batch_size": 2, "schedule": schedule})
 
@@ -60,12 +61,21 @@ def test_window_limited_slot_by_hand():
 
 def test_rate_limited_slot_by_hand():
     sc = two_dc(connections=16)
+    plan = plan_slots(sc, measured(n_embd=256), place(sc, 2, 2, "atlas"), SYSTEMS["atlas"])
+    (c,) = link(plan, "east", "west").crossings
+    # 65536 B: 16 stripes of 4 KiB (trainer.stripes), so all 16 connections carry it
+    assert c.connections == 16 and not c.window_limited
+    # 16 windows / 40 ms = 153.7 Mbit/s > 100 Mbit/s: 68523 B x 8 / 100 Mbit/s = 5.48 ms
+    assert c.wire_bytes == round(65536 * 1514 / 1448) == 68523
+    assert c.slot_ms == pytest.approx(68523 * 8 / 100e3)
+    assert c.window_limit_mbit == pytest.approx(16 * WINDOW_100 * 1514 / 1448 * 8 / 0.040 / 1e6)
+
+
+def test_a_small_message_uses_only_the_connections_its_stripes_fill():
+    sc = two_dc(connections=16)
     plan = plan_slots(sc, measured(), place(sc, 2, 2, "atlas"), SYSTEMS["atlas"])
     (c,) = link(plan, "east", "west").crossings
-    assert c.connections == 16 and not c.window_limited
-    # 16 windows / 40 ms = 153.7 Mbit/s > 100 Mbit/s: 17131 B x 8 / 100 Mbit/s = 1.37048 ms
-    assert c.slot_ms == pytest.approx(17131 * 8 / 100e3)
-    assert c.window_limit_mbit == pytest.approx(16 * WINDOW_100 * 1514 / 1448 * 8 / 0.040 / 1e6)
+    assert c.payload_bytes == 16384 and c.connections == 4    # 16384 // 4096 stripes
 
 
 def test_order_is_round_robin_over_pipelines_micro_batch_by_micro_batch():
@@ -118,7 +128,7 @@ def test_multi_hop_transfer_is_gated_on_its_first_link():
                          "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 100},
                                  {"between": ["b", "c"], "delay_ms": 10, "rate_mbit": 50}]})
     pl = place(sc, 2, 2, "atlas", pinned=("a", "c"))
-    plan = plan_slots(sc, measured(), pl, SYSTEMS["atlas"])
+    plan = plan_slots(sc, measured(n_embd=256), pl, SYSTEMS["atlas"])
     (c,) = link(plan, "a", "b").crossings
     assert c.path == ("a", "b", "c") and c.dst_dc == "c"
     assert c.path_rate_mbit == 50 and c.rtt_ms == 40 and c.connections == 6

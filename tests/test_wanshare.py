@@ -131,7 +131,7 @@ class FakeShare:
         self.sent: dict[int, int] = {}
         self.switches: list[int] = []
 
-    def apply_temporal(self, ipr, intf, rate, queue, pipelines, active=None):
+    def apply_temporal(self, ipr, intf, rate, queue, pipelines, active=None, peers=None):
         self.sent = {d: 0 for d in pipelines}
         return types.SimpleNamespace(ifindex=1, active=active)
 

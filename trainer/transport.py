@@ -13,11 +13,8 @@ timing policy (trainer/worker.py decides what to send when).
 - Striping: each message (payload, then zero padding: the virtual byte range [0, payload + pad))
   is cut into n contiguous stripes, stripe i written on connection i:
       n = min(K, max(1, (payload + pad) // MIN_STRIPE_BYTES))
-  so every stripe carries at least MIN_STRIPE_BYTES (16 KiB), and a message below twice that
-  goes on connection 0 alone; the bytes are split evenly (the first (payload + pad) % n stripes
-  one byte longer). A zero-byte message is one empty stripe. (16 KiB, not more: at scale 100 a
-  host's window is 46 KB and an activation 336 KB, and stripes must stay near a window for K
-  to matter; with a 64 KiB minimum K=8 sent 5 stripes, bench/bench_connections.py.)
+  (trainer/stripes.py, with why MIN_STRIPE_BYTES is 4 KiB); the bytes are split evenly (the
+  first (payload + pad) % n stripes one byte longer). A zero-byte message is one empty stripe.
 - Sending never blocks the caller: `send()` enqueues; the channel's sender thread (connection
   0's writer) takes one message at a time, in order, hands stripes 1..n-1 to the writer threads
   of their connections and writes stripe 0 itself, so a message's stripes go out in parallel,
@@ -56,6 +53,7 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
+from trainer.stripes import MIN_STRIPE_BYTES, stripe_plan  # noqa: F401 - re-exported
 from traffic.tcpcc import set_congestion_control
 
 KIND_ACT = 1    # forward activation, stage s -> s+1
@@ -69,7 +67,6 @@ _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.in
 _DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 _PAD_CHUNK_BYTES = 1 << 20
 _ZEROS = bytes(_PAD_CHUNK_BYTES)
-MIN_STRIPE_BYTES = 16 * 1024   # a stripe carries at least this much (module docstring)
 MAX_CONNECTIONS = 64           # K per channel
 MAX_PAYLOAD_BYTES = 1 << 34    # a header claiming a larger tensor is refused (16 GiB)
 LISTEN_BACKLOG = 64
@@ -138,19 +135,6 @@ class _Assembly:
     t_first_ns: int
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (offset, len)
     done: int = 0          # stripes fully read
-
-
-def stripe_plan(total_bytes: int, connections: int) -> list[tuple[int, int]]:
-    """(offset, length) of each stripe of a message of total_bytes (payload + pad) over
-    `connections` connections: the rule of the module docstring."""
-    n = min(connections, max(1, total_bytes // MIN_STRIPE_BYTES))
-    base, extra = divmod(total_bytes, n)
-    out, offset = [], 0
-    for i in range(n):
-        length = base + (1 if i < extra else 0)
-        out.append((offset, length))
-        offset += length
-    return out
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
