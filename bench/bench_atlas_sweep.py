@@ -6,7 +6,8 @@ for one-way delay 10, 50, 100 ms x D = 2, 4 x WAN rate 50, 200 Mbit/s (scaled 10
 (run_testbed.py's run job), and prints one table row per (point, system): iteration time,
 speedup vs baseline, GPU utilization, WAN utilization (the busier direction, from the workers'
 records), slot adherence (temporal systems, from the capture), and the compute-only iteration
-time beside them. Writes sweep.json, sweep.md and speedup_vs_delay.png to --out.
+time beside them; then one summary row per point. Writes sweep.json, sweep.md, summary.md and
+speedup_vs_delay.png to --out (`--replot sweep.json` redraws them only).
 
 Scenario of a point: two DCs (east, west) of D hosts each, one WAN link; P = 2 stages, M = 4
 micro-batches, 1F1B; target model: 8 blocks of width 2048, seq 2048, micro-batch 2 (168 KB
@@ -85,10 +86,33 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def summary_table(rows: list[dict]) -> str:
+    """One row per sweep point: each system's iteration time and speedup, and atlas's slots."""
+    pts: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        pts.setdefault((r["D"], r["rate_mbit"], r["delay_ms"]), {})[r["system"]] = r
+    names = [n for n in SYSTEMS if any(n in by for by in pts.values())]
+    out = ["| D | WAN Mbit/s | one-way ms | compute only s | " + " | ".join(names)
+           + " | atlas K | atlas WAN util | atlas slot adherence / switch error |",
+           "|" + "---|" * (len(names) + 7)]
+    for (D, rate, delay), by in sorted(pts.items()):
+        first = next(iter(by.values()))
+        cells = [("-" if by.get(n) is None else
+                  f"{by[n]['iteration_s']:.2f} s ({fmt(by[n]['speedup'], '.2f')}x)") for n in names]
+        a = by.get("atlas")
+        slots = ("-" if a is None or a["slot_adherence"] is None else
+                 f"{a['slot_adherence']:.1%} / {fmt(a['switch_error_ms'], '.2f')} ms")
+        out.append(f"| {D} | {rate:g} | {delay:g} | {fmt(first['predicted_compute_only_s'], '.3f')}"
+                   f" | " + " | ".join(cells) + f" | {'-' if a is None else a['connections']} | "
+                   f"{'-' if a is None else format(a['wan_util'], '.0%')} | {slots} |")
+    return "\n".join(out)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     groups = sorted({(r["D"], r["rate_mbit"]) for r in rows})
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
     for ax, (D, rate) in zip(axes[0], groups):
@@ -103,6 +127,9 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("one-way WAN delay (ms)")
         ax.set_ylabel("speedup vs baseline")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_yticks([0.2, 0.5, 1, 2, 5])
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -117,6 +144,8 @@ def main() -> int:
     parser.add_argument("--replicas", default="2,4")
     parser.add_argument("--rates", default="50,200")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--replot", metavar="SWEEP_JSON", default=None,
+                        help="only redraw the table and plot from an earlier sweep.json")
     parser.add_argument("--quick", action="store_true", help="one point: 10 ms, D=2, 200 Mbit/s")
     args = parser.parse_args()
     delays = [10.0] if args.quick else [float(x) for x in args.delays.split(",")]
@@ -124,6 +153,14 @@ def main() -> int:
     rates = [200.0] if args.quick else [float(x) for x in args.rates.split(",")]
     systems = args.systems.split(",")
     out = Path(args.out)
+    if args.replot:
+        rows = json.loads(Path(args.replot).read_text())["rows"]
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "sweep.md", table(rows) + "\n")
+        write_text(out / "summary.md", summary_table(rows) + "\n")
+        plot(rows, out / "speedup_vs_delay.png")
+        print(f"wrote {out / 'sweep.md'}, {out / 'speedup_vs_delay.png'}")
+        return 0
     (out / "scenarios").mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -151,6 +188,8 @@ def main() -> int:
     print(md)
     write_json(out / "sweep.json", {"rows": rows, "profile": PROFILE})
     write_text(out / "sweep.md", md + "\n")
+    write_text(out / "summary.md", summary_table(rows) + "\n")
+    print(summary_table(rows))
     plot(rows, out / "speedup_vs_delay.png")
     print(f"wrote {out / 'sweep.md'}, {out / 'speedup_vs_delay.png'}")
     return 0
