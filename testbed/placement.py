@@ -47,6 +47,10 @@ class Placement:
     hosts: tuple[tuple[str, ...], ...]       # hosts[stage][replica]: "<dc>-h<i>"
     source: str = "policy"                   # "policy" | "pinned-dcs" | "pinned-hosts"
 
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"placement source {self.source!r} is not one of {SOURCES}")
+
     @property
     def stages(self) -> int:
         return len(self.hosts)

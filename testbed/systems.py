@@ -50,6 +50,12 @@ class System:
     wan_sharing: str    # "concurrent" | "temporal" (testbed.slotplan)
     fill_bubbles: bool = False
 
+    def __post_init__(self) -> None:
+        for value, allowed in ((self.placement, PLACEMENTS), (self.connections, CONNECTION_RULES),
+                               (self.wan_sharing, WAN_SHARING)):
+            if value not in allowed:
+                raise ValueError(f"system {self.name}: {value!r} is not one of {allowed}")
+
     @property
     def temporal(self) -> bool:
         return self.wan_sharing == "temporal"
