@@ -83,7 +83,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                  recv_timeout_s: float = 120.0, time_scale: float = 1.0,
                  congestion_control: str | None = None,
                  connections: Callable[[str, str], int] | None = None,
-                 gate: Callable[[str, str, int], dict | None] | None = None) -> list[WorkerSpec]:
+                 gate: Callable[[str, str, int], dict | None] | None = None,
+                 io_priority: int | None = None) -> list[WorkerSpec]:
     """One spec per worker, in stage-major order. Ports: stage s>0 replica r listens on
     base_port + s*D + r; stage s's gloo store is on base_port + P*D + s (at replica 0's IP).
     scale divides every padded byte count (the emulated WAN is scaled down by the same factor);
@@ -92,7 +93,9 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
     connections(src_dc, dst_dc): K, the TCP connections a stage-to-stage channel from a host in
     src_dc to one in dst_dc stripes its messages over (None: 1 everywhere).
     gate(src_dc, dst_dc, replica): the WAN arbiter a worker asks before each message it sends
-    from src_dc to dst_dc ({"ip", "port", "link", "pipeline"}, testbed.temporal), or None."""
+    from src_dc to dst_dc ({"ip", "port", "link", "pipeline"}, testbed.temporal), or None.
+    io_priority: SCHED_FIFO priority of the stage-to-stage channels' I/O threads (None: normal;
+    trainer.transport.Channel)."""
     if scale <= 0 or time_scale <= 0:
         raise ValueError(f"scale and time_scale must be > 0, got {scale}, {time_scale}")
 
@@ -146,7 +149,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 loss_path=str(run_dir / "loss" / f"{tag}.jsonl"),
                 connect_timeout_s=connect_timeout_s, recv_timeout_s=recv_timeout_s,
                 congestion_control=congestion_control, connections_next=k_next,
-                connections_prev=k_prev, gate_next=gate_next, gate_prev=gate_prev))
+                connections_prev=k_prev, gate_next=gate_next, gate_prev=gate_prev,
+                io_priority=io_priority))
     return specs
 
 
@@ -177,7 +181,8 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
            progress: Callable[[str], None] | None = None, time_scale: float = 1.0,
            congestion_control: str | None = None,
            connections: Callable[[str, str], int] | None = None,
-           gate: Callable[[str, str, int], dict | None] | None = None) -> TrainRun:
+           gate: Callable[[str, str, int], dict | None] | None = None,
+           io_priority: int | None = None) -> TrainRun:
     """Run training to the end; raise TestbedError (with the failing worker's log tail) if any
     worker fails or the run passes timeout_s. hosts are in topology order; scale divides padded
     message sizes; connections(src_dc, dst_dc) is K per stage-to-stage channel (plan_workers)."""
@@ -185,7 +190,7 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
     specs = plan_workers(cfg, hosts, run_dir, scale, base_port, connect_timeout_s,
                          recv_timeout_s=max(30.0, timeout_s), time_scale=time_scale,
                          congestion_control=congestion_control, connections=connections,
-                         gate=gate)
+                         gate=gate, io_priority=io_priority)
     plan_path = run_dir / "trainer_plan.json"
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = {"config": cfg.to_dict(), "scale": scale, "time_scale": time_scale,

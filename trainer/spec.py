@@ -54,6 +54,7 @@ class WorkerSpec:
     # {"ip": arbiter address, "port": int, "link": "a->b", "pipeline": replica index}
     gate_next: dict | None = None
     gate_prev: dict | None = None
+    io_priority: int | None = None   # SCHED_FIFO of the channels' I/O threads (None: normal)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

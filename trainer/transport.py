@@ -43,6 +43,8 @@ timing policy (trainer/worker.py decides what to send when).
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import queue
 import socket
 import struct
@@ -196,8 +198,10 @@ class Channel:
 
     def __init__(self, socks: socket.socket | Sequence[socket.socket], peer: str,
                  on_sent: Callable[[SendRecord], None] | None = None,
-                 gate: Gate | None = None) -> None:
+                 gate: Gate | None = None, io_priority: int | None = None) -> None:
         self.socks = [socks] if isinstance(socks, socket.socket) else list(socks)
+        self._io_priority = io_priority
+        self.io_realtime = "off"        # what the I/O threads got (io_priority; set by them)
         if not 1 <= len(self.socks) <= MAX_CONNECTIONS:
             raise ValueError(f"{len(self.socks)} connections (1..{MAX_CONNECTIONS})")
         for sock in self.socks:
@@ -218,14 +222,29 @@ class Channel:
         self._closed = False
         k = self.connections
         self._stripe_qs: list[queue.Queue[_StripeJob | None]] = [queue.Queue() for _ in range(k)]
-        self._sender = threading.Thread(target=self._send_loop, name=f"tx-{peer}-0", daemon=True)
-        self._writers = [threading.Thread(target=self._write_loop, args=(i,),
+        self._sender = threading.Thread(target=self._io, args=(self._send_loop,),
+                                        name=f"tx-{peer}-0", daemon=True)
+        self._writers = [threading.Thread(target=self._io, args=(self._write_loop, i),
                                           name=f"tx-{peer}-{i}", daemon=True)
                          for i in range(1, k)]
-        self._readers = [threading.Thread(target=self._recv_loop, args=(i,),
+        self._readers = [threading.Thread(target=self._io, args=(self._recv_loop, i),
                                           name=f"rx-{peer}-{i}", daemon=True) for i in range(k)]
         for t in (self._sender, *self._writers, *self._readers):
             t.start()
+
+    def _io(self, loop: Callable[..., None], *args: int) -> None:
+        """An I/O thread: at SCHED_FIFO io_priority when asked (the thread alone: Linux applies
+        sched_setscheduler(0) to the calling thread), so a thread that waits for a grant or for
+        bytes runs as soon as they come instead of after the CPU-bound compute of 2-core
+        neighbours; it blocks on its socket or queue otherwise. The kernel's RT throttling
+        (sched_rt_runtime_us) still bounds it. Refused: it runs on at normal priority."""
+        if self._io_priority is not None:
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self._io_priority))
+                self.io_realtime = f"fifo:{self._io_priority}"
+            except OSError as exc:
+                self.io_realtime = f"refused:{errno.errorcode.get(exc.errno, exc.errno)}"
+        loop(*args)
 
     def _conn(self, i: int) -> str:
         return f"connection {i} of {self.connections} to {self.peer}"
@@ -504,7 +523,7 @@ class Listener:
 
     def accept(self, expect_hello: str, timeout_s: float,
                on_sent: Callable[[SendRecord], None] | None = None, connections: int = 1,
-               gate: Gate | None = None) -> Channel:
+               gate: Gate | None = None, io_priority: int | None = None) -> Channel:
         """Accept the `connections` connections of the peer whose hello is expect_hello (each
         with its index, all saying K = connections) and return them as one Channel; raise
         TimeoutError naming the peer. Any other connection (a wrong or missing hello, another
@@ -555,7 +574,8 @@ class Listener:
             for conn in got.values():
                 conn.close()
             raise
-        return Channel([got[i] for i in range(connections)], expect_hello, on_sent, gate)
+        return Channel([got[i] for i in range(connections)], expect_hello, on_sent, gate,
+                       io_priority)
 
     def close(self) -> None:
         self.sock.close()
@@ -585,7 +605,7 @@ def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
             bind_ip: str | None = None, retry_s: float = 0.05,
             on_sent: Callable[[SendRecord], None] | None = None,
             congestion_control: str | None = None, connections: int = 1,
-            gate: Gate | None = None) -> Channel:
+            gate: Gate | None = None, io_priority: int | None = None) -> Channel:
     """Open `connections` connections to a Listener at ip:port, each retrying refused or
     unreachable attempts until timeout_s (the peer may not have started yet), and send on each
     its hello (this side's name, its index, K). congestion_control is set on every socket before
@@ -601,7 +621,7 @@ def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
         for sock in socks:
             sock.close()
         raise
-    return Channel(socks, peer, on_sent, gate)
+    return Channel(socks, peer, on_sent, gate, io_priority)
 
 
 def _connect_one(ip: str, port: int, hello: bytes, peer: str, timeout_s: float,

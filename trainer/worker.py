@@ -90,13 +90,15 @@ class StageWorker:
                                     on_sent=self._on_sent,
                                     congestion_control=self.spec.congestion_control,
                                     connections=self.spec.connections_next,
-                                    gate=self._gate(self.spec.gate_next))
+                                    gate=self._gate(self.spec.gate_next),
+                                    io_priority=self.spec.io_priority)
             if listener is not None:
                 assert self.spec.prev is not None
                 self.prev = listener.accept(self.spec.prev.name, self.spec.connect_timeout_s,
                                             on_sent=self._on_sent,
                                             connections=self.spec.connections_prev,
-                                            gate=self._gate(self.spec.gate_prev))
+                                            gate=self._gate(self.spec.gate_prev),
+                                            io_priority=self.spec.io_priority)
             if self.dp:
                 init_stage_group(self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
                                  self.spec.replica, self.cfg.replicas,
@@ -104,8 +106,9 @@ class StageWorker:
             # What the kernel runs on each stage-to-stage connection, read back (TCP_CONGESTION).
             in_use = {peer: congestion_control_of(ch.sock) for peer, ch in
                       (("next", self.next), ("prev", self.prev)) if ch is not None}
+            io_rt = sorted({ch.io_realtime for ch in (self.next, self.prev) if ch is not None})
             self.log.span("SETUP", t0, time.time_ns(), None, device=str(self.device),
-                          congestion_control=in_use)
+                          congestion_control=in_use, io_realtime=io_rt)
             Path(self.spec.loss_path).parent.mkdir(parents=True, exist_ok=True)
             with open(self.spec.loss_path, "w") as loss_file:
                 for it in range(self.cfg.iterations):
