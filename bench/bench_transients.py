@@ -48,7 +48,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed.calibrate import MSS_BYTES, TCP_PAYLOAD_FRACTION, measure_goodput  # noqa: E402
+from testbed.calibrate import TCP_PAYLOAD_FRACTION, measure_goodput  # noqa: E402
+from testbed.scenario import TCP_MSS_BYTES  # noqa: E402
 from testbed.errors import ScenarioError, TestbedError  # noqa: E402
 from testbed.network import REPO_ROOT, Network  # noqa: E402
 from testbed.results import new_run_dir, provenance, write_json  # noqa: E402
@@ -192,7 +193,7 @@ def predicted_ms(real: RealLink, case: Case, nbytes: int, goodput_mbit: float) -
 def slow_start_model_ms(real: RealLink, case: Case, nbytes: int, goodput_mbit: float) -> float:
     """First message on fresh connections: K x 10 segments, doubling per RTT."""
     return window_model_ms(real, case, nbytes, goodput_mbit,
-                           case.connections * INITIAL_WINDOW_SEGMENTS * MSS_BYTES)
+                           case.connections * INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES)
 
 
 def estimate_s(real: RealLink, cases: list[Case], messages: int, networks: int) -> float:

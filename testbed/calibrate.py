@@ -34,13 +34,12 @@ from testbed import wanstats
 from testbed.errors import TestbedError
 from testbed.network import Network, scaled_tcp_rmem_max_bytes
 from testbed.routing import Path, dc_paths
-from testbed.scenario import RCV_WINDOW_FRACTION
+from testbed.scenario import ETH_FRAME_BYTES, RCV_WINDOW_FRACTION, TCP_MSS_BYTES
 from testbed.topo import WanPlan
 from traffic import iperf, ping
 
 LOAD_FRACTION = 0.9          # paced load for rtt_loaded_ms, as a fraction of rate_mbit
-TCP_PAYLOAD_FRACTION = 1448 / 1514
-MSS_BYTES = 1448
+TCP_PAYLOAD_FRACTION = TCP_MSS_BYTES / ETH_FRAME_BYTES
 MATHIS_C = math.sqrt(3 / 2)
 RTT_ABS_TOL_MS = 0.5          # the network issue's idle-RTT target: max(0.5 ms, 2%)
 RTT_REL_TOL = 0.02
@@ -85,7 +84,7 @@ def mathis_mbit(delay_ms: float, loss_pct: float) -> float | None:
     if loss_pct <= 0 or delay_ms <= 0:
         return None
     rtt_s = 2 * delay_ms / 1e3
-    return MSS_BYTES * 8 / rtt_s * MATHIS_C / math.sqrt(loss_pct / 100) / 1e6
+    return TCP_MSS_BYTES * 8 / rtt_s * MATHIS_C / math.sqrt(loss_pct / 100) / 1e6
 
 
 def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dict[str, Any]:

@@ -66,9 +66,6 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     return run_dir / "calibration.json"
 
 
-AVAILABLE_SYSTEMS = tuple(SYSTEMS)   # testbed.systems: what `run` can train
-
-
 def load_run(scenario_path: str, *, systems: list[str] | None = None,
              iterations: int | None = None) -> tuple[Scenario, "TrainConfig", list[str]]:
     """Everything `run` checks before building anything (also what `validate` checks):
@@ -88,9 +85,9 @@ def load_run(scenario_path: str, *, systems: list[str] | None = None,
     field = "--systems" if systems else "systems"
     systems = list(systems or scenario.systems)
     for i, name in enumerate(systems):
-        if name not in AVAILABLE_SYSTEMS:
+        if name not in SYSTEMS:   # testbed.systems: what `run` can train
             raise ScenarioError(f"{field}[{i}]", f"{name!r} is not available",
-                                f"use {', '.join(AVAILABLE_SYSTEMS)}")
+                                f"use {', '.join(SYSTEMS)}")
         place_for_system(scenario, cfg, get_system(name, field))
     if len(set(systems)) != len(systems):
         raise ScenarioError(field, f"{','.join(systems)} names a system twice", "name each once")

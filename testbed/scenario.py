@@ -40,6 +40,10 @@ BACKENDS = ("auto", "netem", "delayline")
 SYSTEMS = ("baseline", "multitcp", "temporal", "atlas", "dp-across-dcs", "bubbletea")
 CONGESTION_CONTROLS = ("cubic", "reno", "bbr")
 MTU_BYTES = 1500
+# A full-size TCP segment at that MTU: 20 bytes of IP and 32 of TCP (with the timestamps option)
+# leave this much payload, in an Ethernet frame 14 bytes longer than the MTU. HTB counts frames.
+TCP_MSS_BYTES = MTU_BYTES - 20 - 32     # 1448
+ETH_FRAME_BYTES = MTU_BYTES + 14        # 1514
 MIN_QUEUE_PACKETS = 100
 DC_NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
 MAX_WAN_LINKS_PER_DC = 99  # <dc>-gw-eth99 is the longest gateway interface name that fits

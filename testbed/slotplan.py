@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from testbed.routing import dc_paths
+from testbed.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
 from testbed.systems import connections_for, path_rate_mbit, path_rtt_ms, window_bytes
 from trainer.schedule import schedule_table, simulate
 from trainer.stripes import stripe_count
@@ -44,10 +45,9 @@ if TYPE_CHECKING:
     from testbed.systems import System
     from trainer.config import TrainConfig
 
-# Bytes on the wire per payload byte of a full-size TCP segment: MTU 1500 minus 20 (IP) minus
-# 32 (TCP with the timestamps option) leaves an MSS of 1448 payload bytes per 1514-byte Ethernet
-# frame (1500 + 14 header), which is what HTB counts against a link's rate.
-WIRE_BYTES_PER_PAYLOAD_BYTE = 1514 / 1448
+# Bytes on the wire per payload byte of full-size TCP segments (1514-byte frames carrying 1448
+# bytes of payload, testbed.scenario), which is what HTB counts against a link's rate.
+WIRE_BYTES_PER_PAYLOAD_BYTE = ETH_FRAME_BYTES / TCP_MSS_BYTES
 FLOAT32_BYTES = 4
 MEASURED_FORWARD_UNITS, MEASURED_BACKWARD_UNITS = 1.0, 2.0   # order only, in measured mode
 MAX_ORDER_SHOWN = 12

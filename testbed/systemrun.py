@@ -13,6 +13,7 @@ placement.json, slot_plan.json and, for temporal systems, the arbiters' slot log
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir: Path, *,
                backend: str | None, progress: Callable[[str], None]) -> dict:
     from trainer.launch import HostInfo, launch
-    from trainer.metrics import compute_metrics, congestion_control_in_use, in_real_time
+    from trainer.events import read_jsonl
+    from trainer.metrics import congestion_control_in_use, in_real_time, metrics_from_records
     from trainer.timeline_plot import plot_timeline
 
     placement = place_for_system(scenario, cfg, system)
@@ -77,11 +79,13 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         shared = sharing.results() if sharing is not None else {}
         net.check()
         wan_links = net.wan_stats()
-    metrics = compute_metrics(sys_dir)
-    spans = _read_spans(run.spans_path)
-    window_s = _window_s(spans, metrics["iterations_averaged"])
-    use = linkuse.utilization(spans, placement, scenario, metrics["iterations_averaged"],
-                              window_s)
+    spans = list(read_jsonl(run.spans_path))   # read once: the metrics and the links' use
+    metrics = metrics_from_records(spans, list(read_jsonl(run.loss_path)),
+                                   json.loads(run.plan_path.read_text()))
+    used = metrics["iterations_averaged"]
+    # the measured iterations' summed walls, in emulated seconds (before in_real_time)
+    use = linkuse.utilization(spans, placement, scenario, used,
+                              metrics["iteration_time_s"] * len(used))
     # every link direction: the delay line's counters (if any), the training's use, the slots
     wan_links = {key: dict(wan_links.get(key, {}), **use[key], **shared.get(key, {}))
                  for key in use}
@@ -118,19 +122,6 @@ def _pct(v: float | None) -> str:
 
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f} ms"
-
-
-def _read_spans(path: Path) -> list[dict]:
-    from trainer.events import read_jsonl
-    return list(read_jsonl(path))
-
-
-def _window_s(spans: list[dict], iterations: list[int]) -> float:
-    """The measured iterations' summed walls, in emulated seconds (trainer.metrics' rule)."""
-    from trainer.events import COMPUTE_SPANS
-    from trainer.metrics import iteration_walls, iteration_windows
-    walls = iteration_walls(iteration_windows(spans, COMPUTE_SPANS))
-    return sum(walls[it] for it in iterations) / 1e9
 
 
 def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:

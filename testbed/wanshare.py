@@ -68,6 +68,7 @@ from pyroute2.netlink.rtnl import RTM_NEWTCLASS
 from pyroute2.netlink.rtnl.tcmsg import sched_htb, tcmsg
 
 from testbed import shaping
+from testbed.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
 from testbed.shaping import TcOp
 
 ROOT_HANDLE = 0x10000          # 1:0
@@ -86,10 +87,6 @@ INACTIVE_QUANTUM = 1514   # an inactive pipeline's DRR quantum when borrowing: 1
 CONTROL_SHARE = 0.05
 FLOOR_SHARE = 0.001
 FLOOR_MIN_BPS = 8000
-# HTB counts link-layer bytes: at MTU 1500 with TCP timestamps a full segment carries 1448
-# bytes of payload in a 1514-byte frame (12 bytes of options, 14 of Ethernet header).
-TCP_PAYLOAD_PER_FRAME = 1448
-FRAME_BYTES = 1514
 
 
 def class_handle(d: int) -> int:
@@ -112,8 +109,9 @@ def pipeline_of_handle(handle: int) -> int | None:
 
 
 def link_layer_bytes(payload_bytes: int) -> int:
-    """Bytes HTB counts for payload_bytes of TCP payload sent in full 1448-byte segments."""
-    return -(-int(payload_bytes) * FRAME_BYTES // TCP_PAYLOAD_PER_FRAME)
+    """Bytes HTB counts for payload_bytes of TCP payload sent in full-size segments (1448 bytes
+    of payload per 1514-byte frame, testbed.scenario)."""
+    return -(-int(payload_bytes) * ETH_FRAME_BYTES // TCP_MSS_BYTES)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

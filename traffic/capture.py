@@ -38,11 +38,13 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
+from testbed.scenario import TCP_MSS_BYTES
+
 MAGIC = b"GTCAP1\n\0"
 RECORD = struct.Struct("<q4s4sHHHBB")
 FLAG_OUTGOING = 1
 DATA_MIN_LENGTH = 256          # IP total length of a data packet (smaller: ACKs, control)
-MSS = 1448                     # TCP payload per segment at MTU 1500 with timestamps
+MSS = TCP_MSS_BYTES            # TCP payload per segment at MTU 1500 with timestamps
 ETH_HEADER = 14
 SOL_PACKET = 263
 PACKET_STATISTICS = 6
