@@ -105,8 +105,8 @@ def test_profile_gpipe_bubble_matches_formula(tmp_path):
     assert abs(m["pipeline_bubble_fraction"] - formula) <= 0.05, detail
     assert m["iteration_time_s"] == pytest.approx(m["predicted"]["iteration_time_s"], rel=0.1)
     for s in m["stages"]:    # held to the profile: 16 x block
-        assert s["forward_ms"] == pytest.approx(16 * 1.3511, rel=0.05), detail
-        assert s["backward_ms"] == pytest.approx(16 * 2.8724, rel=0.05), detail
+        assert s["forward_ms"] == pytest.approx(16 * 1.3511, rel=0.1), detail
+        assert s["backward_ms"] == pytest.approx(16 * 2.8724, rel=0.1), detail
     # Each hold lasts its profile time: the median op within 5 %, and at least 3 in 4 ops within
     # 10 % (a stall of this 2-core VM may stretch one op; its spread is bench_bubbles' figure).
     spans = [json.loads(line) for line in run.spans_path.read_text().splitlines()]
