@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from testbed import report
+from testbed import bubbletea, report
 from testbed.calibrate import Settings, calibrate, paths_table, table
 from testbed.errors import ScenarioError
 from testbed.machine import CpuTimes
@@ -19,7 +19,7 @@ from testbed.network import Network, check_environment
 from testbed.placement import place_for_system
 from testbed.results import new_run_dir, provenance, write_json, write_text
 from testbed.scenario import Scenario, load_scenario
-from testbed.systems import SYSTEMS, get_system
+from testbed.systems import get_system
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -85,10 +85,10 @@ def load_run(scenario_path: str, *, systems: list[str] | None = None,
     field = "--systems" if systems else "systems"
     systems = list(systems or scenario.systems)
     for i, name in enumerate(systems):
-        if name not in SYSTEMS:   # testbed.systems: what `run` can train
-            raise ScenarioError(f"{field}[{i}]", f"{name!r} is not available",
-                                f"use {', '.join(SYSTEMS)}")
-        place_for_system(scenario, cfg, get_system(name, field))
+        system = get_system(name, f"{field}[{i}]")   # testbed.systems: what `run` can train
+        placement = place_for_system(scenario, cfg, system)
+        if system.fill_bubbles:
+            bubbletea.check(scenario, placement, name)
     if len(set(systems)) != len(systems):
         raise ScenarioError(field, f"{','.join(systems)} names a system twice", "name each once")
     return scenario, cfg, systems
@@ -127,4 +127,17 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             m["speedup_vs_baseline"] = round(base / m["iteration_time_s"], 3)
         print("speedup vs baseline: " + ", ".join(
             f"{n} {m['speedup_vs_baseline']:.2f}x" for n, m in doc["systems"].items()), flush=True)
+    for name, m in doc["systems"].items():   # X+bubbletea against X, when both ran
+        other = doc["systems"].get(get_system(name).without_bubbles)
+        if "bubbletea" in m and other is not None:
+            bt = m["bubbletea"]
+            its = [i for i in bt["iterations"] if i < len(other["iteration_walls_s"])]
+            without_s = sum(other["iteration_walls_s"][i] for i in its) / max(1, len(its))
+            bt["iteration_time_without_s"] = without_s
+            bt["training_slowdown"] = round(bt["iteration_time_s"] / without_s - 1.0, 4)
+            bt["gpu_utilization_without"] = other["gpu_utilization"]
+            print(f"{name}: iterations {its[0]}-{its[-1]} took {bt['iteration_time_s']:.3f} s vs "
+                  f"{without_s:.3f} s without BubbleTea ({bt['training_slowdown']:+.1%}); "
+                  f"GPU utilization {bt['gpu_utilization']:.1%} vs "
+                  f"{other['gpu_utilization']:.1%}", flush=True)
     return write_json(run_dir / "metrics.json", doc)

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Sequence
 from testbed.errors import ScenarioError
 from testbed.placement import Placement, place_for_system
 from testbed.routing import dc_paths
-from testbed.scenario import SYSTEMS as SCENARIO_SYSTEMS
 from testbed.scenario import Scenario, load_scenario
 from testbed.slotplan import SlotPlan, plan_slots
-from testbed.systems import SYSTEMS, System, connections_for, get_system
+from testbed.systems import System, connections_for, get_system
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -120,9 +119,6 @@ def resolve_systems(scenario: Scenario, names: Sequence[str] | None) -> list[Sys
     names = list(names) if names else list(scenario.systems)
     out = []
     for i, name in enumerate(names):
-        if name in SCENARIO_SYSTEMS and name not in SYSTEMS:
-            raise ScenarioError(f"systems[{i}]", f"{name!r} has no plan yet",
-                                f"use one of {', '.join(SYSTEMS)}")
         out.append(get_system(name, f"systems[{i}]"))
     return out
 

@@ -15,11 +15,14 @@ Form (every WAN link: one-way delay per direction, rate per direction):
     connections: auto          # optional: K TCP connections per cross-DC transfer, 1..16 or auto
                                # (systems that use K: testbed.systems.connections_for)
     dcs:
-      - {name: east, hosts: 2, rate_mbit: 1000}     # rate_mbit: optional intra-DC host link rate
+      - {name: east, hosts: 2, rate_mbit: 1000,     # rate_mbit: optional intra-DC host link rate
+         decode_hosts: 1}      # optional: BubbleTea decode servers <dc>-d1.. (never train)
     wan:
       - {between: [east, west], delay_ms: 20, rate_mbit: 100, jitter_ms: 0, loss_pct: 0,
          queue: 2000}          # queue: packets (int) or bytes ("4MB"); default >= BDP
-    systems: [baseline]        # optional: see SYSTEMS (testbed.systems describes each)
+    systems: [baseline]        # optional: see SYSTEMS (testbed.systems describes each);
+                               # "<system>+bubbletea" adds prefill in the bubbles
+    bubbletea: {...}           # optional: prefill load and admission (prefill.config)
 """
 
 from __future__ import annotations
@@ -27,17 +30,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from testbed.errors import ScenarioError
 from testbed.routing import ROUTING_POLICIES
 
+if TYPE_CHECKING:
+    from prefill.config import BubbleTeaConfig
+
 BACKENDS = ("auto", "netem", "delayline")
-# Every name testbed.systems.SYSTEMS describes, plus bubbletea (accepted here; a run refuses
-# what it cannot run yet).
-SYSTEMS = ("baseline", "multitcp", "temporal", "atlas", "dp-across-dcs", "bubbletea")
+# Every name testbed.systems.SYSTEMS describes; each may also be named with BUBBLETEA_SUFFIX,
+# the same system with prefill requests filling its bubbles (testbed.systems.get_system).
+SYSTEMS = ("baseline", "multitcp", "temporal", "atlas", "dp-across-dcs")
+BUBBLETEA_SUFFIX = "+bubbletea"
 CONGESTION_CONTROLS = ("cubic", "reno", "bbr")
 MTU_BYTES = 1500
 # A full-size TCP segment at that MTU: 20 bytes of IP and 32 of TCP (with the timestamps option)
@@ -48,6 +55,7 @@ MIN_QUEUE_PACKETS = 100
 DC_NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
 MAX_WAN_LINKS_PER_DC = 99  # <dc>-gw-eth99 is the longest gateway interface name that fits
 MAX_HOSTS_PER_DC = 99
+MAX_DECODE_HOSTS_PER_DC = 99   # <dc>-d99-eth0 fits IFNAMSIZ; addresses 10.<d>.0.101-199
 MAX_DCS = 200
 # TCP buffer limits of a real server, scaled down by `scale` in each host. The receive limit is
 # Linux's default tcp_rmem max; the send limit is twice it, so that (as on a WAN-tuned host) the
@@ -72,6 +80,7 @@ class DataCenter:
     name: str
     hosts: int
     rate_mbit: float | None = None  # intra-DC host link rate; None = unshaped veth
+    decode_hosts: int = 0           # BubbleTea decode servers, hosts <dc>-d1.. (not training)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,6 +116,7 @@ class Scenario:
     connections: int | str = "auto"   # K per cross-DC transfer, or "auto"
     systems: tuple[str, ...] = ("baseline",)
     training: dict[str, Any] | None = None
+    bubbletea: "BubbleTeaConfig | None" = None
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -117,7 +127,13 @@ class Scenario:
         raise KeyError(name)
 
     def host_names(self) -> list[str]:
+        """The training hosts (one GPU each), in scenario order."""
         return [f"{dc.name}-h{i}" for dc in self.dcs for i in range(1, dc.hosts + 1)]
+
+    def decode_host_names(self, dc: str | None = None) -> list[str]:
+        """BubbleTea's decode hosts (of one DC, or all)."""
+        return [f"{d.name}-d{i}" for d in self.dcs if dc in (None, d.name)
+                for i in range(1, d.decode_hosts + 1)]
 
     def emulated(self) -> "Scenario":
         """What the network is built from: with time_scale T every delay and jitter is T times
@@ -152,7 +168,8 @@ def load_scenario(path: str | Path) -> Scenario:
 def parse_scenario(data: Any, path: str = "") -> Scenario:
     top = _mapping(data, "scenario")
     _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
-                          "congestion_control", "connections", "systems", "training"})
+                          "congestion_control", "connections", "systems", "training",
+                          "bubbletea"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
@@ -181,15 +198,28 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
         raise ScenarioError("systems", f"{systems!r} is not a list",
                             f"use a list of {', '.join(SYSTEMS)}")
     for i, s in enumerate(systems):
-        if s not in SYSTEMS:
+        if not is_system_name(s):
             raise ScenarioError(f"systems[{i}]", f"{s!r} is not a system",
-                                f"use one of {', '.join(SYSTEMS)}")
+                                f"use one of {', '.join(SYSTEMS)}, each optionally with "
+                                f"{BUBBLETEA_SUFFIX}")
     training = top.get("training")
     if training is not None and not isinstance(training, dict):
         raise ScenarioError("training", "must be a mapping", "see topologies/two_dc.yaml")
+    bubbletea = None
+    if "bubbletea" in top:
+        from prefill.config import BubbleTeaConfig
+        bubbletea = BubbleTeaConfig.from_dict(top["bubbletea"])
     return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
                     backend=backend, routing=routing, congestion_control=congestion_control,
-                    connections=connections, systems=tuple(systems), training=training, path=path, raw=top)
+                    connections=connections, systems=tuple(systems), training=training,
+                    bubbletea=bubbletea, path=path, raw=top)
+
+
+def is_system_name(name: Any) -> bool:
+    """A system of SYSTEMS, or one with BUBBLETEA_SUFFIX."""
+    if not isinstance(name, str):
+        return False
+    return name.removesuffix(BUBBLETEA_SUFFIX) in SYSTEMS
 
 
 def _parse_connections(value: Any) -> int | str:
@@ -211,7 +241,7 @@ def _parse_dcs(value: Any) -> tuple[DataCenter, ...]:
     for i, item in enumerate(value):
         where = f"dcs[{i}]"
         d = _mapping(item, where)
-        _no_unknown(d, where, {"name", "hosts", "rate_mbit"})
+        _no_unknown(d, where, {"name", "hosts", "rate_mbit", "decode_hosts"})
         name = d.get("name")
         if not isinstance(name, str) or not DC_NAME_RE.fullmatch(name):
             raise ScenarioError(f"{where}.name", f"{name!r} is not a valid DC name",
@@ -226,7 +256,12 @@ def _parse_dcs(value: Any) -> tuple[DataCenter, ...]:
         rate = d.get("rate_mbit")
         if rate is not None:
             rate = _number(rate, f"{where}.rate_mbit", low=0.1, high=100000)
-        out.append(DataCenter(name=name, hosts=hosts, rate_mbit=rate))
+        decode = d.get("decode_hosts", 0)
+        if (not isinstance(decode, int) or isinstance(decode, bool)
+                or not 0 <= decode <= MAX_DECODE_HOSTS_PER_DC):
+            raise ScenarioError(f"{where}.decode_hosts", f"{decode!r} is not a host count",
+                                f"use an integer from 0 to {MAX_DECODE_HOSTS_PER_DC}")
+        out.append(DataCenter(name=name, hosts=hosts, rate_mbit=rate, decode_hosts=decode))
     return tuple(out)
 
 

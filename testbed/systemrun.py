@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from testbed import linkuse, report, temporal, wanstats
+from testbed import bubbletea, linkuse, report, temporal, wanstats
 from testbed.errors import ScenarioError
 from testbed.machine import CpuTimes
 from testbed.network import Network
@@ -61,21 +61,33 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
             # the temporal tree replaces the link's HTB leaf, where netem would hold the delay
             raise ScenarioError("backend", f"{system.name} (temporal WAN sharing) runs on the "
                                 "delayline backend only", "set backend: delayline")
-        hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts]
+        hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts
+                 if h.role == "train"]
         net.wan_stats()  # start this system's interval of WAN packet counts
         cpu_before = CpuTimes.now()
         sharing = temporal.start(net, slots, placement, sys_dir) if system.temporal else None
+        prefill = None
         try:
+            if system.fill_bubbles:
+                prefill = bubbletea.start(net, scenario, cfg, placement, sys_dir, system.name)
+                progress(f"bubbletea: {prefill.load['kept']} requests over "
+                         f"{', '.join(f'{dc} {len(r)}' for dc, r in prefill.load['per_dc'].items())}"
+                         f" ({prefill.load['refused']} refused, {prefill.load['truncated']} "
+                         f"truncated to {prefill.load['context_tokens']} tokens)")
             run = launch(placed, hosts, sys_dir, net, scale=scenario.scale,
                          progress=progress, time_scale=T, timeout_s=600.0 * T,
                          connect_timeout_s=60.0 * T,  # also gloo's timeout
                          congestion_control=scenario.congestion_control,
                          connections=lambda a, b: connections_for(scenario, system, a, b),
                          gate=None if sharing is None else sharing.gate_for,
-                         io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None)
+                         io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
+                         gpu_share=None if prefill is None else prefill.gpu_share)
         finally:
             if sharing is not None:
                 sharing.stop()
+            crashed = prefill.crashed() if prefill is not None else []
+            if prefill is not None:
+                prefill.stop()
         shared = sharing.results() if sharing is not None else {}
         net.check()
         wan_links = net.wan_stats()
@@ -110,8 +122,18 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     metrics["wan_warnings"] = (wanstats.warnings({k: v for k, v in wan_links.items()
                                                   if "packets" in v}, scenario.wan)
                                + temporal.warnings(shared))
+    extra = None
+    if prefill is not None:
+        from prefill.metrics import bubbletea_metrics
+        records = list(read_jsonl(prefill.merge_records()))
+        metrics["bubbletea"] = bubbletea_metrics(spans, records, time_scale=T,
+                                                 load={k: v for k, v in prefill.load.items()
+                                                       if k != "per_dc"},
+                                                 crashed=crashed)
+        extra = [r for r in records if r["name"] == "PREFILL"]
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
-                                                title=f"{scenario.name} {system.name}"))
+                                                title=f"{scenario.name} {system.name}",
+                                                extra_spans=extra))
     write_json(sys_dir / "metrics.json", metrics)   # this system's block, kept if a later fails
     return metrics
 
@@ -139,6 +161,21 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
                                                f"median switch error {_ms(v['switch_error_ms'])})"
                                                if "slot_adherence" in v else "")
             for k, v in used))
+    bt = metrics.get("bubbletea")
+    if bt is not None:
+        pf = bt["prefill"]
+        lines.append(f"bubbletea: GPU utilization {bt['gpu_utilization']:.1%} (training "
+                     f"{bt['training_only']:.1%} + prefill {bt['prefill_share']:.1%}), "
+                     f"{pf['requests_per_s']:.1f} requests/s, "
+                     f"{pf['prompt_tokens_per_s']:.0f} prompt tokens/s, TTFT p50 "
+                     f"{_ms(pf['ttft_ms']['p50'])} p99 {_ms(pf['ttft_ms']['p99'])}, KV p50 "
+                     f"{_ms(pf['kv_transfer_ms']['p50'])}, deadline misses "
+                     f"{pf['deadline_misses']}, training waited for prefill "
+                     f"{bt['gpu_wait']['count']}x ({bt['gpu_wait']['total_ms']:.1f} ms), "
+                     f"overlaps {bt['overlap']['count']}")
+        if bt["crashed"]:
+            lines.append("warning: BubbleTea processes died during training (training went "
+                         "on): " + "; ".join(bt["crashed"]))
     lines.append(report.wan_summary({k: v for k, v in metrics["wan_links"].items()
                                      if "packets" in v}, metrics["cpu"]))
     lines += metrics["wan_warnings"]

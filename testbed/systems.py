@@ -10,6 +10,8 @@ kernel, no Mininet, no torch.
     temporal       scenario-order placement, 1 connection, temporal WAN slots
     atlas          Atlas placement (all replicas of a stage in one DC), K connections, temporal
     dp-across-dcs  each pipeline in one DC, so every stage's all-reduce crosses the WAN
+    <any>+bubbletea  the same system, with prefill requests filling its bubbles (fill_bubbles;
+                   testbed.bubbletea runs it, the scenario's `bubbletea:` section configures it)
 
 K connections (the scenario's `connections`, default auto): a transfer between DCs X and Y over
 one TCP flow is window-limited at window / RTT, so K flows striped over the message move K times
@@ -27,12 +29,13 @@ same T, so rate x RTT (and K) is unchanged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from testbed.errors import ScenarioError
 from testbed.routing import Path, dc_paths
-from testbed.scenario import MAX_CONNECTIONS, RCV_WINDOW_FRACTION, scaled_tcp_rmem_max_bytes
+from testbed.scenario import (BUBBLETEA_SUFFIX, MAX_CONNECTIONS, RCV_WINDOW_FRACTION,
+                              scaled_tcp_rmem_max_bytes)
 
 if TYPE_CHECKING:
     from testbed.scenario import Scenario
@@ -60,6 +63,11 @@ class System:
     def temporal(self) -> bool:
         return self.wan_sharing == "temporal"
 
+    @property
+    def without_bubbles(self) -> str:
+        """The name of the same system without prefill in its bubbles."""
+        return self.name.removesuffix(BUBBLETEA_SUFFIX)
+
 
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System(name="baseline", placement="scenario-order", connections="one",
@@ -75,12 +83,16 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
 
 
 def get_system(name: str, field: str = "systems") -> System:
-    """The system called `name`, or ScenarioError on `field` listing the names there are."""
-    try:
-        return SYSTEMS[name]
-    except (KeyError, TypeError):
+    """The system called `name` (one of SYSTEMS, or one of them + "+bubbletea": the same
+    choices with fill_bubbles), or ScenarioError on `field` listing the names there are."""
+    base = name.removesuffix(BUBBLETEA_SUFFIX) if isinstance(name, str) else None
+    if base not in SYSTEMS:
         raise ScenarioError(field, f"{name!r} is not a system",
-                            f"use one of {', '.join(SYSTEMS)}") from None
+                            f"use one of {', '.join(SYSTEMS)}, each optionally with "
+                            f"{BUBBLETEA_SUFFIX}")
+    if base == name:
+        return SYSTEMS[name]
+    return replace(SYSTEMS[base], name=name, fill_bubbles=True)
 
 
 def window_bytes(scale: float) -> float:

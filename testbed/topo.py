@@ -4,6 +4,7 @@ One job: decide names, interfaces, addresses and routes; build nothing. `testbed
 the Topo into namespaces and applies the routes and shaping.
 
     DC d (0-based):  hosts  <dc>-h<i>   10.<d+1>.0.<i>/24   default via the DC gateway
+                     decode hosts <dc>-d<i>  10.<d+1>.0.<100+i>/24 (BubbleTea; never train)
                      gateway <dc>-gw    10.<d+1>.0.254/24 on <dc>-gw-eth0 (to the DC bridge)
                      bridge  <dc>-s     a Linux bridge in the root namespace
     WAN link k:      <a>-gw-eth<n> 10.254.x.y/30  <->  <b>-gw-eth<m> 10.254.x.y+1/30
@@ -28,6 +29,7 @@ class HostPlan:
     dc: str
     ip: str        # without prefix length
     intf: str
+    role: str = "train"   # "train" (one GPU, runs a stage) | "decode" (BubbleTea decode server)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,7 +82,8 @@ class Plan:
         """Names this plan creates in the root namespace (bridges and their ports)."""
         names = list(self.bridges.values())
         for dc in self.scenario.dcs:
-            names += [f"{self.bridges[dc.name]}-eth{i}" for i in range(1, dc.hosts + 2)]
+            names += [f"{self.bridges[dc.name]}-eth{i}"
+                      for i in range(1, dc.hosts + dc.decode_hosts + 2)]
         return names
 
 
@@ -95,6 +98,10 @@ def make_plan(scenario: Scenario) -> Plan:
         for i in range(1, dc.hosts + 1):
             name = f"{dc.name}-h{i}"
             hosts.append(HostPlan(name=name, dc=dc.name, ip=f"10.{d + 1}.0.{i}", intf=f"{name}-eth0"))
+        for i in range(1, dc.decode_hosts + 1):
+            name = f"{dc.name}-d{i}"
+            hosts.append(HostPlan(name=name, dc=dc.name, ip=f"10.{d + 1}.0.{100 + i}",
+                                  intf=f"{name}-eth0", role="decode"))
     next_port = {dc.name: 1 for dc in scenario.dcs}
     wan: list[WanPlan] = []
     base = int(ipaddress.IPv4Address("10.254.0.0"))

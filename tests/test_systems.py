@@ -34,8 +34,10 @@ def test_the_systems_table():
                                 connections="one", wan_sharing="concurrent"),
     }
     assert not any(s.fill_bubbles for s in SYSTEMS.values())
-    # every system is a name the scenario parser accepts; bubbletea stays accepted there
-    assert set(SYSTEMS) | {"bubbletea"} == set(scenario_mod.SYSTEMS)
+    # every system is a name the scenario parser accepts, also with +bubbletea
+    assert set(SYSTEMS) == set(scenario_mod.SYSTEMS)
+    assert all(scenario_mod.is_system_name(n + "+bubbletea") for n in SYSTEMS)
+    assert not scenario_mod.is_system_name("bubbletea")
     sc = parse_scenario(two(systems=list(SYSTEMS)))
     assert sc.systems == tuple(SYSTEMS)
 
@@ -48,6 +50,16 @@ def test_get_system_names_the_choices():
     msg = str(err.value)
     assert "'zeus'" in msg and "\n" not in msg
     assert all(name in msg for name in SYSTEMS)
+
+
+def test_bubbletea_variant_is_the_same_choices_with_fill_bubbles():
+    for name, base in SYSTEMS.items():
+        s = get_system(name + "+bubbletea")
+        assert s.fill_bubbles and s.name == name + "+bubbletea" and s.without_bubbles == name
+        assert (s.placement, s.connections, s.wan_sharing) == \
+            (base.placement, base.connections, base.wan_sharing)
+    with pytest.raises(ScenarioError):
+        get_system("zeus+bubbletea")
 
 
 def test_window_is_the_scaled_receive_buffer_share():

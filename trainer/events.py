@@ -5,7 +5,9 @@ One job: write and read span files. Each worker owns its file (no shared writer,
 thread and the transport's sender thread take for microseconds). Times are `time.time_ns()`, one
 clock for all processes on one machine (Mininet hosts are namespaces of the same kernel).
 
-Record: {"name": "F"|"B"|"SEND_F"|"RECV_F"|"SEND_B"|"RECV_B"|"ALLREDUCE"|"OPT"|"SETUP",
+Record: {"name": "F"|"B"|"SEND_F"|"RECV_F"|"SEND_B"|"RECV_B"|"ALLREDUCE"|"OPT"|"SETUP"
+                 |"GPU_WAIT"|"IDLE" (BubbleTea: waited for the host's GPU lock; a bubble
+                 announced to the controller, t_end_ns = its predicted end),
          "stage", "replica", "host", "dc", "iteration", "microbatch" (or null),
          "t_start_ns", "t_end_ns", "bytes" (communication only), ...extra}
 """

@@ -84,7 +84,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                  congestion_control: str | None = None,
                  connections: Callable[[str, str], int] | None = None,
                  gate: Callable[[str, str, int], dict | None] | None = None,
-                 io_priority: int | None = None) -> list[WorkerSpec]:
+                 io_priority: int | None = None,
+                 gpu_share: Callable[[str], dict | None] | None = None) -> list[WorkerSpec]:
     """One spec per worker, in stage-major order. Ports: stage s>0 replica r listens on
     base_port + s*D + r; stage s's gloo store is on base_port + P*D + s (at replica 0's IP).
     scale divides every padded byte count (the emulated WAN is scaled down by the same factor);
@@ -95,7 +96,10 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
     gate(src_dc, dst_dc, replica): the WAN arbiter a worker asks before each message it sends
     from src_dc to dst_dc ({"ip", "port", "link", "pipeline"}, testbed.temporal), or None.
     io_priority: SCHED_FIFO priority of the stage-to-stage channels' I/O threads (None: normal;
-    trainer.transport.Channel)."""
+    trainer.transport.Channel).
+    gpu_share(host): how the host's GPU is shared with a prefill server (BubbleTea):
+    {"gpu_lock_path": str, "bubble_notify": {"ip", "port"} | None}, or None (not shared); the
+    worker then holds that lock for its compute and announces its bubbles (trainer/worker.py)."""
     if scale <= 0 or time_scale <= 0:
         raise ValueError(f"scale and time_scale must be > 0, got {scale}, {time_scale}")
 
@@ -139,6 +143,7 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 pad = int(costs[s].activation_bytes / scale)
                 ar_pad = int(costs[s].layers * block["params"] * 2 / scale)  # bf16 gradients
             tag = f"trainer-s{s}r{r}"
+            lock_path, notify = _gpu_share_of(gpu_share, h.name)
             specs.append(WorkerSpec(
                 run_id=run_dir.name, name=name, stage=s, replica=r, host=h.name, ip=h.ip,
                 dc=h.dc, listen_port=base_port + s * D + r if s > 0 else None, prev=prev,
@@ -150,8 +155,27 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 connect_timeout_s=connect_timeout_s, recv_timeout_s=recv_timeout_s,
                 congestion_control=congestion_control, connections_next=k_next,
                 connections_prev=k_prev, gate_next=gate_next, gate_prev=gate_prev,
-                io_priority=io_priority))
+                io_priority=io_priority, gpu_lock_path=lock_path, bubble_notify=notify))
     return specs
+
+
+def _gpu_share_of(gpu_share: Callable[[str], dict | None] | None,
+                  host: str) -> tuple[str | None, dict | None]:
+    """(gpu_lock_path, bubble_notify) of a host from the gpu_share callback, checked."""
+    share = gpu_share(host) if gpu_share is not None else None
+    if share is None:
+        return None, None
+    lock_path = share.get("gpu_lock_path") if isinstance(share, dict) else None
+    if not isinstance(lock_path, str) or not lock_path:
+        raise ValueError(f"gpu_share({host!r}) gave {share!r}: need a dict with a non-empty "
+                         f"'gpu_lock_path'")
+    notify = share.get("bubble_notify")
+    if notify is not None and not (isinstance(notify, dict) and isinstance(notify.get("ip"), str)
+                                   and isinstance(notify.get("port"), int)):
+        raise ValueError(f"gpu_share({host!r}) gave bubble_notify {notify!r}: need "
+                         f"{{'ip': str, 'port': int}} or None")
+    return str(lock_path), None if notify is None else {"ip": notify["ip"],
+                                                         "port": notify["port"]}
 
 
 def predicted_timeline(cfg: TrainConfig, specs: Sequence[WorkerSpec]) -> dict:
@@ -182,15 +206,17 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
            congestion_control: str | None = None,
            connections: Callable[[str, str], int] | None = None,
            gate: Callable[[str, str, int], dict | None] | None = None,
-           io_priority: int | None = None) -> TrainRun:
+           io_priority: int | None = None,
+           gpu_share: Callable[[str], dict | None] | None = None) -> TrainRun:
     """Run training to the end; raise TestbedError (with the failing worker's log tail) if any
     worker fails or the run passes timeout_s. hosts are in topology order; scale divides padded
-    message sizes; connections(src_dc, dst_dc) is K per stage-to-stage channel (plan_workers)."""
+    message sizes; connections(src_dc, dst_dc) is K per stage-to-stage channel and gpu_share(host)
+    the host's GPU lock and bubble-notice address (plan_workers)."""
     run_dir = Path(run_dir)
     specs = plan_workers(cfg, hosts, run_dir, scale, base_port, connect_timeout_s,
                          recv_timeout_s=max(30.0, timeout_s), time_scale=time_scale,
                          congestion_control=congestion_control, connections=connections,
-                         gate=gate, io_priority=io_priority)
+                         gate=gate, io_priority=io_priority, gpu_share=gpu_share)
     plan_path = run_dir / "trainer_plan.json"
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = {"config": cfg.to_dict(), "scale": scale, "time_scale": time_scale,
@@ -203,7 +229,9 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                          "allreduce_pad_bytes": s.allreduce_pad_bytes,
                          "connections_next": s.connections_next,
                          "connections_prev": s.connections_prev,
-                         "gate_next": s.gate_next, "gate_prev": s.gate_prev} for s in specs],
+                         "gate_next": s.gate_next, "gate_prev": s.gate_prev,
+                         "gpu_lock_path": s.gpu_lock_path,
+                         "bubble_notify": s.bubble_notify} for s in specs],
             "predicted": predicted_timeline(cfg, specs)}
     plan_path.write_text(json.dumps(plan, indent=1))
     env = worker_env(env)

@@ -93,7 +93,7 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
                 compute_pp[(r["stage"], r["replica"], it)] += dur
             if it in used:
                 op_ms[(r["stage"], r["replica"], r["name"])].append(dur / 1e6)
-        elif r["name"] != "SETUP" and it in used:
+        elif r["name"] not in ("SETUP", "GPU_WAIT", "IDLE") and it in used:
             c = comm[r["name"]]
             c["count"] += 1
             c["bytes"] += r.get("bytes") or 0
@@ -136,6 +136,7 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
         "schedule": cfg["schedule"],
         "n_stages": P, "replicas": D, "micro_batches": M,
         "iterations": n_it, "iterations_averaged": used,
+        "iteration_walls_s": [walls[i] / 1e9 for i in range(n_it)],
         "op_duration_cv_max": max((max(x["forward_cv"], x["backward_cv"]) for x in stages_out),
                                   default=0.0),
         "communication": {k: dict(v) for k, v in sorted(comm.items())},
@@ -155,6 +156,7 @@ def in_real_time(metrics: dict[str, Any], time_scale: float) -> dict[str, Any]:
         return metrics
     t = time_scale
     metrics["iteration_time_s"] /= t
+    metrics["iteration_walls_s"] = [w / t for w in metrics.get("iteration_walls_s", [])]
     metrics["tokens_per_s"] *= t
     metrics["model_tokens_per_s"] *= t
     for st in metrics["stages"]:

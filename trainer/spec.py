@@ -5,7 +5,10 @@ finds its peers only here: `next` is the listener of stage s+1 replica d (ip, po
 to; `listen_port` is where it accepts stage s-1 replica d (bound to its own `ip`); `dp_master_*`
 is the TCPStore of its stage's data-parallel group (the stage's replica 0). `connections_next`
 and `connections_prev` are the K (TCP connections each message is striped over) of those two
-channels; both ends of a channel get the same K.
+channels; both ends of a channel get the same K. `gpu_lock_path` (trainer/gpulock.py) is the
+host's GPU lock the worker holds for every F, B and OPT when the host's GPU is shared with a
+prefill server (BubbleTea), and `bubble_notify` the UDP address of the DC's controller the worker
+announces its predicted bubbles to (trainer/bubbles.py); both None in a plain training run.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ class WorkerSpec:
     gate_next: dict | None = None
     gate_prev: dict | None = None
     io_priority: int | None = None   # SCHED_FIFO of the channels' I/O threads (None: normal)
+    # BubbleTea: the host's GPU lock file (None: no lock, no bubble notices) and the DC
+    # controller's UDP address for bubble notices ({"ip": str, "port": int}, or None).
+    gpu_lock_path: str | None = None
+    bubble_notify: dict | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

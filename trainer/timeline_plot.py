@@ -5,6 +5,13 @@ One job: draw spans. Reads a run's trainer_spans.jsonl (or records), draws one r
 optimizer step, waits for activations/gradients and the all-reduce (communication), and idle
 (the row's background). A thin strip under each row shows when the sender thread was writing.
 matplotlib is imported inside the function (Agg backend), so importing this module is cheap.
+
+Shared GPU (BubbleTea): a worker's GPU_WAIT spans (it waited for the host's GPU lock: a prefill
+overran the bubble) are drawn in red on its row, its IDLE spans (announced bubbles, from the
+notice to the predicted end) as a thin strip above the row, and `extra_spans` records named
+PREFILL ({"host", "t_start_ns", "t_end_ns"}, the prefill servers' records) on the row(s) of their
+host, so the prefills appear inside the bubbles. These are drawn wherever they overlap the
+iteration's window (clipped to it), whatever their iteration field says.
 """
 
 from __future__ import annotations
@@ -17,10 +24,11 @@ from trainer.metrics import iteration_windows
 
 COLOURS = {"F": "#8ecae6", "B": "#1d4e89", "OPT": "#6c757d", "RECV_F": "#f4a261",
            "RECV_B": "#e76f51", "ALLREDUCE": "#e9c46a", "SEND_F": "#2a9d8f", "SEND_B": "#2a9d8f",
-           "idle": "#f1f1f1"}
+           "idle": "#f1f1f1", "GPU_WAIT": "#d62828", "PREFILL": "#9d4edd", "IDLE": "#adb5bd"}
 LABELS = {"F": "forward", "B": "backward", "OPT": "optimizer", "RECV_F": "wait activation",
           "RECV_B": "wait gradient", "ALLREDUCE": "all-reduce", "SEND_F": "sending",
-          "idle": "idle (bubble)"}
+          "idle": "idle (bubble)", "GPU_WAIT": "training waits for GPU",
+          "PREFILL": "prefill", "IDLE": "announced bubble"}
 
 
 def pick_iteration(spans: Sequence[dict]) -> int:
@@ -30,7 +38,9 @@ def pick_iteration(spans: Sequence[dict]) -> int:
 
 
 def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | None = None,
-                  title: str = "") -> Path:
+                  title: str = "", extra_spans: Sequence[dict] | None = None) -> Path:
+    """Draw one iteration (default: pick_iteration) of the run's spans to out_png.
+    extra_spans: other processes' records to draw on their host's row (PREFILL)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -42,11 +52,24 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
     rows = sorted({(r["stage"], r["replica"]) for r in records}, reverse=True)
     row_y = {key: i for i, key in enumerate(rows)}
     hosts = {(r["stage"], r["replica"]): r.get("host", "") for r in records}
-    fig, ax = plt.subplots(figsize=(12, 0.55 * len(rows) + 1.6))
+    fig_h_in = 0.55 * len(rows) + 1.8
+    fig, ax = plt.subplots(figsize=(12, fig_h_in))
     span_ms = (hi - lo) / 1e6
     for key, y in row_y.items():
         ax.barh(y, span_ms, left=0, height=0.7, color=COLOURS["idle"], edgecolor="none")
+    rows_of_host: dict[str, list[float]] = {}
+    for key, y in row_y.items():
+        rows_of_host.setdefault(hosts[key], []).append(y)
+    shown: set[str] = set()
+
+    def clipped(r: dict) -> tuple[float, float] | None:
+        """(x0 ms, width ms) of r inside the window, None if it does not overlap it."""
+        t0, t1 = max(r["t_start_ns"], lo), min(r["t_end_ns"], hi)
+        return None if t1 <= t0 else ((t0 - lo) / 1e6, (t1 - t0) / 1e6)
+
     for r in records:
+        if r["name"] in ("GPU_WAIT", "IDLE"):
+            continue                  # drawn on top, below
         if r.get("iteration") != it or r["name"] not in COLOURS:
             continue
         y = row_y[(r["stage"], r["replica"])]
@@ -60,16 +83,39 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
         if r["name"] in ("F", "B") and r.get("microbatch") is not None and w > span_ms / 80:
             ax.text(x0 + w / 2, y, f"{r['name']}{r['microbatch']}", ha="center", va="center",
                     fontsize=7, color="black" if r["name"] == "F" else "white")
+    # A prefill holds the host's GPU lock, so it never overlaps the row's F/B/OPT: drawn over
+    # the waits it fills (a little narrower, so what the worker was waiting for still shows).
+    for r in extra_spans or ():
+        xw = clipped(r) if r.get("name") == "PREFILL" else None
+        for y in rows_of_host.get(r.get("host", ""), []) if xw is not None else []:
+            ax.barh(y, xw[1], left=xw[0], height=0.56, color=COLOURS["PREFILL"],
+                    edgecolor="none")
+            shown.add("PREFILL")
+    for r in records:
+        xw = clipped(r) if r["name"] in ("GPU_WAIT", "IDLE") else None
+        if xw is None:
+            continue
+        y = row_y[(r["stage"], r["replica"])]
+        if r["name"] == "IDLE":
+            ax.barh(y + 0.42, xw[1], left=xw[0], height=0.1, color=COLOURS["IDLE"],
+                    edgecolor="none")
+        else:
+            ax.barh(y, xw[1], left=xw[0], height=0.4, color=COLOURS["GPU_WAIT"],
+                    edgecolor="none")
+        shown.add(r["name"])
     ax.set_yticks(list(row_y.values()))
     ax.set_yticklabels([f"stage {s} rep {d}\n{hosts[(s, d)]}" for s, d in row_y], fontsize=8)
     ax.set_xlim(0, span_ms)
     ax.set_xlabel(f"time since iteration {it} start (ms)")
     ax.set_title(title or f"iteration {it}")
     keys = ["F", "B", "OPT", "RECV_F", "RECV_B", "ALLREDUCE", "SEND_F", "idle"]
-    ax.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in keys],
-              loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(keys), fontsize=7,
-              frameon=False)
-    fig.tight_layout()
+    keys += [k for k in ("PREFILL", "GPU_WAIT", "IDLE") if k in shown]
+    legend_rows = -(-len(keys) // 8)
+    fig.set_figheight(fig_h_in + 0.2 * (legend_rows - 1))
+    fig.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in keys],
+               loc="lower center", ncol=min(len(keys), 8), fontsize=7, frameon=False)
+    # leave the legend's rows free under the axes and their x label
+    fig.tight_layout(rect=(0, (0.2 * legend_rows + 0.05) / fig.get_figheight(), 1, 1))
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=120)

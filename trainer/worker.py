@@ -12,12 +12,25 @@ replicas (gloo) and step the optimizer. Every step is a span in this worker's JS
 
 compute=profile: each F/B still runs the real model, then sleeps until the profile's duration for
 the target model has passed since it started, and messages are padded to the target's bytes.
+
+Shared GPU (BubbleTea, spec.gpu_lock_path set; docs/bubbletea/design.md): the worker holds the
+host's GpuLock (trainer/gpulock.py) for each F, B and OPT: it asks for the lock when the op's
+inputs are ready (t_want), computes once it has it (the span starts there), and releases it when
+the hold ends, before sending the output (network, not GPU); the all-reduce stays outside the
+lock. A wait for the lock (a prefill overran its bubble) is a GPU_WAIT span {op, iteration,
+microbatch} from t_want to the acquisition. Every op's idle gap (t_want minus the end of the
+previous compute op) feeds a BubblePredictor (trainer/bubbles.py); after each op, when the
+predicted gap before the next op is >= MIN_NOTICE_MS and spec.bubble_notify is set, one UDP
+datagram {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op"} goes to the DC's controller
+(errors ignored: a dead controller never stops training) and an IDLE span {op} is logged, with
+the next op's iteration and micro-batch. Without gpu_lock_path none of this happens.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import time
 from pathlib import Path
@@ -25,10 +38,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainer.bubbles import MIN_NOTICE_MS, OPT, BubblePredictor
 from trainer.config import TrainConfig
 from trainer.data import MarkovTokens, global_index
 from trainer.dp import average_gradients, init_stage_group
 from trainer.events import SpanLog
+from trainer.gpulock import GpuLock
 from trainer.pipeline import plan_stages
 from trainer.schedule import parse_action, schedule_table
 from trainer.spec import WorkerSpec
@@ -74,6 +89,14 @@ class StageWorker:
         self.next: Channel | None = None
         self.dp = self.cfg.replicas > 1
         self._slot_clients: list[SlotClient] = []
+        # Shared GPU (BubbleTea): the host's lock, the bubble predictor, the notice socket.
+        self.gpu = GpuLock(spec.gpu_lock_path) if spec.gpu_lock_path is not None else None
+        self.bubbles = BubblePredictor(self.table_row)
+        self._op_end_ns: int | None = None     # end of the last compute op (with self.gpu)
+        self._notify: socket.socket | None = None
+        if self.gpu is not None and spec.bubble_notify is not None:
+            self._notify = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self._notify.setblocking(False)
 
     # -- lifecycle ------------------------------------------------------------------------
     def run(self) -> None:
@@ -137,6 +160,10 @@ class StageWorker:
                 client.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
+            if self.gpu is not None:
+                self.gpu.close()
+            if self._notify is not None:
+                self._notify.close()
             self.log.close()
 
     def _gate(self, where: dict | None):
@@ -165,29 +192,80 @@ class StageWorker:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
+    # -- the shared GPU (no-ops without spec.gpu_lock_path) ------------------------------
+    def _gpu_acquire(self, it: int, mb: int | None, k: int) -> int:
+        """Op k wants the GPU now: take the host's lock (recording the gap before op k and any
+        wait as GPU_WAIT); returns the compute start (time_ns)."""
+        if self.gpu is None:
+            return time.time_ns()
+        t_want = time.time_ns()
+        if self._op_end_ns is not None:
+            self.bubbles.observe(it, k, t_want - self._op_end_ns)
+        waited_ns = self.gpu.acquire()
+        t_got = time.time_ns()
+        if waited_ns > 0:
+            self.log.span("GPU_WAIT", t_want, t_got, it, mb, op=k)
+        return t_got
+
+    def _compute_done(self, name: str, it: int, mb: int | None, k: int, t_start: int,
+                      **extra: object) -> None:
+        """Op k's hold is over: give the GPU back, log the op's span, announce the bubble
+        before the next op."""
+        t_end = time.time_ns()
+        if self.gpu is not None:
+            self.gpu.release()
+        self.log.span(name, t_start, t_end, it, mb, **extra)
+        if self.gpu is not None:
+            self._op_end_ns = t_end
+            self._announce(it, k, t_end)
+
+    def _announce(self, it: int, k: int, t_idle_ns: int) -> None:
+        """Tell the DC's controller how long the GPU will be free, if that is >= MIN_NOTICE_MS."""
+        if self._notify is None or self.spec.bubble_notify is None:
+            return
+        next_it, next_k = self.bubbles.next_op(it, k)
+        if next_it >= self.cfg.iterations:
+            return
+        pred_ns = self.bubbles.predict_ns(next_k)
+        if pred_ns is None or pred_ns < MIN_NOTICE_MS * 1e6:
+            return
+        t_pred_end_ns = t_idle_ns + pred_ns
+        notice = {"host": self.spec.host, "t_idle_ns": t_idle_ns, "t_pred_end_ns": t_pred_end_ns,
+                  "iteration": next_it, "op": next_k}
+        try:
+            self._notify.sendto(json.dumps(notice).encode(),
+                                (self.spec.bubble_notify["ip"], self.spec.bubble_notify["port"]))
+        except OSError:
+            pass                # a dead or unreachable controller never stops training
+        op = self.bubbles.ops[next_k]
+        self.log.span("IDLE", t_idle_ns, t_pred_end_ns, next_it,
+                      None if op == OPT else parse_action(op)[1], op=next_k)
+
     # -- one iteration --------------------------------------------------------------------
     def iteration(self, it: int) -> list[float]:
         cfg, spec = self.cfg, self.spec
         saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # mb -> (input, output)
         losses: list[float] = []
-        for action in self.table_row:
+        for k, action in enumerate(self.table_row):
             kind, mb = parse_action(action)
             if kind == "F":
-                saved[mb] = self.forward(it, mb, losses)
+                saved[mb] = self.forward(it, mb, losses, k)
             else:
-                self.backward(it, mb, *saved.pop(mb))
+                self.backward(it, mb, *saved.pop(mb), k)
         if self.dp:
             t = time.time_ns()
             n_bytes = average_gradients(self.params, cfg.replicas, spec.allreduce_pad_bytes)
             self.log.span("ALLREDUCE", t, time.time_ns(), it, bytes=n_bytes)
-        t = time.time_ns()
+        k_opt = len(self.table_row)
+        t = self._gpu_acquire(it, None, k_opt)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self._sync()
-        self.log.span("OPT", t, time.time_ns(), it)
+        self._compute_done("OPT", it, None, k_opt, t)
         return losses
 
-    def forward(self, it: int, mb: int, losses: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, it: int, mb: int, losses: list[float],
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, spec = self.cfg, self.spec
         index = global_index(spec.replica, cfg.micro_batches, mb)
         tokens, targets = self.data.micro_batch(it, index, cfg.micro_batch_size,
@@ -198,33 +276,33 @@ class StageWorker:
             assert self.prev is not None
             got = self._recv(self.prev, KIND_ACT, it, mb)
             inp = got.tensor.to(self.device).requires_grad_(True)
-        t_start = time.time_ns()
+        t_start = self._gpu_acquire(it, mb, k)
         out = self.module(inp, targets.to(self.device) if self.plan.last else None)
         if self.plan.last:
             losses.append(out.item())    # .item() syncs the device
         self._sync()
         t_compute = time.time_ns()
         _hold(t_start, spec.hold_forward_ms)
-        self.log.span("F", t_start, time.time_ns(), it, mb, compute_ns=t_compute - t_start)
+        self._compute_done("F", it, mb, k, t_start, compute_ns=t_compute - t_start)
         if not self.plan.last:
             assert self.next is not None
             self.next.send(KIND_ACT, it, mb, out.detach(), pad_to_bytes=spec.pad_bytes)
         return inp, out
 
-    def backward(self, it: int, mb: int, inp: torch.Tensor, out: torch.Tensor) -> None:
+    def backward(self, it: int, mb: int, inp: torch.Tensor, out: torch.Tensor, k: int) -> None:
         cfg, spec = self.cfg, self.spec
         if self.plan.last:
-            t_start = time.time_ns()
+            t_start = self._gpu_acquire(it, mb, k)
             (out / cfg.micro_batches).backward()   # mean over this replica's M micro-batches
         else:
             assert self.next is not None
             got = self._recv(self.next, KIND_GRAD, it, mb)
-            t_start = time.time_ns()
+            t_start = self._gpu_acquire(it, mb, k)
             out.backward(got.tensor.to(self.device))
         self._sync()
         t_compute = time.time_ns()
         _hold(t_start, spec.hold_backward_ms)
-        self.log.span("B", t_start, time.time_ns(), it, mb, compute_ns=t_compute - t_start)
+        self._compute_done("B", it, mb, k, t_start, compute_ns=t_compute - t_start)
         if not self.plan.first:
             assert self.prev is not None and inp.grad is not None
             self.prev.send(KIND_GRAD, it, mb, inp.grad, pad_to_bytes=spec.pad_bytes)

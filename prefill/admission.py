@@ -1,0 +1,98 @@
+"""Which queued prefill request goes into a bubble, if any. Pure: no clock, no sockets.
+
+One job: the controller's admission rule, testable with made-up times.
+
+A bubble is (now, end): the host's GPU is idle until `end`, the predicted start of its next
+training op. A request with predicted prefill time p (the H200 profile at its prompt length,
+times time_scale) fits when
+
+    now + p + guard(p) <= end,      guard(p) = guard_ms + guard_pct % of p
+
+and the prefill server is told to refuse it unless it can end by `end - guard(p)` (it checks
+again when it holds the GPU: the controller's `now` is older by a message). Among fitting
+requests the oldest goes first (FIFO, first fit): a request that fits no bubble waits for a
+larger one on any host of the DC, until its time-to-first-token deadline passes; then it is
+expired (counted as a deadline miss, never dropped silently). A request is never split.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Callable
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(kw_only=True, slots=True, order=False)
+class Pending:
+    id: str
+    seq: int                  # arrival order (a requeued request keeps its place)
+    t_arrival_ns: int
+    deadline_ns: int          # t_arrival_ns + the TTFT deadline
+    target_tokens: int        # prompt length the profile is read at
+    output_tokens: int
+    predicted_ns: int         # prefill hold on the target GPU (x time_scale)
+    guard_ns: int
+    attempts: int = 0
+    truncated_from: int | None = None
+
+
+@dataclass(kw_only=True, slots=True)
+class Pick:
+    request: Pending | None
+    reason: str               # "fit" | "no_request" | "none_fitted" | "guard"
+    not_after_ns: int = 0     # the prefill must end by then (bubble end - guard)
+
+
+@dataclass(kw_only=True)
+class Admission:
+    """FIFO queue of one DC's waiting requests with the fit rule above."""
+    _queue: list[Pending] = field(default_factory=list)  # sorted by seq
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def arrive(self, req: Pending) -> None:
+        bisect.insort(self._queue, req, key=lambda r: r.seq)
+
+    requeue = arrive
+
+    def expire(self, now_ns: int) -> list[Pending]:
+        """Remove and return the requests whose deadline has passed."""
+        gone = [r for r in self._queue if r.deadline_ns <= now_ns]
+        if gone:
+            self._queue = [r for r in self._queue if r.deadline_ns > now_ns]
+        return gone
+
+    def pick(self, now_ns: int, bubble_end_ns: int) -> Pick:
+        """Take the oldest request that fits before bubble_end_ns (module rule), if any."""
+        if not self._queue:
+            return Pick(request=None, reason="no_request")
+        guarded = False
+        for i, r in enumerate(self._queue):
+            if now_ns + r.predicted_ns + r.guard_ns <= bubble_end_ns:
+                del self._queue[i]
+                return Pick(request=r, reason="fit", not_after_ns=bubble_end_ns - r.guard_ns)
+            guarded = guarded or now_ns + r.predicted_ns <= bubble_end_ns
+        # "guard": one would have fitted without the guard; "none_fitted": none at all
+        return Pick(request=None, reason="guard" if guarded else "none_fitted")
+
+    def drain(self) -> list[Pending]:
+        out = list(self._queue)
+        self._queue = []
+        return out
+
+
+def make_pending(*, id: str, seq: int, t_arrival_ns: int, target_tokens: int,
+                 output_tokens: int, deadline_ms: float, predict_ms: Callable[[int], float],
+                 guard_ms: Callable[[float], float], time_scale: float,
+                 truncated_from: int | None = None) -> Pending:
+    """A request as the queue holds it; every time dilated by time_scale."""
+    p_ms = predict_ms(target_tokens)
+    return Pending(id=id, seq=seq, t_arrival_ns=t_arrival_ns,
+                   deadline_ns=t_arrival_ns + int(deadline_ms * time_scale * NS_PER_MS),
+                   target_tokens=target_tokens, output_tokens=output_tokens,
+                   predicted_ns=int(p_ms * time_scale * NS_PER_MS),
+                   guard_ns=int(guard_ms(p_ms) * time_scale * NS_PER_MS),
+                   truncated_from=truncated_from)

@@ -1,0 +1,165 @@
+"""The scenario's `bubbletea:` section -> a validated, frozen BubbleTeaConfig. Pure.
+
+One job: turn the section into settings or raise ScenarioError naming the field and the fix.
+Used by every system whose name ends in "+bubbletea" (testbed.systems); testbed.bubbletea runs it.
+
+    bubbletea:
+      load: {trace: code, rate_multiplier: 20, start_s: 0, window_s: 600}
+      # or:  {poisson_per_s: 40, lengths: conv, seed: 0}
+      context_rule: truncate     # a prompt + output beyond the target's 8192 tokens: truncate | refuse
+      ttft_deadline_ms: 2000     # time to first token a request must meet (counted when missed)
+      guard_ms: 2                # admit a prefill only if prediction + guard fits in the bubble,
+      guard_pct: 5               # guard = guard_ms + guard_pct % of the prediction
+      kv_fraction: 0.25          # KV heads / attention heads of the target (GQA); 1 = full MHA
+      decode_tokens_max: 8       # profile mode: tokens each decode server generates per request
+      model: {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 256, context: 256}
+      profile: h200-transformer.json
+
+Profile mode (the training section's compute): a prefill holds its host's GPU for the H200
+prefill_stack's time of `target_tokens` (the trace's prompt length, fitted to 8192), the real
+inference model runs on the prompt's last `model.context` tokens, and the KV message carries
+kv_cache_bytes(target_tokens) x kv_fraction / scale bytes. Decode tokens are real greedy tokens,
+capped at decode_tokens_max (decode time is not what this testbed measures). Measured mode: the
+prompt is real and whole (at most model.context tokens), nothing is held or padded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from testbed.errors import ScenarioError
+
+TRACES = ("code", "conv")
+CONTEXT_RULES = ("truncate", "refuse")
+MODEL_FIELDS = {"n_layer": (1, 8), "n_embd": (8, 512), "n_head": (1, 16),
+                "vocab_size": (2, 65536), "context": (8, 4096)}
+DEFAULT_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "context": 256}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoadConfig:
+    trace: str = "conv"                  # replay: which Azure trace; poisson: lengths from it
+    rate_multiplier: float = 1.0         # replay only
+    start_s: float = 0.0                 # replay only: where in the trace the window starts
+    window_s: float = 600.0              # replay: trace seconds taken; poisson: duration
+    poisson_per_s: float | None = None   # set: Poisson arrivals at this rate instead of replay
+    seed: int = 0
+
+    @property
+    def kind(self) -> str:
+        return "replay" if self.poisson_per_s is None else "poisson"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BubbleTeaConfig:
+    load: LoadConfig = field(default_factory=LoadConfig)
+    context_rule: str = "truncate"
+    ttft_deadline_ms: float = 2000.0
+    guard_ms: float = 2.0
+    guard_pct: float = 5.0
+    kv_fraction: float = 1.0
+    decode_tokens_max: int = 8
+    model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
+    profile: str = "h200-transformer.json"
+
+    def guard_for_ms(self, predicted_ms: float) -> float:
+        """The margin a prefill predicted at predicted_ms must leave before its bubble ends."""
+        return self.guard_ms + self.guard_pct / 100.0 * predicted_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "bubbletea") -> "BubbleTeaConfig":
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ScenarioError(where, "must be a mapping", "see topologies/atlas_paper.yaml")
+        _no_unknown(data, where, {"load", "context_rule", "ttft_deadline_ms", "guard_ms",
+                                  "guard_pct", "kv_fraction", "decode_tokens_max", "model",
+                                  "profile"})
+        load = _load(data.get("load", {}), f"{where}.load")
+        rule = data.get("context_rule", "truncate")
+        if rule not in CONTEXT_RULES:
+            raise ScenarioError(f"{where}.context_rule", f"{rule!r} is not a rule",
+                                f"use one of {', '.join(CONTEXT_RULES)}")
+        model = dict(DEFAULT_MODEL)
+        m = data.get("model", {})
+        if not isinstance(m, dict):
+            raise ScenarioError(f"{where}.model", "must be a mapping", "e.g. {n_layer: 2}")
+        _no_unknown(m, f"{where}.model", set(MODEL_FIELDS))
+        for key, (low, high) in MODEL_FIELDS.items():
+            if key in m:
+                model[key] = _int(m[key], f"{where}.model.{key}", low, high)
+        if model["n_embd"] % model["n_head"]:
+            raise ScenarioError(f"{where}.model.n_head", f"{model['n_head']} does not divide "
+                                f"n_embd {model['n_embd']}", "pick n_head dividing n_embd")
+        profile = data.get("profile", "h200-transformer.json")
+        if not isinstance(profile, str) or "/" in profile or not profile.endswith(".json"):
+            raise ScenarioError(f"{where}.profile", f"{profile!r} is not a profile file name",
+                                "name a file in trainer/profiles, e.g. h200-transformer.json")
+        return cls(load=load, context_rule=rule,
+                   ttft_deadline_ms=_num(data.get("ttft_deadline_ms", 2000.0),
+                                         f"{where}.ttft_deadline_ms", 1.0, 3.6e6),
+                   guard_ms=_num(data.get("guard_ms", 2.0), f"{where}.guard_ms", 0.0, 1e4),
+                   guard_pct=_num(data.get("guard_pct", 5.0), f"{where}.guard_pct", 0.0, 100.0),
+                   kv_fraction=_num(data.get("kv_fraction", 1.0), f"{where}.kv_fraction",
+                                    1e-3, 1.0),
+                   decode_tokens_max=_int(data.get("decode_tokens_max", 8),
+                                          f"{where}.decode_tokens_max", 1, 4096),
+                   model=model, profile=profile)
+
+
+def _load(data: Any, where: str) -> LoadConfig:
+    if not isinstance(data, dict):
+        raise ScenarioError(where, "must be a mapping", "e.g. {trace: conv, rate_multiplier: 20}")
+    _no_unknown(data, where, {"trace", "rate_multiplier", "start_s", "window_s",
+                              "poisson_per_s", "lengths", "seed"})
+    poisson = data.get("poisson_per_s")
+    if poisson is not None:
+        poisson = _num(poisson, f"{where}.poisson_per_s", 1e-3, 1e5)
+        for key in ("rate_multiplier", "start_s"):
+            if key in data:
+                raise ScenarioError(f"{where}.{key}", "applies to trace replay only",
+                                    "drop it, or drop poisson_per_s to replay the trace")
+        trace = data.get("lengths", "conv")
+        trace_field = f"{where}.lengths"
+    else:
+        if "lengths" in data:
+            raise ScenarioError(f"{where}.lengths", "applies to poisson_per_s only",
+                                "use trace: to pick the trace that is replayed")
+        trace = data.get("trace", "conv")
+        trace_field = f"{where}.trace"
+    if trace not in TRACES:
+        raise ScenarioError(trace_field, f"{trace!r} is not a trace", f"use one of {', '.join(TRACES)}")
+    return LoadConfig(trace=trace,
+                      rate_multiplier=_num(data.get("rate_multiplier", 1.0),
+                                           f"{where}.rate_multiplier", 1e-3, 1e5),
+                      start_s=_num(data.get("start_s", 0.0), f"{where}.start_s", 0.0, 1e6),
+                      window_s=_num(data.get("window_s", 600.0), f"{where}.window_s", 1e-3, 1e6),
+                      poisson_per_s=poisson,
+                      seed=_int(data.get("seed", 0), f"{where}.seed", 0, 2**31 - 1))
+
+
+def _no_unknown(d: dict, where: str, allowed: set[str]) -> None:
+    for key in d:
+        if key not in allowed:
+            raise ScenarioError(f"{where}.{key}", "unknown field",
+                                f"use one of {', '.join(sorted(allowed))}")
+
+
+def _num(value: Any, where: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(where, f"{value!r} is not a number", f"use a number from {low:g} to {high:g}")
+    if not low <= float(value) <= high:
+        raise ScenarioError(where, f"{value} is out of range", f"use a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def _int(value: Any, where: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(where, f"{value!r} is not an integer", f"use an integer from {low} to {high}")
+    if not low <= value <= high:
+        raise ScenarioError(where, f"{value} is out of range", f"use an integer from {low} to {high}")
+    return value

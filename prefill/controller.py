@@ -1,0 +1,333 @@
+"""BubbleTea's controller for one DC: `python -m prefill.controller --spec FILE`.
+
+One job: put the DC's prefill requests into its training hosts' bubbles. It replays the DC's
+request load (prefill/load.py, written to a file by testbed.bubbletea), hears each training
+worker's bubble notices (UDP: the GPU is idle from t_idle until about t_pred_end, the worker's
+own prediction learned from its last iterations, trainer/bubbles.py), and for every bubble sends
+its host's prefill server the oldest waiting request whose predicted time plus guard fits
+(prefill/admission.py), then the next one while the bubble lasts. A request waits for a later
+bubble on any host of the DC until its time-to-first-token deadline passes (then it is expired
+and counted). The replay starts with the first notice, i.e. once training runs.
+
+Records (JSONL, docs/bubbletea/design.md): REQUEST per request (outcome served | late | expired
+| failed | unserved), BUBBLE per notice (what went in, and why the rest stayed empty:
+no_request, none_fitted, rejected, host_down, used), SUMMARY at the end. SIGTERM ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefill.admission import Admission, Pending, make_pending
+from prefill.config import BubbleTeaConfig
+from prefill.profile import PrefillProfile
+from prefill.wire import recv_msg, send_msg
+
+MAX_NOTICE_BYTES = 2048
+REPLY_MARGIN_S = 10.0    # a prefill server that has not answered prediction + this is down
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Endpoint:
+    host: str
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ControllerSpec:
+    dc: str
+    host: str
+    ip: str
+    notice_port: int                 # UDP, bubble notices from the DC's training workers
+    records_path: str
+    requests_path: str               # JSON list of {id, arrival_s, target_tokens, output_tokens}
+    prefill_servers: list[Endpoint]  # one per training host of the DC
+    decode_servers: list[Endpoint]
+    bubbletea: dict                  # BubbleTeaConfig.to_dict()
+    compute: str = "profile"         # the training's: profile | measured
+    time_scale: float = 1.0
+    connect_timeout_s: float = 60.0
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> "ControllerSpec":
+        d = json.loads(Path(path).read_text())
+        d["prefill_servers"] = [Endpoint(**e) for e in d["prefill_servers"]]
+        d["decode_servers"] = [Endpoint(**e) for e in d["decode_servers"]]
+        return cls(**d)
+
+
+def prompt_for(request_id: str, n_tokens: int, vocab_size: int) -> list[int]:
+    """The request's prompt: made-up tokens, the same for the same id (the traces carry only
+    lengths)."""
+    rng = random.Random(request_id)
+    return [rng.randrange(vocab_size) for _ in range(n_tokens)]
+
+
+class JsonlLog:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(path, "w")
+        self._lock = threading.Lock()
+
+    def write(self, rec: dict[str, Any]) -> None:
+        line = json.dumps(rec, separators=(",", ":")) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+@dataclass
+class Bubble:
+    t_idle_ns: int
+    t_pred_end_ns: int
+    iteration: int | None
+    op: int | None
+    dispatched: list[str] = field(default_factory=list)
+    reason: str = "no_request"
+
+
+class Controller:
+    def __init__(self, spec: ControllerSpec) -> None:
+        self.spec = spec
+        self.cfg = BubbleTeaConfig.from_dict(spec.bubbletea)
+        self.profile = PrefillProfile.load(self.cfg.profile)
+        self.log = JsonlLog(Path(spec.records_path))
+        self.queue = Admission()
+        self.cv = threading.Condition()
+        self.stop = threading.Event()
+        self.started = threading.Event()
+        self.bubbles: dict[str, Bubble | None] = {e.host: None for e in spec.prefill_servers}
+        self.counts = {k: 0 for k in ("arrived", "served", "late", "expired", "failed",
+                                      "unserved", "retried", "notices")}
+        self._decode_rr = 0
+        self.requests = json.loads(Path(spec.requests_path).read_text())
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind((spec.ip, spec.notice_port))
+        self._sock.settimeout(0.2)
+
+    # -- records ----------------------------------------------------------------------------
+    def _request_record(self, r: Pending, outcome: str, **extra: Any) -> None:
+        self.counts[outcome] += 1
+        self.log.write({"name": "REQUEST", "dc": self.spec.dc, "id": r.id,
+                        "t_arrival_ns": r.t_arrival_ns, "deadline_ns": r.deadline_ns,
+                        "target_tokens": r.target_tokens, "output_tokens": r.output_tokens,
+                        "predicted_ms": r.predicted_ns / 1e6, "guard_ms": r.guard_ns / 1e6,
+                        "attempts": r.attempts, "truncated_from": r.truncated_from,
+                        "outcome": outcome, **extra})
+
+    def _bubble_record(self, host: str, b: Bubble) -> None:
+        self.log.write({"name": "BUBBLE", "dc": self.spec.dc, "host": host,
+                        "t_idle_ns": b.t_idle_ns, "t_pred_end_ns": b.t_pred_end_ns,
+                        "iteration": b.iteration, "op": b.op, "dispatched": b.dispatched,
+                        "end": b.reason})
+
+    def _expire(self, now_ns: int) -> None:   # under self.cv
+        for r in self.queue.expire(now_ns):
+            self._request_record(r, "expired")
+
+    # -- threads ----------------------------------------------------------------------------
+    def notices(self) -> None:
+        while not self.stop.is_set():
+            try:
+                data, _ = self._sock.recvfrom(MAX_NOTICE_BYTES)
+                n = json.loads(data)
+                host, start, end = n["host"], int(n["t_idle_ns"]), int(n["t_pred_end_ns"])
+            except socket.timeout:
+                continue
+            except (OSError, ValueError, KeyError, TypeError):
+                continue   # a malformed notice is ignored; training never waits on us
+            if host not in self.bubbles:
+                continue
+            with self.cv:
+                self.counts["notices"] += 1
+                old = self.bubbles[host]
+                if old is not None:
+                    self._bubble_record(host, old)
+                self.bubbles[host] = Bubble(start, end, n.get("iteration"), n.get("op"))
+                self.started.set()
+                self.cv.notify_all()
+
+    def replay(self) -> None:
+        while not self.started.wait(0.2):
+            if self.stop.is_set():
+                return
+        t0 = time.time_ns()
+        T = self.spec.time_scale
+        deadline_ms = self.cfg.ttft_deadline_ms
+        for seq, q in enumerate(self.requests):
+            due = t0 + int(q["arrival_s"] * T * 1e9)
+            while not self.stop.is_set():
+                left = (due - time.time_ns()) / 1e9
+                if left <= 0:
+                    break
+                time.sleep(min(left, 0.2))
+            if self.stop.is_set():
+                return
+            r = make_pending(id=q["id"], seq=seq, t_arrival_ns=due,
+                             target_tokens=q["target_tokens"], output_tokens=q["output_tokens"],
+                             deadline_ms=deadline_ms, predict_ms=self.predict_ms,
+                             guard_ms=self.cfg.guard_for_ms, time_scale=T,
+                             truncated_from=q.get("truncated_from"))
+            with self.cv:
+                self.counts["arrived"] += 1
+                self._expire(time.time_ns())
+                self.queue.arrive(r)
+                self.cv.notify_all()
+
+    def predict_ms(self, target_tokens: int) -> float:
+        if self.spec.compute != "profile":
+            return 0.0   # measured mode: no profile to predict from; the guard alone
+        return self.profile.prefill_ms(target_tokens)
+
+    def host_agent(self, server: Endpoint) -> None:
+        """Fill `server.host`'s bubbles, one request at a time, until stopped."""
+        sock = self._connect(server)
+        host = server.host
+        while not self.stop.is_set():
+            with self.cv:
+                b = self.bubbles[host]
+                now = time.time_ns()
+                if sock is None:
+                    if b is not None:
+                        b.reason = "host_down"
+                    self.cv.wait(0.2)
+                    continue
+                if b is None or now >= b.t_pred_end_ns:
+                    self.cv.wait(0.05 if b is None else 0.01)
+                    continue
+                self._expire(now)
+                pick = self.queue.pick(now, b.t_pred_end_ns)
+                if pick.request is None:
+                    b.reason = pick.reason
+                    # wait for an arrival or a new notice, at most until the bubble ends
+                    self.cv.wait(max(0.0, (b.t_pred_end_ns - now) / 1e9))
+                    continue
+                r = pick.request
+                r.attempts += 1
+                decode = self.spec.decode_servers[self._decode_rr % len(self.spec.decode_servers)]
+                self._decode_rr += 1
+            n_prompt = min(r.target_tokens, self.cfg.model["context"])
+            msg = {"type": "prefill", "id": r.id,
+                   "prompt": prompt_for(r.id, n_prompt, self.cfg.model["vocab_size"]),
+                   "target_tokens": r.target_tokens if self.spec.compute == "profile"
+                   else n_prompt,
+                   "max_new_tokens": max(1, r.output_tokens), "not_after_ns": pick.not_after_ns,
+                   "decode": {"ip": decode.ip, "port": decode.port},
+                   "t_arrival_ns": r.t_arrival_ns}
+            t_dispatch = time.time_ns()
+            try:
+                sock.settimeout(r.predicted_ns / 1e9 + REPLY_MARGIN_S)
+                send_msg(sock, msg)
+                got = recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0)
+                if got is None:
+                    raise ConnectionError("the prefill server closed the connection")
+                reply = got.header
+            except (OSError, ValueError) as exc:
+                with self.cv:
+                    self.queue.requeue(r)
+                    b.reason = "host_down"
+                    self.log.write({"name": "HOST_DOWN", "dc": self.spec.dc, "host": host,
+                                    "t_ns": time.time_ns(), "error": str(exc)[:200]})
+                sock.close()
+                sock = None
+                continue
+            with self.cv:
+                if reply.get("ok"):
+                    b.dispatched.append(r.id)
+                    b.reason = "used"
+                    t_first = int(reply["t_end_ns"])
+                    self._request_record(r, "served" if t_first <= r.deadline_ns else "late",
+                                         host=host, decode_host=decode.host,
+                                         t_dispatch_ns=t_dispatch,
+                                         t_prefill_start_ns=int(reply["t_start_ns"]),
+                                         t_first_token_ns=t_first)
+                elif reply.get("retry"):
+                    self.counts["retried"] += 1
+                    self.queue.requeue(r)
+                    b.reason = "rejected"
+                    # the bubble ended sooner than predicted (GPU busy) or the dispatch came
+                    # too late: nothing more goes into this one
+                    if self.bubbles[host] is b:
+                        self.bubbles[host] = None
+                        self._bubble_record(host, b)
+                else:
+                    self._request_record(r, "failed", host=host,
+                                         error=str(reply.get("error"))[:200])
+
+    def _connect(self, server: Endpoint) -> socket.socket | None:
+        deadline = time.monotonic() + self.spec.connect_timeout_s
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                s = socket.create_connection((server.ip, server.port), timeout=2.0)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return s
+            except OSError:
+                time.sleep(0.1)
+        self.log.write({"name": "HOST_DOWN", "dc": self.spec.dc, "host": server.host,
+                        "t_ns": time.time_ns(), "error": "prefill server not reachable"})
+        return None
+
+    def run(self) -> None:
+        threads = [threading.Thread(target=self.notices, daemon=True),
+                   threading.Thread(target=self.replay, daemon=True)]
+        threads += [threading.Thread(target=self.host_agent, args=(e,), daemon=True)
+                    for e in self.spec.prefill_servers]
+        for t in threads:
+            t.start()
+        try:
+            while not self.stop.wait(0.2):
+                with self.cv:
+                    self._expire(time.time_ns())
+        finally:
+            self.stop.set()
+            with self.cv:
+                self.cv.notify_all()
+            for t in threads:
+                t.join(timeout=REPLY_MARGIN_S)
+            with self.cv:
+                for r in self.queue.drain():
+                    self._request_record(r, "unserved")
+                for host, b in self.bubbles.items():
+                    if b is not None:
+                        self._bubble_record(host, b)
+                self.log.write({"name": "SUMMARY", "dc": self.spec.dc, **self.counts})
+            self.log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path, help="controller spec JSON")
+    args = parser.parse_args(argv)
+    spec = ControllerSpec.load(args.spec)
+    ctl = Controller(spec)
+    signal.signal(signal.SIGTERM, lambda *_: ctl.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: ctl.stop.set())
+    print(f"controller {spec.dc}: {len(ctl.requests)} requests, "
+          f"{len(spec.prefill_servers)} prefill servers, notices on {spec.ip}:{spec.notice_port}",
+          flush=True)
+    ctl.run()
+    print(f"controller {spec.dc}: {ctl.counts}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""The prefill server of one training host: `python -m prefill.server --spec FILE`.
+
+One job: serve prefill requests on the host's GPU when training leaves it idle, and hand each
+request's KV cache to the decode server the request names (docs/bubbletea/design.md). Which
+request goes where and when is the controller's job (prefill/controller.py); the model is
+prefill/model.py, the framing prefill/wire.py, the accept loop prefill/service.py, the KV
+hand-off prefill/kv.py.
+
+Per connection, one request at a time (fields: design.md "Prefill server protocol"):
+1. validate it; any problem -> {"ok": false, "id", "error": "<field>: ...", "retry": false}.
+2. try_acquire the host's GpuLock (never wait for training) -> else "gpu busy", retry true.
+3. not_after_ns: if now + the predicted hold ends after it -> release, "does not fit before
+   not_after_ns", retry true. Predicted hold: profile mode, prefill_ms(target_tokens) x
+   time_scale; measured mode, the last prefill's compute time per token x the prompt's tokens
+   (0 before the first).
+4. run the real prefill; profile mode: hold the lock until prefill_ms(target_tokens) x
+   time_scale after the start; release; PREFILL record; success reply.
+5. queue the KV cache for the decode server: one sender thread and one persistent connection per
+   decode address (reconnecting when it fails). Profile mode pads the message so that payload +
+   padding = int(kv_cache_bytes(target_tokens) x kv_fraction / scale) (no padding when the real
+   KV is larger). The sender waits for the decode server's ack; KV_SEND record, with the error
+   when it failed (a failed hand-off never stops the server).
+Every failure reply is also a REJECT record. A malformed message is answered and its connection
+closed (the stream is out of step); a client that goes away ends only its connection.
+
+Records (prefill/records.py; host and dc in each):
+  PREFILL {id, t_start_ns, t_end_ns, prompt_tokens, target_tokens, hold_ms, compute_ns}
+  KV_SEND {id, t_enqueue_ns, t_start_ns, t_end_ns, bytes, payload_bytes, pad_bytes, wire_bytes,
+           decode_host, decode_addr, connected, attempt, error}   (prefill/kv.py)
+  REJECT  {id, error, retry}
+In two threads of this process both would get the flock (it belongs to the open file), so an
+in-process lock is taken first: one prefill at a time per host, whatever the connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prefill.kv import KvJob, KvSender
+from prefill.model import InferenceConfig, InferenceGPT, build_model, prefill
+from prefill.profile import PrefillProfile
+from prefill.records import RecordLog
+from prefill.service import Service, close_gently
+from prefill.wire import WireError, recv_msg, send_msg
+from trainer.gpulock import GpuLock
+
+COMPUTE_MODES = ("measured", "profile")
+MAX_ID_CHARS = 64
+STOP_GRACE_S = 5.0      # on SIGTERM: for requests in progress, then for queued KV sends
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrefillSpec:
+    host: str
+    dc: str
+    ip: str
+    port: int
+    gpu_lock_path: str
+    records_path: str
+    model: dict = field(default_factory=dict)   # InferenceConfig.to_dict()
+    compute: str = "measured"                   # measured | profile
+    profile: str = "h200-transformer.json"      # prefill time and KV bytes (profile mode)
+    time_scale: float = 1.0      # multiplies every profile hold (the emulated world is slower)
+    scale: float = 1.0           # divides the padded KV bytes (the emulated WAN is scaled down)
+    kv_fraction: float = 1.0     # share of the target's KV cache that is shipped
+    connect_timeout_s: float = 5.0   # connecting to a decode server
+    ack_timeout_s: float = 60.0      # a KV message's sending and its ack
+
+    def __post_init__(self) -> None:
+        InferenceConfig.from_dict(self.model)
+        if self.compute not in COMPUTE_MODES:
+            raise ValueError(f"compute: {self.compute!r}, use one of {', '.join(COMPUTE_MODES)}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) \
+                or not 1 <= self.port <= 65535:
+            raise ValueError(f"port: {self.port!r} is not a port number")
+        for name in ("time_scale", "scale", "kv_fraction", "connect_timeout_s", "ack_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}: {value!r} is not a number > 0")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> PrefillSpec:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Request:
+    id: str
+    prompt: list[int]
+    target_tokens: int
+    max_new_tokens: int
+    decode_ip: str
+    decode_port: int
+    not_after_ns: int | None
+
+
+class RequestError(ValueError):
+    """A request this server refuses: the reply's one-line error and whether to retry."""
+
+    def __init__(self, message: str, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _valid_id(value: Any) -> str | None:
+    """A request id as replies and records carry it: None unless it is a valid id."""
+    return value if isinstance(value, str) and 1 <= len(value) <= MAX_ID_CHARS else None
+
+
+def parse_request(h: dict[str, Any], cfg: InferenceConfig,
+                  profile: PrefillProfile | None) -> Request:
+    """The request in header h, or RequestError naming the first bad field. profile: None in
+    measured mode (target_tokens must then be absent or len(prompt))."""
+    if h.get("type") != "prefill":
+        raise RequestError(f"type: {h.get('type')!r}, expected 'prefill'")
+    rid = h.get("id")
+    if not isinstance(rid, str) or not 1 <= len(rid) <= MAX_ID_CHARS:
+        raise RequestError(f"id: {rid!r} is not a string of 1..{MAX_ID_CHARS} characters")
+    prompt = h.get("prompt")
+    if not isinstance(prompt, list):
+        raise RequestError(f"prompt: a {type(prompt).__name__}, not a list of token ids")
+    if not prompt:
+        raise RequestError("prompt: empty")
+    if len(prompt) > cfg.context:
+        raise RequestError(f"prompt: {len(prompt)} tokens, over the model's context "
+                           f"{cfg.context}")
+    for i, tok in enumerate(prompt):
+        if not _int(tok) or not 0 <= tok < cfg.vocab_size:
+            raise RequestError(f"prompt[{i}]: {tok!r} is not a token id in "
+                               f"[0, {cfg.vocab_size})")
+    target = h.get("target_tokens")
+    if profile is not None:
+        if not _int(target) or not 1 <= target <= profile.max_tokens:
+            raise RequestError(f"target_tokens: {target!r} is not an integer in "
+                               f"1..{profile.max_tokens} (the profile's longest prompt)")
+    elif target is None:
+        target = len(prompt)
+    elif not _int(target) or target != len(prompt):
+        raise RequestError(f"target_tokens: {target!r}, but measured mode prefills the "
+                           f"prompt's {len(prompt)} tokens (leave it out or set that)")
+    max_new = h.get("max_new_tokens")
+    if not _int(max_new) or max_new < 1:
+        raise RequestError(f"max_new_tokens: {max_new!r} is not an integer >= 1")
+    decode = h.get("decode")
+    if not isinstance(decode, dict):
+        raise RequestError(f"decode: {decode!r} is not {{\"ip\": str, \"port\": int}}")
+    ip, port = decode.get("ip"), decode.get("port")
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        raise RequestError(f"decode.ip: {ip!r} is not an IP address") from None
+    if not _int(port) or not 1 <= port <= 65535:
+        raise RequestError(f"decode.port: {port!r} is not a port number")
+    not_after = h.get("not_after_ns")
+    if not_after is not None and not _int(not_after):
+        raise RequestError(f"not_after_ns: {not_after!r} is not an integer or null")
+    arrival = h.get("t_arrival_ns")
+    if arrival is not None and not _int(arrival):
+        raise RequestError(f"t_arrival_ns: {arrival!r} is not an integer or null")
+    return Request(id=rid, prompt=prompt, target_tokens=target, max_new_tokens=max_new,
+                   decode_ip=ip, decode_port=port, not_after_ns=not_after)
+
+
+def _hold(t_start_ns: int, hold_ms: float) -> None:
+    """Sleep until hold_ms after t_start_ns (no-op if already past)."""
+    left_s = (t_start_ns + int(hold_ms * 1e6) - time.time_ns()) / 1e9
+    if left_s > 0:
+        time.sleep(left_s)
+
+
+class PrefillServer:
+    def __init__(self, spec: PrefillSpec) -> None:
+        self.spec = spec
+        self.cfg = InferenceConfig.from_dict(spec.model)
+        self.model: InferenceGPT = build_model(self.cfg)
+        self.profile = PrefillProfile.load(spec.profile) if spec.compute == "profile" else None
+        self.gpu = GpuLock(spec.gpu_lock_path)
+        self._busy = threading.Lock()           # this process's threads (module docstring)
+        self._ns_per_token = 0.0                # measured mode: the last prefill's rate
+        self.records = RecordLog(spec.records_path, {"host": spec.host, "dc": spec.dc})
+        self._senders: dict[tuple[str, int], KvSender] = {}
+        self._senders_lock = threading.Lock()
+        prefill(self.model, [0])                # warm up: the first call is slow
+
+    # ---- connections ----------------------------------------------------------------------
+    def handle(self, conn: socket.socket, peer: str) -> None:  # noqa: ARG002
+        while True:
+            try:
+                msg = recv_msg(conn, max_payload_bytes=0, max_pad_bytes=0)
+            except WireError as exc:
+                self._fail(conn, _valid_id(exc.header.get("id") if exc.header else None),
+                           f"bad message: {exc}", retry=False)
+                if not exc.in_sync:
+                    close_gently(conn)
+                    return
+                continue
+            if msg is None:
+                return
+            send_msg(conn, self.serve(msg.header))
+
+    def _fail(self, conn: socket.socket | None, rid: str | None, error: str,
+              retry: bool) -> dict:
+        self.records.write("REJECT", id=rid, error=error, retry=retry)
+        reply = {"ok": False, "id": rid, "error": error, "retry": retry}
+        if conn is not None:
+            send_msg(conn, reply)
+        return reply
+
+    # ---- one request ------------------------------------------------------------------------
+    def serve(self, header: dict[str, Any]) -> dict:
+        """The reply to one request header (design.md protocol)."""
+        rid = _valid_id(header.get("id"))
+        try:
+            req = parse_request(header, self.cfg, self.profile)
+        except RequestError as exc:
+            return self._fail(None, rid, str(exc), exc.retry)
+        if not self._busy.acquire(blocking=False):
+            return self._fail(None, req.id, "gpu busy", True)
+        try:
+            if not self.gpu.try_acquire():
+                return self._fail(None, req.id, "gpu busy", True)
+            try:
+                predicted_ms = self._predicted_hold_ms(req)
+                if req.not_after_ns is not None and \
+                        time.time_ns() + int(predicted_ms * 1e6) > req.not_after_ns:
+                    return self._fail(None, req.id, f"does not fit before not_after_ns "
+                                      f"(predicted hold {predicted_ms:.3f} ms)", True)
+                t_start_ns = time.time_ns()
+                kv, first_token = prefill(self.model, req.prompt)
+                compute_ns = time.time_ns() - t_start_ns
+                if self.profile is not None:
+                    hold_ms = predicted_ms
+                    _hold(t_start_ns, hold_ms)
+                else:
+                    hold_ms = compute_ns / 1e6
+                    self._ns_per_token = compute_ns / len(req.prompt)
+                t_end_ns = time.time_ns()
+            finally:
+                self.gpu.release()
+        finally:
+            self._busy.release()
+        self.records.write("PREFILL", id=req.id, t_start_ns=t_start_ns, t_end_ns=t_end_ns,
+                           prompt_tokens=len(req.prompt), target_tokens=req.target_tokens,
+                           hold_ms=hold_ms, compute_ns=compute_ns)
+        self._hand_off(req, kv, first_token, t_end_ns)
+        return {"ok": True, "id": req.id, "first_token": first_token, "t_start_ns": t_start_ns,
+                "t_end_ns": t_end_ns, "hold_ms": hold_ms, "prompt_tokens": len(req.prompt),
+                "target_tokens": req.target_tokens}
+
+    def _predicted_hold_ms(self, req: Request) -> float:
+        if self.profile is not None:
+            return self.profile.prefill_ms(req.target_tokens) * self.spec.time_scale
+        return self._ns_per_token * len(req.prompt) / 1e6
+
+    def _hand_off(self, req: Request, kv: torch.Tensor, first_token: int, t_end_ns: int) -> None:
+        payload = memoryview(kv.contiguous().reshape(-1).view(torch.uint8).numpy())
+        pad = 0
+        if self.profile is not None:
+            want = int(self.profile.kv_cache_bytes(req.target_tokens) * self.spec.kv_fraction
+                       / self.spec.scale)
+            pad = max(0, want - len(payload))
+        header = {"type": "kv", "id": req.id, "first_token": first_token,
+                  "prompt_len": len(req.prompt), "max_new_tokens": req.max_new_tokens,
+                  "shape": list(kv.shape), "dtype": "float32", "prefill_host": self.spec.host}
+        key = (req.decode_ip, req.decode_port)
+        with self._senders_lock:
+            sender = self._senders.get(key)
+            if sender is None:
+                sender = self._senders[key] = KvSender(
+                    req.decode_ip, req.decode_port, self.records, self.spec.connect_timeout_s,
+                    self.spec.ack_timeout_s)
+        sender.put(KvJob(header=header, payload=payload, pad_bytes=pad, t_enqueue_ns=t_end_ns))
+
+    def close(self, grace_s: float) -> None:
+        """Send the queued KV caches (up to grace_s), then close the records and the lock."""
+        deadline = time.monotonic() + grace_s
+        with self._senders_lock:
+            senders = list(self._senders.values())
+        for sender in senders:
+            sender.close(max(0.0, deadline - time.monotonic()))
+        self.records.close()
+        self.gpu.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="PrefillSpec JSON file")
+    args = parser.parse_args(argv)
+    try:
+        spec = PrefillSpec.load(Path(args.spec))
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"prefill server: bad spec {args.spec}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    server = PrefillServer(spec)
+    try:
+        service = Service(f"prefill server {spec.host}", spec.ip, spec.port, server.handle)
+    except OSError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        server.close(0.0)
+        return 1
+    service.stop_on_signals()
+    print(f"prefill server {spec.host}: listening on {service.address}", flush=True)
+    try:
+        service.serve_forever()
+    finally:
+        service.close(STOP_GRACE_S)
+        server.close(STOP_GRACE_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""BubbleTea's pure parts: the scenario section, the admission rule, the load split, the metrics.
+
+- the controller never admits a request whose prediction plus guard does not fit (hypothesis);
+- FIFO first fit, requeue keeps the place, expiry at the deadline (counted, not dropped);
+- `bubbletea:` and decode_hosts are validated with one-line errors naming the field;
+- the load is split over DCs in proportion to their training hosts;
+- the metrics see an overlap, a GPU wait, and attribute unused bubble time by cause.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefill.admission import Admission, make_pending
+from prefill.config import BubbleTeaConfig
+from prefill.metrics import bubbletea_metrics
+from testbed.bubbletea import make_requests
+from testbed.errors import ScenarioError
+from testbed.scenario import parse_scenario
+from testbed.topo import make_plan
+
+MS = 1_000_000
+
+
+def pending(i: int, pred_ms: float, arrival_ns: int = 0, deadline_ms: float = 1000.0,
+            guard_ms: float = 2.0):
+    return make_pending(id=f"r{i}", seq=i, t_arrival_ns=arrival_ns, target_tokens=100,
+                        output_tokens=1, deadline_ms=deadline_ms,
+                        predict_ms=lambda n: pred_ms, guard_ms=lambda p: guard_ms, time_scale=1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(preds=st.lists(st.floats(0.1, 100.0), min_size=0, max_size=12),
+       now_ms=st.floats(0.0, 50.0), length_ms=st.floats(0.0, 150.0),
+       guard_ms=st.floats(0.0, 10.0))
+def test_admission_never_admits_what_does_not_fit(preds, now_ms, length_ms, guard_ms):
+    q = Admission()
+    for i, p in enumerate(preds):
+        q.arrive(pending(i, p, guard_ms=guard_ms))
+    now, end = int(now_ms * MS), int((now_ms + length_ms) * MS)
+    pick = q.pick(now, end)
+    if pick.request is not None:
+        r = pick.request
+        assert now + r.predicted_ns + r.guard_ns <= end
+        assert pick.not_after_ns == end - r.guard_ns
+        # first fit: every older request (still queued) does not fit
+        older = [x for x in q.drain() if x.seq < r.seq]
+        assert all(now + x.predicted_ns + x.guard_ns > end for x in older)
+        assert len(older) == r.seq
+    else:
+        assert len(q) == len(preds)
+        assert pick.reason == ("no_request" if not preds else pick.reason)
+        assert pick.reason in ("no_request", "none_fitted", "guard")
+
+
+def test_admission_fifo_requeue_guard_and_expiry():
+    q = Admission()
+    q.arrive(pending(0, 30.0))
+    q.arrive(pending(1, 5.0))
+    q.arrive(pending(2, 5.0))
+    first = q.pick(0, 20 * MS)             # r0 (32 ms with guard) does not fit; r1 does
+    assert first.request.id == "r1" and first.not_after_ns == 18 * MS
+    q.requeue(first.request)               # back at its place, before r2
+    assert q.pick(0, 20 * MS).request.id == "r1"
+    assert q.pick(0, 31 * MS).request.id == "r2"
+    assert q.pick(0, 31 * MS).reason == "guard"       # r0 fits 31 ms only without its guard
+    assert q.pick(0, 29 * MS).reason == "none_fitted"
+    assert q.pick(0, 40 * MS).request.id == "r0"
+    assert q.pick(0, 40 * MS).reason == "no_request"
+    q.arrive(pending(3, 5.0, arrival_ns=0, deadline_ms=100.0))
+    assert q.expire(99 * MS) == [] and [r.id for r in q.expire(100 * MS)] == ["r3"]
+    assert len(q) == 0
+
+
+def test_config_defaults_and_errors():
+    cfg = BubbleTeaConfig.from_dict({"load": {"trace": "code", "rate_multiplier": 20}})
+    assert cfg.load.kind == "replay" and cfg.guard_for_ms(100.0) == pytest.approx(7.0)
+    assert BubbleTeaConfig.from_dict({"load": {"poisson_per_s": 5}}).load.kind == "poisson"
+    for bad, field in (({"load": {"trace": "chat"}}, "bubbletea.load.trace"),
+                       ({"guard_ms": -1}, "bubbletea.guard_ms"),
+                       ({"kv_fraction": 2}, "bubbletea.kv_fraction"),
+                       ({"model": {"n_embd": 30, "n_head": 4}}, "bubbletea.model.n_head"),
+                       ({"load": {"poisson_per_s": 5, "rate_multiplier": 2}},
+                        "bubbletea.load.rate_multiplier"),
+                       ({"speed": 1}, "bubbletea.speed")):
+        with pytest.raises(ScenarioError) as err:
+            BubbleTeaConfig.from_dict(bad)
+        assert err.value.field == field and "\n" not in str(err.value)
+
+
+def scenario(**extra):
+    doc = {"name": "bt", "dcs": [{"name": "a", "hosts": 2, "decode_hosts": 1},
+                                 {"name": "b", "hosts": 1, "decode_hosts": 2}],
+           "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 10}],
+           "systems": ["atlas+bubbletea", "atlas"], "bubbletea": {}}
+    doc.update(extra)
+    return parse_scenario(doc)
+
+
+def test_decode_hosts_are_hosts_that_never_train():
+    sc = scenario()
+    assert sc.host_names() == ["a-h1", "a-h2", "b-h1"]
+    assert sc.decode_host_names() == ["a-d1", "b-d1", "b-d2"]
+    plan = make_plan(sc)
+    d = {h.name: (h.ip, h.role) for h in plan.hosts}
+    assert d["a-d1"] == ("10.1.0.101", "decode") and d["b-d2"] == ("10.2.0.102", "decode")
+    assert d["a-h2"] == ("10.1.0.2", "train")
+    assert "b-s-eth4" in plan.root_interfaces()       # gateway + 1 training + 2 decode
+    with pytest.raises(ScenarioError) as err:
+        scenario(dcs=[{"name": "a", "hosts": 2, "decode_hosts": -1},
+                      {"name": "b", "hosts": 1}])
+    assert err.value.field == "dcs[0].decode_hosts"
+    with pytest.raises(ScenarioError) as err:
+        scenario(systems=["bubbletea"])
+    assert err.value.field == "systems[0]" and "+bubbletea" in str(err.value)
+
+
+def test_load_split_follows_training_hosts():
+    cfg = BubbleTeaConfig.from_dict({"load": {"poisson_per_s": 50, "window_s": 20,
+                                              "lengths": "code"}})
+    out = make_requests(cfg, "profile", {"us": 4, "eu": 2})
+    n_us, n_eu = len(out["per_dc"]["us"]), len(out["per_dc"]["eu"])
+    assert out["kept"] == n_us + n_eu and out["refused"] == 0
+    assert abs(n_us - 2 * n_eu) <= 2
+    assert all(r["target_tokens"] + r["output_tokens"] <= 8192
+               for rs in out["per_dc"].values() for r in rs)
+    ids = [r["id"] for rs in out["per_dc"].values() for r in rs]
+    assert len(set(ids)) == len(ids)
+
+
+def span(name, host, t0_ms, t1_ms, it=1, stage=0):
+    return {"name": name, "host": host, "stage": stage, "replica": 0, "iteration": it,
+            "t_start_ns": int(t0_ms * MS), "t_end_ns": int(t1_ms * MS)}
+
+
+def test_metrics_utilization_overlap_wait_and_unused_causes():
+    # three iterations of one host: compute 0-10, 50-60 (it 0), 100-110, 150-160 (it 1),
+    # 200-210, 250-260 (it 2); iterations 1-2 are measured: window 100 ms .. 300 ms
+    spans = []
+    for it in range(3):
+        spans += [span("F", "h", 100 * it, 100 * it + 10, it),
+                  span("B", "h", 100 * it + 50, 100 * it + 60, it)]
+    spans.append(span("GPU_WAIT", "h", 148, 150, 1))
+    records = [
+        # gap 110-150: a prefill 115-148 (dispatch 5 ms, then guard 2 ms at its end)
+        {"name": "PREFILL", "host": "h", "t_start_ns": 115 * MS, "t_end_ns": 148 * MS,
+         "target_tokens": 1000},
+        {"name": "BUBBLE", "host": "h", "t_idle_ns": 110 * MS, "t_pred_end_ns": 150 * MS,
+         "end": "guard", "dispatched": ["r1"]},
+        # gap 160-200: notice, no request
+        {"name": "BUBBLE", "host": "h", "t_idle_ns": 160 * MS, "t_pred_end_ns": 200 * MS,
+         "end": "no_request", "dispatched": []},
+        # gap 210-250: no notice; gap 260-300 ... the window ends at 300 (last iteration's end
+        # is 260, so the window is 100 .. 100 + 100 + 60)
+        # an overlapping prefill (must be flagged): 205-212 crosses F at 200-210
+        {"name": "PREFILL", "host": "h", "t_start_ns": 205 * MS, "t_end_ns": 212 * MS,
+         "target_tokens": 10},
+        {"name": "REQUEST", "id": "r1", "outcome": "served", "t_arrival_ns": 100 * MS,
+         "t_prefill_start_ns": 115 * MS, "t_first_token_ns": 148 * MS},
+        {"name": "REQUEST", "id": "r2", "outcome": "expired", "t_arrival_ns": 100 * MS},
+        {"name": "KV_SEND", "t_start_ns": 148 * MS, "t_end_ns": 158 * MS, "bytes": 1},
+    ]
+    m = bubbletea_metrics(spans, records, time_scale=1.0)
+    assert m["window_s"] == pytest.approx(0.16)
+    assert m["overlap"]["count"] == 1 and m["overlap"]["ms"] == pytest.approx(5.0)
+    assert m["gpu_wait"]["count"] == 1 and m["gpu_wait"]["total_ms"] == pytest.approx(2.0)
+    assert m["training_only"] == pytest.approx(40 / 160)
+    assert m["gpu_utilization"] == pytest.approx((40 + 33 + 7) / 160)
+    pf = m["prefill"]
+    assert pf["ttft_ms"]["p50"] == pytest.approx(48.0) and pf["deadline_misses"] == 1
+    assert pf["kv_transfer_ms"]["p50"] == pytest.approx(10.0)
+    share = m["unused_bubble"]["share_by_cause"]
+    # unused: dispatch 5, guard 2, no_request 40, not_predicted 38 (212-250)
+    total = 5 + 2 + 40 + 38
+    assert share["dispatch"] == pytest.approx(5 / total)
+    assert share["guard"] == pytest.approx(2 / total)
+    assert share["no_request"] == pytest.approx(40 / total)
+    assert share["not_predicted"] == pytest.approx(38 / total)

@@ -1,0 +1,243 @@
+"""BubbleTea's training side: the bubble predictor, the GPU lock around F/B/OPT, bubble notices.
+
+- BubblePredictor: min of the last 3 iterations' gaps per op index, OPT after the row, wrap to
+  op 0 of the next iteration, no prediction without history;
+- a loopback profile-mode run (P=2, GPipe) whose hosts share their GPU: each worker announces
+  its bubbles by UDP to a socket of this test and logs them as IDLE spans; a "hog" that takes
+  one host's GPU lock at each of its notices and keeps it 30 ms past the predicted end (a prefill
+  that overruns) makes that worker wait (GPU_WAIT), and never computes at the same time as it;
+- without gpu_share the run has no lock, no notices, no new spans.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.procs import LocalSpawner
+from trainer.bubbles import MIN_NOTICE_MS, BubblePredictor
+from trainer.config import TrainConfig
+from trainer.events import COMPUTE_SPANS, read_jsonl
+from trainer.gpulock import GpuLock
+from trainer.launch import HostInfo, TrainRun, free_base_port, launch, plan_workers
+from trainer.schedule import schedule_table
+
+MODEL = {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
+HOSTS = [HostInfo(name="dc0h0", ip="127.0.0.1", dc="dc0"),
+         HostInfo(name="dc1h1", ip="127.0.0.1", dc="dc1")]
+HOG_HOST = "dc0h0"          # stage 0: its bubble before B0 is ~F + B of stage 1 (~68 ms)
+HOG_OVERRUN_MS = 30.0
+
+
+# -- predictor ------------------------------------------------------------------------------
+
+def test_predictor_is_min_of_last_three_iterations():
+    p = BubblePredictor(["F0", "F1", "B0", "B1"])
+    assert p.ops == ["F0", "F1", "B0", "B1", "OPT"] and p.n_ops == 5
+    for it, gap in enumerate([5_000_000, 9_000_000, 7_000_000, 8_000_000]):
+        p.observe(it, 2, gap)
+    assert p.predict_ns(2) == 7_000_000            # iterations 1..3: 9, 7, 8 ms (0 is warm-up)
+    p.observe(4, 2, 1_000_000)
+    assert p.predict_ns(2) == 1_000_000
+    p.observe(4, 2, 3_000_000)                     # same iteration again: replaces
+    assert p.predict_ns(2) == 3_000_000
+    assert BubblePredictor(["F0"], history=1).history == 1
+    with pytest.raises(ValueError):
+        BubblePredictor(["F0"], history=0)
+
+
+def test_predictor_none_without_history():
+    p = BubblePredictor(["F0", "B0"])
+    assert all(p.predict_ns(k) is None for k in range(3))
+    p.observe(0, 1, 40_000_000)                    # warm-up iteration: not learned from
+    assert p.predict_ns(1) is None
+    p.observe(1, 1, 2_000_000)
+    assert p.predict_ns(1) == 2_000_000 and p.predict_ns(0) is None and p.predict_ns(2) is None
+    p.observe(1, 0, -5)                            # clock noise: never a negative gap
+    assert p.predict_ns(0) == 0
+    with pytest.raises(IndexError):
+        p.predict_ns(3)
+    with pytest.raises(IndexError):
+        p.observe(0, -1, 1)
+
+
+def test_predictor_next_op_reaches_opt_then_wraps():
+    p = BubblePredictor(["F0", "F1", "B0", "B1"])
+    assert p.next_op(3, 0) == (3, 1)
+    assert p.next_op(3, 3) == (3, 4) and p.ops[4] == "OPT"
+    assert p.next_op(3, 4) == (4, 0)
+    p.observe(2, 4, 4_000_000)                     # the gap before OPT (e.g. the all-reduce)
+    assert p.predict_ns(4) == 4_000_000
+    with pytest.raises(IndexError):
+        p.next_op(3, 5)
+    assert MIN_NOTICE_MS == 1.0
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+def profile_cfg(iterations: int = 5) -> TrainConfig:
+    # as test_profile_gpipe_bubble_matches_formula: per stage F 21.6 ms, B 46.0 ms
+    return TrainConfig.from_dict({
+        "model": MODEL, "stages": 2, "replicas": 1, "micro_batches": 4, "micro_batch_size": 2,
+        "schedule": "gpipe", "iterations": iterations, "compute": "profile",
+        "profile": {"file": "h200-transformer.json", "width": 4096, "seq": 2048,
+                    "micro_batch": 1, "n_layer": 32}})
+
+
+class Controller:
+    """A UDP socket standing in for the DC controller: records every notice; at each notice from
+    HOG_HOST (when `hog` is set) it takes that host's GPU lock if free, like a prefill server, and
+    holds it until HOG_OVERRUN_MS past the predicted end of the bubble."""
+
+    def __init__(self, hog: GpuLock | None = None) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.hog = hog
+        self.notices: list[dict] = []
+        self.hogged: list[tuple[int, int]] = []      # (acquired ns, released ns)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                if self._stop.is_set():     # stopped, and every datagram sent is read
+                    return
+                continue
+            notice = json.loads(data)
+            self.notices.append(notice)
+            if self.hog is not None and notice["host"] == HOG_HOST and self.hog.try_acquire():
+                t_acq = time.time_ns()
+                until_ns = notice["t_pred_end_ns"] + int(HOG_OVERRUN_MS * 1e6)
+                time.sleep(max(0.0, (until_ns - time.time_ns()) / 1e9))
+                t_rel = time.time_ns()
+                self.hog.release()
+                self.hogged.append((t_acq, t_rel))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def run(tmp_path: Path, share: bool, hog: bool = False) -> tuple[TrainRun, Controller]:
+    lock_path = {h.name: tmp_path / "gpu" / f"{h.name}.lock" for h in HOSTS}
+    controller = Controller(GpuLock(lock_path[HOG_HOST]) if hog else None)
+
+    def gpu_share(host: str) -> dict:
+        return {"gpu_lock_path": str(lock_path[host]),
+                "bubble_notify": {"ip": "127.0.0.1", "port": controller.port}}
+
+    spawner = LocalSpawner()
+    try:
+        result = launch(profile_cfg(), HOSTS, tmp_path / "run", spawner, scale=100,
+                        base_port=free_base_port(4), timeout_s=60,
+                        gpu_share=gpu_share if share else None)
+    finally:
+        spawner.stop_all()
+        controller.close()
+        if controller.hog is not None:
+            controller.hog.close()
+    return result, controller
+
+
+def op_label(r: dict) -> str:
+    return "OPT" if r["name"] == "OPT" else f"{r['name']}{r['microbatch']}"
+
+
+def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
+    cfg = profile_cfg()
+    result, controller = run(tmp_path, share=True, hog=True)
+    spans = read_jsonl(result.spans_path)
+    rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
+    ops = {h.name: [*rows[s], "OPT"] for s, h in enumerate(HOSTS)}
+    compute = [r for r in spans if r["name"] in COMPUTE_SPANS]
+    ends = {(r["host"], r["t_end_ns"]) for r in compute}
+    plan = json.loads(result.plan_path.read_text())
+    assert [w["gpu_lock_path"] for w in plan["workers"]] == \
+        [str(tmp_path / "gpu" / f"{h.name}.lock") for h in HOSTS]
+    assert all(w["bubble_notify"] == {"ip": "127.0.0.1", "port": controller.port}
+               for w in plan["workers"])
+
+    # (a) notices: fields, sane values, one IDLE span each, starting where a compute op ended
+    notices = controller.notices
+    assert notices, "no bubble notices"
+    for n in notices:
+        assert set(n) == {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op"}, n
+        assert n["host"] in ops and 0 <= n["op"] < len(ops[n["host"]]), n
+        assert 2 <= n["iteration"] < cfg.iterations, n           # 0: warm-up, 1: no history
+        assert n["t_pred_end_ns"] - n["t_idle_ns"] >= MIN_NOTICE_MS * 1e6, n
+        assert (n["host"], n["t_idle_ns"]) in ends, n            # the end of the op just done
+    idle = [r for r in spans if r["name"] == "IDLE"]
+    assert sorted((r["host"], r["t_start_ns"], r["t_end_ns"], r["iteration"], r["op"])
+                  for r in idle) == \
+        sorted((n["host"], n["t_idle_ns"], n["t_pred_end_ns"], n["iteration"], n["op"])
+               for n in notices)
+    for r in idle:
+        op = ops[r["host"]][r["op"]]
+        assert r["microbatch"] == (None if op == "OPT" else int(op[1:])), r
+    announced = {(n["host"], ops[n["host"]][n["op"]]) for n in notices}
+    # the two big GPipe bubbles: stage 0 before B0, stage 1 before F0 (~F + B of the other)
+    assert {("dc0h0", "B0"), ("dc1h1", "F0")} <= announced, announced
+    big = [n for n in notices if (n["host"], ops[n["host"]][n["op"]]) == ("dc0h0", "B0")]
+    assert all(40 < (n["t_pred_end_ns"] - n["t_idle_ns"]) / 1e6 < 120 for n in big), big
+
+    # (b) the hog overran: the hogged worker waited for the GPU, and never computed under it
+    assert len(controller.hogged) >= 2, controller.hogged
+    waits = [r for r in spans if r["name"] == "GPU_WAIT"]
+    assert waits and {r["host"] for r in waits} == {HOG_HOST}, waits
+    starts = {(r["host"], r["t_start_ns"]): r for r in compute}
+    for w in waits:
+        assert w["t_end_ns"] > w["t_start_ns"] and w["iteration"] >= 2, w
+        op = starts[(w["host"], w["t_end_ns"])]                 # the op starts when it got it
+        assert op_label(op) == ops[w["host"]][w["op"]] and op["iteration"] == w["iteration"]
+        assert op["microbatch"] == w["microbatch"], (w, op)
+    assert max(w["t_end_ns"] - w["t_start_ns"] for w in waits) > 0.5 * HOG_OVERRUN_MS * 1e6
+    for r in compute:
+        if r["host"] == HOG_HOST:
+            for t0, t1 in controller.hogged:
+                assert r["t_end_ns"] <= t0 or r["t_start_ns"] >= t1, (r, (t0, t1))
+
+    # the timeline draws the waits and, given the hog's intervals as prefills, those too
+    from trainer.timeline_plot import plot_timeline
+    prefills = [{"name": "PREFILL", "host": HOG_HOST, "t_start_ns": t0, "t_end_ns": t1}
+                for t0, t1 in controller.hogged]
+    out = plot_timeline(result.spans_path, tmp_path / "tl.png", iteration=waits[0]["iteration"],
+                        extra_spans=prefills)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_gpu_share_nothing_changes(tmp_path):
+    result, controller = run(tmp_path, share=False)
+    spans = read_jsonl(result.spans_path)
+    assert not [r for r in spans if r["name"] in ("GPU_WAIT", "IDLE")]
+    assert controller.notices == []
+    assert not (tmp_path / "gpu").exists()
+    assert all(s.gpu_lock_path is None and s.bubble_notify is None for s in result.specs)
+    plan = json.loads(result.plan_path.read_text())
+    assert all(w["gpu_lock_path"] is None and w["bubble_notify"] is None
+               for w in plan["workers"])
+    assert sum(r["name"] == "F" for r in spans) == 5 * 4 * 2
+
+
+def test_plan_checks_gpu_share(tmp_path):
+    cfg = profile_cfg()
+    specs = plan_workers(cfg, HOSTS, tmp_path, gpu_share=lambda h: None if h == "dc0h0" else
+                         {"gpu_lock_path": "/x/gpu/dc1h1.lock", "bubble_notify": None})
+    assert [(s.gpu_lock_path, s.bubble_notify) for s in specs] == \
+        [(None, None), ("/x/gpu/dc1h1.lock", None)]
+    with pytest.raises(ValueError, match="gpu_lock_path"):
+        plan_workers(cfg, HOSTS, tmp_path, gpu_share=lambda h: {"bubble_notify": None})
+    with pytest.raises(ValueError, match="bubble_notify"):
+        plan_workers(cfg, HOSTS, tmp_path, gpu_share=lambda h: {
+            "gpu_lock_path": "/x.lock", "bubble_notify": {"ip": "127.0.0.1"}})
