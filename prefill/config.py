@@ -12,6 +12,7 @@ Used by every system whose name ends in "+bubbletea" (testbed.systems); testbed.
       guard_pct: 5               # guard = guard_ms + guard_pct % of the prediction
       kv_fraction: 0.25          # KV heads / attention heads of the target (GQA); 1 = full MHA
       decode_tokens_max: 8       # profile mode: tokens each decode server generates per request
+      fill_allreduce: false      # also fill the gap that holds the gradient all-reduce
       model: {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 256, context: 256}
       profile: h200-transformer.json
 
@@ -21,6 +22,11 @@ inference model runs on the prompt's last `model.context` tokens, and the KV mes
 kv_cache_bytes(target_tokens) x kv_fraction / scale bytes. Decode tokens are real greedy tokens,
 capped at decode_tokens_max (decode time is not what this testbed measures). Measured mode: the
 prompt is real and whole (at most model.context tokens), nothing is held or padded.
+
+The gap before the optimizer step holds the gradient all-reduce (D > 1). It is not filled by
+default: on a GPU, NCCL's reduction kernels run on the SMs and its traffic on the NIC, and no
+profile says what a prefill beside them costs; here, prefills in that gap (their KV traffic on
+the same host links) made the all-reduce 20-50 % slower (atlas_bubbletea: 29 -> 37 ms).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class BubbleTeaConfig:
     guard_pct: float = 5.0
     kv_fraction: float = 1.0
     decode_tokens_max: int = 8
+    fill_allreduce: bool = False
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     profile: str = "h200-transformer.json"
 
@@ -68,7 +75,13 @@ class BubbleTeaConfig:
         return self.guard_ms + self.guard_pct / 100.0 * predicted_ms
 
     def to_dict(self) -> dict[str, Any]:
+        """All settings (for specs and results; read back with from_settings)."""
         return asdict(self)
+
+    @classmethod
+    def from_settings(cls, d: dict[str, Any]) -> "BubbleTeaConfig":
+        """The inverse of to_dict (already validated: no checks)."""
+        return cls(**dict(d, load=LoadConfig(**d["load"])))
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "bubbletea") -> "BubbleTeaConfig":
@@ -78,7 +91,7 @@ class BubbleTeaConfig:
             raise ScenarioError(where, "must be a mapping", "see topologies/atlas_paper.yaml")
         _no_unknown(data, where, {"load", "context_rule", "ttft_deadline_ms", "guard_ms",
                                   "guard_pct", "kv_fraction", "decode_tokens_max", "model",
-                                  "profile"})
+                                  "profile", "fill_allreduce"})
         load = _load(data.get("load", {}), f"{where}.load")
         rule = data.get("context_rule", "truncate")
         if rule not in CONTEXT_RULES:
@@ -108,7 +121,9 @@ class BubbleTeaConfig:
                                     1e-3, 1.0),
                    decode_tokens_max=_int(data.get("decode_tokens_max", 8),
                                           f"{where}.decode_tokens_max", 1, 4096),
-                   model=model, profile=profile)
+                   model=model, profile=profile,
+                   fill_allreduce=_bool(data.get("fill_allreduce", False),
+                                        f"{where}.fill_allreduce"))
 
 
 def _load(data: Any, where: str) -> LoadConfig:
@@ -147,6 +162,12 @@ def _no_unknown(d: dict, where: str, allowed: set[str]) -> None:
         if key not in allowed:
             raise ScenarioError(f"{where}.{key}", "unknown field",
                                 f"use one of {', '.join(sorted(allowed))}")
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ScenarioError(where, f"{value!r} is not true or false", "use true or false")
+    return value
 
 
 def _num(value: Any, where: str, low: float, high: float) -> float:

@@ -35,6 +35,8 @@ from prefill.wire import recv_msg, send_msg
 
 MAX_NOTICE_BYTES = 2048
 REPLY_MARGIN_S = 10.0    # a prefill server that has not answered prediction + this is down
+INITIAL_LATENCY_MS = 1.0  # dispatch to prefill start, before one is measured (x time_scale)
+LATENCY_WEIGHT = 0.2      # of the newest sample in the moving average
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,7 +110,7 @@ class Bubble:
 class Controller:
     def __init__(self, spec: ControllerSpec) -> None:
         self.spec = spec
-        self.cfg = BubbleTeaConfig.from_dict(spec.bubbletea)
+        self.cfg = BubbleTeaConfig.from_settings(spec.bubbletea)
         self.profile = PrefillProfile.load(self.cfg.profile)
         self.log = JsonlLog(Path(spec.records_path))
         self.queue = Admission()
@@ -119,6 +121,10 @@ class Controller:
         self.counts = {k: 0 for k in ("arrived", "served", "late", "expired", "failed",
                                       "unserved", "retried", "notices")}
         self._decode_rr = 0
+        # per host: dispatch-to-prefill-start latency (moving average), added to `now` when
+        # picking, so that a request picked to fill the bubble still fits when it starts
+        self.latency_ns = {e.host: int(INITIAL_LATENCY_MS * spec.time_scale * 1e6)
+                           for e in spec.prefill_servers}
         self.requests = json.loads(Path(spec.requests_path).read_text())
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((spec.ip, spec.notice_port))
@@ -215,7 +221,9 @@ class Controller:
                     self.cv.wait(0.05 if b is None else 0.01)
                     continue
                 self._expire(now)
-                pick = self.queue.pick(now, b.t_pred_end_ns)
+                # the prefill starts one message later: pick as of then
+                pick_at = now + self.latency_ns[host]
+                pick = self.queue.pick(pick_at, b.t_pred_end_ns)
                 if pick.request is None:
                     b.reason = pick.reason
                     # wait for an arrival or a new notice, at most until the bubble ends
@@ -255,18 +263,24 @@ class Controller:
                     b.dispatched.append(r.id)
                     b.reason = "used"
                     t_first = int(reply["t_end_ns"])
+                    self.latency_ns[host] = int(
+                        (1 - LATENCY_WEIGHT) * self.latency_ns[host]
+                        + LATENCY_WEIGHT * max(0, int(reply["t_start_ns"]) - t_dispatch))
                     self._request_record(r, "served" if t_first <= r.deadline_ns else "late",
                                          host=host, decode_host=decode.host,
-                                         t_dispatch_ns=t_dispatch,
+                                         t_dispatch_ns=t_dispatch, t_pick_at_ns=pick_at,
+                                         bubble_end_ns=b.t_pred_end_ns,
+                                         not_after_ns=pick.not_after_ns,
                                          t_prefill_start_ns=int(reply["t_start_ns"]),
                                          t_first_token_ns=t_first)
                 elif reply.get("retry"):
                     self.counts["retried"] += 1
                     self.queue.requeue(r)
                     b.reason = "rejected"
-                    # the bubble ended sooner than predicted (GPU busy) or the dispatch came
-                    # too late: nothing more goes into this one
-                    if self.bubbles[host] is b:
+                    # GPU busy: the bubble ended sooner than predicted, nothing more goes into
+                    # it. Too late to fit (the dispatch took longer than expected): a shorter
+                    # request may still fit, so the loop picks again.
+                    if "busy" in str(reply.get("error")) and self.bubbles[host] is b:
                         self.bubbles[host] = None
                         self._bubble_record(host, b)
                 else:

@@ -3,7 +3,7 @@
 One job: numbers from trainer_spans.jsonl (training: F, B, OPT, GPU_WAIT, IDLE) and
 prefill_records.jsonl (PREFILL, KV_SEND, DECODE, REQUEST, BUBBLE, SUMMARY; docs/bubbletea/
 design.md), over a measured window like trainer.metrics' but from the first iteration that gets
-bubble notices (iteration 2: 0 is warm-up, 1 is learned from) to the end, for the sum of their
+bubble notices (iteration 3: 0 is warm-up, 1 and 2 are learned from) to the end, for the sum of their
 walls; `iteration_time_s` is their mean wall (the training slowdown compares it with the same
 iterations of the system without BubbleTea).
 
@@ -20,7 +20,8 @@ iterations of the system without BubbleTea).
   time in it; the rest, by cause: dispatch (before and between prefills: notice and controller
   latency), and after the last prefill (or the whole gap) the bubble's end reason from the
   controller: no_request, none_fitted, guard, rejected, host_down, filled (ran to the predicted
-  end), or not_predicted (no notice: a gap under 1 ms, no history yet, or a lost datagram).
+  end), allreduce (the gap before the optimizer step, not announced unless fill_allreduce), or
+  not_predicted (no notice: a gap under 1 ms, no history yet, or a lost datagram).
 Times are emulated; figures are in real time (divided by time_scale).
 """
 
@@ -30,12 +31,12 @@ import statistics
 from collections import defaultdict
 from typing import Any, Sequence
 
-from trainer.bubbles import WARMUP_ITERATIONS
+from trainer.bubbles import MIN_HISTORY, WARMUP_ITERATIONS
 from trainer.events import COMPUTE_SPANS
 from trainer.metrics import iteration_walls, iteration_windows, iterations_used
 
 REASONS = ("dispatch", "no_request", "none_fitted", "guard", "rejected", "host_down", "filled",
-           "not_predicted")
+           "allreduce", "not_predicted")
 NOTICE_MATCH_NS = 2_000_000     # a notice belongs to the gap that starts within 2 ms of it
 
 
@@ -53,7 +54,7 @@ def _clip(a: int, b: int, lo: int, hi: int) -> int:
 def filled_iterations(n_iterations: int) -> list[int]:
     """The iterations BubbleTea's figures average: from the first that gets bubble notices
     (trainer.bubbles: warm-up, then one iteration to learn from), else trainer.metrics'."""
-    first = WARMUP_ITERATIONS + 1
+    first = WARMUP_ITERATIONS + MIN_HISTORY
     return list(range(first, n_iterations)) if n_iterations >= first + 2 else \
         iterations_used(n_iterations)
 
@@ -72,12 +73,12 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
     T = time_scale
     lo, hi, used, walls = measured_window(spans)
     win_ns = hi - lo
-    train: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    train: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
     where: dict[str, tuple[int, int]] = {}
     waits = []
     for r in spans:
         if r["name"] in COMPUTE_SPANS:
-            train[r["host"]].append((r["t_start_ns"], r["t_end_ns"]))
+            train[r["host"]].append((r["t_start_ns"], r["t_end_ns"], r["name"]))
             where[r["host"]] = (r["stage"], r["replica"])
         elif r["name"] == "GPU_WAIT" and lo <= r["t_start_ns"] < hi:
             waits.append((r["t_end_ns"] - r["t_start_ns"]) / 1e6 / T)
@@ -97,10 +98,10 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
     for host in sorted(train, key=lambda h: where[h]):
         t_iv = sorted(train[host])
         p_iv = sorted(pre.get(host, []))
-        t_ns = sum(_clip(a, b, lo, hi) for a, b in t_iv)
+        t_ns = sum(_clip(a, b, lo, hi) for a, b, _ in t_iv)
         p_ns = sum(_clip(a, b, lo, hi) for a, b in p_iv)
         for a, b in p_iv:
-            for c, d in t_iv:
+            for c, d, _ in t_iv:
                 if c < b and a < d:
                     overlaps += 1
                     overlap_ns += min(b, d) - max(a, c)
@@ -165,19 +166,19 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
     }
 
 
-def _unused_in_gaps(t_iv: list[tuple[int, int]], p_iv: list[tuple[int, int]],
+def _unused_in_gaps(t_iv: list[tuple[int, int, str]], p_iv: list[tuple[int, int]],
                     bubbles: list[dict], lo: int, hi: int) -> dict[str, int]:
     """Unused ns of every training gap in [lo, hi), by cause (module docstring)."""
     out: dict[str, int] = defaultdict(int)
     notices = sorted(bubbles, key=lambda b: b["t_idle_ns"])
-    for (_, g0), (g1, _) in zip(t_iv, t_iv[1:]):
+    for (_, g0, _), (g1, _, after) in zip(t_iv, t_iv[1:]):
         a, b = max(g0, lo), min(g1, hi)
         if b <= a:
             continue
         inside = [(max(x, a), min(y, b)) for x, y in p_iv if x < b and y > a]
         notice = next((n for n in notices if abs(n["t_idle_ns"] - g0) <= NOTICE_MATCH_NS), None)
         if notice is None:
-            reason = "not_predicted"
+            reason = "allreduce" if after == "OPT" else "not_predicted"
         else:
             reason = notice["end"] if notice["end"] != "used" else "filled"
         if not inside:

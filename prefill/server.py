@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import socket
 import sys
 import threading
@@ -190,6 +191,12 @@ def _hold(t_start_ns: int, hold_ms: float) -> None:
         time.sleep(left_s)
 
 
+# Fault injection for tests: with this variable set to "<host>:N", that host's server exits
+# (code 3) in the middle of its N-th prefill, holding the GPU lock, as a crash would.
+FAULT_EXIT_ENV = "BUBBLETEA_FAULT_PREFILL_EXIT_AFTER"
+FAULT_EXIT_CODE = 3
+
+
 class PrefillServer:
     def __init__(self, spec: PrefillSpec) -> None:
         self.spec = spec
@@ -199,6 +206,9 @@ class PrefillServer:
         self.gpu = GpuLock(spec.gpu_lock_path)
         self._busy = threading.Lock()           # this process's threads (module docstring)
         self._ns_per_token = 0.0                # measured mode: the last prefill's rate
+        self._prefills = 0
+        host, _, n = os.environ.get(FAULT_EXIT_ENV, "").rpartition(":")
+        self._exit_after = int(n) if n.isdigit() and host == spec.host else 0
         self.records = RecordLog(spec.records_path, {"host": spec.host, "dc": spec.dc})
         self._senders: dict[tuple[str, int], KvSender] = {}
         self._senders_lock = threading.Lock()
@@ -250,6 +260,11 @@ class PrefillServer:
                 t_start_ns = time.time_ns()
                 kv, first_token = prefill(self.model, req.prompt)
                 compute_ns = time.time_ns() - t_start_ns
+                self._prefills += 1
+                if self._prefills == self._exit_after:
+                    # fault injection (FAULT_EXIT_ENV): die mid-prefill, GPU lock held; the
+                    # kernel releases the flock, training must go on
+                    os._exit(FAULT_EXIT_CODE)
                 if self.profile is not None:
                     hold_ms = predicted_ms
                     _hold(t_start_ns, hold_ms)

@@ -17,6 +17,7 @@ transport must not wait behind it (that wait would be a slowdown the real system
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -112,6 +113,16 @@ class BubbleTeaRun:
             return None
         return {"gpu_lock_path": self.locks[host], "bubble_notify": self.notify.get(host)}
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) each kind of prefill-side process has used so far, summed:
+        work the emulation adds on this machine's cores beside the training workers."""
+        out: dict[str, float] = {}
+        for p in self.controllers + self.servers:
+            kind = next((k for k in ("controller", "decode_server", "server") if
+                         f"prefill.{k}" in " ".join(p.argv)), "other")
+            out[kind] = out.get(kind, 0.0) + _cpu_s(p.pid)
+        return {k: round(v, 2) for k, v in out.items()}
+
     def stop(self) -> None:
         """Controllers first (they record what stayed unserved), then the servers."""
         stuck = stop_all(self.controllers, grace_s=REPLY_GRACE_S)
@@ -184,7 +195,8 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
                                                              str(path)],
                                              sys_dir / "logs" / f"{name}-prefill.log", env))
                 run.locks[name] = lock
-                run.notify[name] = {"ip": ctl_host.ip, "port": NOTICE_PORT}
+                run.notify[name] = {"ip": ctl_host.ip, "port": NOTICE_PORT,
+                                    "allreduce": cfg.fill_allreduce}
                 prefills.append(Endpoint(host=name, ip=h.ip, port=PREFILL_PORT))
             req_path = base / f"requests-{dc}.json"
             req_path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,6 +219,14 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
         stop_all(run.controllers + run.servers)
         raise
     return run
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _wait_ready(run: BubbleTeaRun) -> None:

@@ -86,6 +86,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
             if sharing is not None:
                 sharing.stop()
             crashed = prefill.crashed() if prefill is not None else []
+            prefill_cpu = prefill.cpu_seconds() if prefill is not None else {}
             if prefill is not None:
                 prefill.stop()
         shared = sharing.results() if sharing is not None else {}
@@ -130,6 +131,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                                  load={k: v for k, v in prefill.load.items()
                                                        if k != "per_dc"},
                                                  crashed=crashed)
+        metrics["bubbletea"]["cpu_s"] = prefill_cpu
         extra = [r for r in records if r["name"] == "PREFILL"]
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                 title=f"{scenario.name} {system.name}",

@@ -45,10 +45,12 @@ def test_admission_never_admits_what_does_not_fit(preds, now_ms, length_ms, guar
         r = pick.request
         assert now + r.predicted_ns + r.guard_ns <= end
         assert pick.not_after_ns == end - r.guard_ns
-        # first fit: every older request (still queued) does not fit
-        older = [x for x in q.drain() if x.seq < r.seq]
-        assert all(now + x.predicted_ns + x.guard_ns > end for x in older)
-        assert len(older) == r.seq
+        # best fit (nobody is urgent at now <= 50 ms of a 1 s deadline): no queued request
+        # that fits is longer
+        rest = q.drain()
+        assert len(rest) == len(preds) - 1
+        assert all(x.predicted_ns <= r.predicted_ns for x in rest
+                   if now + x.predicted_ns + x.guard_ns <= end)
     else:
         assert len(q) == len(preds)
         assert pick.reason == ("no_request" if not preds else pick.reason)
@@ -69,6 +71,13 @@ def test_admission_fifo_requeue_guard_and_expiry():
     assert q.pick(0, 29 * MS).reason == "none_fitted"
     assert q.pick(0, 40 * MS).request.id == "r0"
     assert q.pick(0, 40 * MS).reason == "no_request"
+    # best fit, unless a request has waited half its deadline
+    q.arrive(pending(4, 5.0, arrival_ns=0, deadline_ms=100.0))
+    q.arrive(pending(5, 20.0, arrival_ns=0, deadline_ms=100.0))
+    assert q.pick(10 * MS, 60 * MS).request.id == "r5"
+    q.arrive(pending(5, 20.0, arrival_ns=0, deadline_ms=100.0))
+    assert q.pick(50 * MS, 100 * MS).request.id == "r4"     # r4 waited 50 of its 100 ms
+    assert q.drain()[0].id == "r5"
     q.arrive(pending(3, 5.0, arrival_ns=0, deadline_ms=100.0))
     assert q.expire(99 * MS) == [] and [r.id for r in q.expire(100 * MS)] == ["r3"]
     assert len(q) == 0
@@ -78,6 +87,8 @@ def test_config_defaults_and_errors():
     cfg = BubbleTeaConfig.from_dict({"load": {"trace": "code", "rate_multiplier": 20}})
     assert cfg.load.kind == "replay" and cfg.guard_for_ms(100.0) == pytest.approx(7.0)
     assert BubbleTeaConfig.from_dict({"load": {"poisson_per_s": 5}}).load.kind == "poisson"
+    for c in (cfg, BubbleTeaConfig.from_dict({"load": {"poisson_per_s": 5}})):
+        assert BubbleTeaConfig.from_settings(c.to_dict()) == c
     for bad, field in (({"load": {"trace": "chat"}}, "bubbletea.load.trace"),
                        ({"guard_ms": -1}, "bubbletea.guard_ms"),
                        ({"kv_fraction": 2}, "bubbletea.kv_fraction"),

@@ -37,7 +37,7 @@ HOG_OVERRUN_MS = 30.0
 # -- predictor ------------------------------------------------------------------------------
 
 def test_predictor_is_min_of_last_three_iterations():
-    p = BubblePredictor(["F0", "F1", "B0", "B1"])
+    p = BubblePredictor(["F0", "F1", "B0", "B1"], history=3)
     assert p.ops == ["F0", "F1", "B0", "B1", "OPT"] and p.n_ops == 5
     for it, gap in enumerate([5_000_000, 9_000_000, 7_000_000, 8_000_000]):
         p.observe(it, 2, gap)
@@ -57,8 +57,11 @@ def test_predictor_none_without_history():
     p.observe(0, 1, 40_000_000)                    # warm-up iteration: not learned from
     assert p.predict_ns(1) is None
     p.observe(1, 1, 2_000_000)
+    assert p.predict_ns(1) is None                 # one iteration is not enough (MIN_HISTORY)
+    p.observe(2, 1, 3_000_000)
     assert p.predict_ns(1) == 2_000_000 and p.predict_ns(0) is None and p.predict_ns(2) is None
     p.observe(1, 0, -5)                            # clock noise: never a negative gap
+    p.observe(2, 0, 1_000_000)
     assert p.predict_ns(0) == 0
     with pytest.raises(IndexError):
         p.predict_ns(3)
@@ -72,6 +75,7 @@ def test_predictor_next_op_reaches_opt_then_wraps():
     assert p.next_op(3, 3) == (3, 4) and p.ops[4] == "OPT"
     assert p.next_op(3, 4) == (4, 0)
     p.observe(2, 4, 4_000_000)                     # the gap before OPT (e.g. the all-reduce)
+    p.observe(3, 4, 5_000_000)
     assert p.predict_ns(4) == 4_000_000
     with pytest.raises(IndexError):
         p.next_op(3, 5)
@@ -80,7 +84,7 @@ def test_predictor_next_op_reaches_opt_then_wraps():
 
 # -- runs ------------------------------------------------------------------------------------
 
-def profile_cfg(iterations: int = 5) -> TrainConfig:
+def profile_cfg(iterations: int = 6) -> TrainConfig:
     # as test_profile_gpipe_bubble_matches_formula: per stage F 21.6 ms, B 46.0 ms
     return TrainConfig.from_dict({
         "model": MODEL, "stages": 2, "replicas": 1, "micro_batches": 4, "micro_batch_size": 2,
@@ -166,8 +170,8 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     plan = json.loads(result.plan_path.read_text())
     assert [w["gpu_lock_path"] for w in plan["workers"]] == \
         [str(tmp_path / "gpu" / f"{h.name}.lock") for h in HOSTS]
-    assert all(w["bubble_notify"] == {"ip": "127.0.0.1", "port": controller.port}
-               for w in plan["workers"])
+    assert all(w["bubble_notify"] == {"ip": "127.0.0.1", "port": controller.port,
+                                      "allreduce": False} for w in plan["workers"])
 
     # (a) notices: fields, sane values, one IDLE span each, starting where a compute op ended
     notices = controller.notices
@@ -175,7 +179,7 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     for n in notices:
         assert set(n) == {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op"}, n
         assert n["host"] in ops and 0 <= n["op"] < len(ops[n["host"]]), n
-        assert 2 <= n["iteration"] < cfg.iterations, n           # 0: warm-up, 1: no history
+        assert 3 <= n["iteration"] < cfg.iterations, n           # 0: warm-up, 1-2: learning
         assert n["t_pred_end_ns"] - n["t_idle_ns"] >= MIN_NOTICE_MS * 1e6, n
         assert (n["host"], n["t_idle_ns"]) in ends, n            # the end of the op just done
     idle = [r for r in spans if r["name"] == "IDLE"]
@@ -198,7 +202,7 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     assert waits and {r["host"] for r in waits} == {HOG_HOST}, waits
     starts = {(r["host"], r["t_start_ns"]): r for r in compute}
     for w in waits:
-        assert w["t_end_ns"] > w["t_start_ns"] and w["iteration"] >= 2, w
+        assert w["t_end_ns"] > w["t_start_ns"] and w["iteration"] >= 3, w
         op = starts[(w["host"], w["t_end_ns"])]                 # the op starts when it got it
         assert op_label(op) == ops[w["host"]][w["op"]] and op["iteration"] == w["iteration"]
         assert op["microbatch"] == w["microbatch"], (w, op)
@@ -227,7 +231,7 @@ def test_without_gpu_share_nothing_changes(tmp_path):
     plan = json.loads(result.plan_path.read_text())
     assert all(w["gpu_lock_path"] is None and w["bubble_notify"] is None
                for w in plan["workers"])
-    assert sum(r["name"] == "F" for r in spans) == 5 * 4 * 2
+    assert sum(r["name"] == "F" for r in spans) == 6 * 4 * 2
 
 
 def test_plan_checks_gpu_share(tmp_path):

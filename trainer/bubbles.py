@@ -8,11 +8,11 @@ The ops of one iteration are this stage's schedule row (trainer/schedule.py, e.g
 the time from the end of the previous compute op (for k = 0: the previous iteration's OPT) to the
 moment op k wanted the GPU (before any wait for the GPU lock: a prefill that overran does not
 lengthen the gap it overran). The prediction for op k is the minimum gap at k over the last
-`history` iterations (the minimum: a notice that promises too long a bubble costs training time,
+`history` iterations (HISTORY_ITERATIONS; the minimum: a notice that promises too long a bubble costs training time,
 one that promises too short a bubble only wastes some of it). Iteration 0 (warm-up: connection
 set-up, slow start, first allocations) is not learned from: its gaps were up to 30x the steady
-ones and led to overruns of 130 ms. So iterations 0 and 1 get no predictions, and the first
-notices come in iteration 2 (k = 0: iteration 3).
+ones and led to overruns of 130 ms. A prediction needs MIN_HISTORY iterations (with one, the
+first filled iteration overran most), so the first notices come in iteration 3 (k = 0: 4).
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 MIN_NOTICE_MS = 1.0     # predicted bubbles shorter than this are not announced
+# Iterations a prediction looks back over. Gaps were bimodal on atlas_bubbletea (the WAN
+# slots' order shifts: one gap was 96 ms in 5 iterations and 38 ms in 2); with 3 the short mode
+# aged out and came back as a 49 ms overrun.
+HISTORY_ITERATIONS = 8
 WARMUP_ITERATIONS = 1   # iterations whose gaps are not learned from
+MIN_HISTORY = 2         # iterations learned from before an op's bubble is predicted
 OPT = "OPT"
 
 
@@ -31,7 +36,7 @@ class BubblePredictor:
     """Per op index: the gaps of the last `history` iterations; prediction = their minimum."""
 
     row: Sequence[str]                      # this stage's schedule row (without OPT)
-    history: int = 3
+    history: int = HISTORY_ITERATIONS
     _gaps: dict[int, deque[tuple[int, int]]] = field(default_factory=dict, init=False,
                                                      repr=False)
 
@@ -70,7 +75,9 @@ class BubblePredictor:
         """Predicted idle gap (ns) before op k; None while op k has no history."""
         self._check(k)
         gaps = self._gaps.get(k)
-        return min(g for _, g in gaps) if gaps else None
+        if not gaps or len(gaps) < min(MIN_HISTORY, self.history):
+            return None
+        return min(g for _, g in gaps)
 
     def _check(self, k: int) -> None:
         if not 0 <= k < self.n_ops:

@@ -98,7 +98,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
     io_priority: SCHED_FIFO priority of the stage-to-stage channels' I/O threads (None: normal;
     trainer.transport.Channel).
     gpu_share(host): how the host's GPU is shared with a prefill server (BubbleTea):
-    {"gpu_lock_path": str, "bubble_notify": {"ip", "port"} | None}, or None (not shared); the
+    {"gpu_lock_path": str, "bubble_notify": {"ip", "port", "allreduce"} | None}, or None (not
+    shared; "allreduce": also announce the gap that holds the gradient all-reduce); the
     worker then holds that lock for its compute and announces its bubbles (trainer/worker.py)."""
     if scale <= 0 or time_scale <= 0:
         raise ValueError(f"scale and time_scale must be > 0, got {scale}, {time_scale}")
@@ -174,8 +175,9 @@ def _gpu_share_of(gpu_share: Callable[[str], dict | None] | None,
                                    and isinstance(notify.get("port"), int)):
         raise ValueError(f"gpu_share({host!r}) gave bubble_notify {notify!r}: need "
                          f"{{'ip': str, 'port': int}} or None")
-    return str(lock_path), None if notify is None else {"ip": notify["ip"],
-                                                         "port": notify["port"]}
+    return str(lock_path), None if notify is None else {
+        "ip": notify["ip"], "port": notify["port"],
+        "allreduce": bool(notify.get("allreduce", False))}
 
 
 def predicted_timeline(cfg: TrainConfig, specs: Sequence[WorkerSpec]) -> dict:

@@ -226,6 +226,9 @@ class StageWorker:
         next_it, next_k = self.bubbles.next_op(it, k)
         if next_it >= self.cfg.iterations:
             return
+        if (self.dp and next_k == len(self.table_row)
+                and not self.spec.bubble_notify.get("allreduce", False)):
+            return          # the gap before OPT holds the all-reduce (docs/bubbletea/design.md)
         pred_ns = self.bubbles.predict_ns(next_k)
         if pred_ns is None or pred_ns < MIN_NOTICE_MS * 1e6:
             return
