@@ -89,7 +89,10 @@ def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> 
         per_dc[dc].append({"id": f"r{r.index}", "arrival_s": r.arrival_s,
                            "target_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
                            "truncated_from": r.truncated_from})
+    duration_s = (cfg.load.window_s / cfg.load.rate_multiplier if cfg.load.kind == "replay"
+                  else cfg.load.window_s)
     return {"per_dc": per_dc, "context_tokens": context, "rule": cfg.context_rule,
+            "offered_per_s": len(kept) / duration_s, "duration_s": duration_s,
             "requests": len(reqs), "kept": len(kept), "refused": len(refused),
             "truncated": sum(r.truncated_from is not None for r in kept),
             "load": {"kind": cfg.load.kind, "trace": cfg.load.trace,
