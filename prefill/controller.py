@@ -3,11 +3,15 @@
 One job: put the DC's prefill requests into its training hosts' bubbles. It replays the DC's
 request load (prefill/load.py, written to a file by testbed.bubbletea), hears each training
 worker's bubble notices (UDP: the GPU is idle from t_idle until about t_pred_end, the worker's
-own prediction learned from its last iterations, trainer/bubbles.py), and for every bubble sends
+own prediction learned from its last iterations, trainer/bubbles.py; and "busy" when training
+takes the GPU again), and for every bubble sends
 its host's prefill server the oldest waiting request whose predicted time plus guard fits
 (prefill/admission.py), then the next one while the bubble lasts. A request waits for a later
 bubble on any host of the DC until its time-to-first-token deadline passes (then it is expired
-and counted). The replay starts with the first notice, i.e. once training runs.
+and counted). A bubble that outlasts its prediction (no busy notice 1 ms after the predicted
+end) is extended to the next longer gap the worker saw before that op (the gaps are often
+bimodal: the WAN slots' order shifts), and closed when none is left. The replay starts with the
+first notice, i.e. once training runs.
 
 Records (JSONL, docs/bubbletea/design.md): REQUEST per request (outcome served | late | expired
 | failed | unserved), BUBBLE per notice (what went in, and why the rest stayed empty:
@@ -36,6 +40,7 @@ from prefill.wire import recv_msg, send_msg
 MAX_NOTICE_BYTES = 2048
 REPLY_MARGIN_S = 10.0    # a prefill server that has not answered prediction + this is down
 INITIAL_LATENCY_MS = 1.0  # dispatch to prefill start, before one is measured (x time_scale)
+EXTEND_MARGIN_MS = 1.0    # a bubble still open this long after its predicted end is extended
 LATENCY_WEIGHT = 0.2      # of the newest sample in the moving average
 
 
@@ -103,8 +108,24 @@ class Bubble:
     t_pred_end_ns: int
     iteration: int | None
     op: int | None
+    gaps_ns: list[int] = field(default_factory=list)   # the worker's learned gaps, ascending
     dispatched: list[str] = field(default_factory=list)
     reason: str = "no_request"
+    extended: int = 0
+    t_first_pred_end_ns: int = 0
+    in_flight: bool = False      # a prefill of this bubble awaits its reply (recorded after it)
+    closed: bool = False
+
+    def extend(self, now_ns: int, margin_ns: int) -> bool:
+        """The GPU is still idle past the predicted end (no busy notice): the gap is one of
+        the longer ones seen before this op; expect the next of those. False if none is left."""
+        elapsed = now_ns - self.t_idle_ns
+        longer = [g for g in self.gaps_ns if g > elapsed + margin_ns]
+        if not longer:
+            return False
+        self.t_pred_end_ns = self.t_idle_ns + longer[0]
+        self.extended += 1
+        return True
 
 
 class Controller:
@@ -121,6 +142,7 @@ class Controller:
         self.counts = {k: 0 for k in ("arrived", "served", "late", "expired", "failed",
                                       "unserved", "retried", "notices")}
         self._decode_rr = 0
+        self.extend_margin_ns = int(EXTEND_MARGIN_MS * spec.time_scale * 1e6)
         # per host: dispatch-to-prefill-start latency (moving average), added to `now` when
         # picking, so that a request picked to fill the bubble still fits when it starts
         self.latency_ns = {e.host: int(INITIAL_LATENCY_MS * spec.time_scale * 1e6)
@@ -144,7 +166,15 @@ class Controller:
         self.log.write({"name": "BUBBLE", "dc": self.spec.dc, "host": host,
                         "t_idle_ns": b.t_idle_ns, "t_pred_end_ns": b.t_pred_end_ns,
                         "iteration": b.iteration, "op": b.op, "dispatched": b.dispatched,
-                        "end": b.reason})
+                        "end": b.reason, "extended": b.extended,
+                        "t_first_pred_end_ns": b.t_first_pred_end_ns})
+
+    def _close(self, host: str, b: Bubble) -> None:   # under self.cv
+        if self.bubbles[host] is b:
+            self.bubbles[host] = None
+        b.closed = True
+        if not b.in_flight:
+            self._bubble_record(host, b)
 
     def _expire(self, now_ns: int) -> None:   # under self.cv
         for r in self.queue.expire(now_ns):
@@ -156,7 +186,12 @@ class Controller:
             try:
                 data, _ = self._sock.recvfrom(MAX_NOTICE_BYTES)
                 n = json.loads(data)
-                host, start, end = n["host"], int(n["t_idle_ns"]), int(n["t_pred_end_ns"])
+                host = n["host"]
+                if "busy_ns" in n:
+                    busy = int(n["busy_ns"])
+                else:
+                    start, end = int(n["t_idle_ns"]), int(n["t_pred_end_ns"])
+                    gaps = sorted(int(g) for g in n.get("gaps_ns", []))
             except socket.timeout:
                 continue
             except (OSError, ValueError, KeyError, TypeError):
@@ -164,11 +199,16 @@ class Controller:
             if host not in self.bubbles:
                 continue
             with self.cv:
-                self.counts["notices"] += 1
                 old = self.bubbles[host]
+                if "busy_ns" in n:     # training took the GPU: that bubble is over
+                    if old is not None and old.t_idle_ns <= busy:
+                        self._close(host, old)
+                    continue
+                self.counts["notices"] += 1
                 if old is not None:
-                    self._bubble_record(host, old)
-                self.bubbles[host] = Bubble(start, end, n.get("iteration"), n.get("op"))
+                    self._close(host, old)
+                self.bubbles[host] = Bubble(start, end, n.get("iteration"), n.get("op"), gaps,
+                                            t_first_pred_end_ns=end)
                 self.started.set()
                 self.cv.notify_all()
 
@@ -217,13 +257,19 @@ class Controller:
                         b.reason = "host_down"
                     self.cv.wait(0.2)
                     continue
+                if b is not None and now >= b.t_pred_end_ns + self.extend_margin_ns:
+                    # past the predicted end and no busy notice: the GPU is still idle
+                    if not b.extend(now, self.extend_margin_ns):
+                        self._close(host, b)
+                        b = None
                 if b is None or now >= b.t_pred_end_ns:
-                    self.cv.wait(0.05 if b is None else 0.01)
+                    self.cv.wait(0.05 if b is None else 0.002)
                     continue
                 self._expire(now)
                 # the prefill starts one message later: pick as of then
                 pick_at = now + self.latency_ns[host]
-                pick = self.queue.pick(pick_at, b.t_pred_end_ns)
+                bubble_end = b.t_pred_end_ns
+                pick = self.queue.pick(pick_at, bubble_end)
                 if pick.request is None:
                     b.reason = pick.reason
                     # wait for an arrival or a new notice, at most until the bubble ends
@@ -231,6 +277,7 @@ class Controller:
                     continue
                 r = pick.request
                 r.attempts += 1
+                b.in_flight = True
                 decode = self.spec.decode_servers[self._decode_rr % len(self.spec.decode_servers)]
                 self._decode_rr += 1
             n_prompt = min(r.target_tokens, self.cfg.model["context"])
@@ -253,12 +300,16 @@ class Controller:
                 with self.cv:
                     self.queue.requeue(r)
                     b.reason = "host_down"
+                    b.in_flight = False
+                    if b.closed:
+                        self._bubble_record(host, b)
                     self.log.write({"name": "HOST_DOWN", "dc": self.spec.dc, "host": host,
                                     "t_ns": time.time_ns(), "error": str(exc)[:200]})
                 sock.close()
                 sock = None
                 continue
             with self.cv:
+                b.in_flight = False
                 if reply.get("ok"):
                     b.dispatched.append(r.id)
                     b.reason = "used"
@@ -269,7 +320,7 @@ class Controller:
                     self._request_record(r, "served" if t_first <= r.deadline_ns else "late",
                                          host=host, decode_host=decode.host,
                                          t_dispatch_ns=t_dispatch, t_pick_at_ns=pick_at,
-                                         bubble_end_ns=b.t_pred_end_ns,
+                                         bubble_end_ns=bubble_end, bubble_t_idle_ns=b.t_idle_ns,
                                          not_after_ns=pick.not_after_ns,
                                          t_prefill_start_ns=int(reply["t_start_ns"]),
                                          t_first_token_ns=t_first)
@@ -280,12 +331,14 @@ class Controller:
                     # GPU busy: the bubble ended sooner than predicted, nothing more goes into
                     # it. Too late to fit (the dispatch took longer than expected): a shorter
                     # request may still fit, so the loop picks again.
-                    if "busy" in str(reply.get("error")) and self.bubbles[host] is b:
-                        self.bubbles[host] = None
-                        self._bubble_record(host, b)
+                    if "busy" in str(reply.get("error")) and not b.closed:
+                        self._close(host, b)
+                        continue
                 else:
                     self._request_record(r, "failed", host=host,
                                          error=str(reply.get("error"))[:200])
+                if b.closed:     # closed (a busy or newer notice) while the prefill ran
+                    self._bubble_record(host, b)
 
     def _connect(self, server: Endpoint) -> socket.socket | None:
         deadline = time.monotonic() + self.spec.connect_timeout_s
@@ -321,7 +374,7 @@ class Controller:
                 for r in self.queue.drain():
                     self._request_record(r, "unserved")
                 for host, b in self.bubbles.items():
-                    if b is not None:
+                    if b is not None and not b.closed:
                         self._bubble_record(host, b)
                 self.log.write({"name": "SUMMARY", "dc": self.spec.dc, **self.counts})
             self.log.close()

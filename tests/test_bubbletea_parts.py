@@ -189,3 +189,12 @@ def test_metrics_utilization_overlap_wait_and_unused_causes():
     assert share["guard"] == pytest.approx(2 / total)
     assert share["no_request"] == pytest.approx(40 / total)
     assert share["not_predicted"] == pytest.approx(38 / total)
+
+
+def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
+    from prefill.controller import Bubble
+    b = Bubble(t_idle_ns=0, t_pred_end_ns=38 * MS, iteration=3, op=2,
+               gaps_ns=[38 * MS, 77 * MS, 96 * MS], t_first_pred_end_ns=38 * MS)
+    assert b.extend(39 * MS, 1 * MS) and b.t_pred_end_ns == 77 * MS and b.extended == 1
+    assert b.extend(76.5 * MS, 1 * MS) and b.t_pred_end_ns == 96 * MS   # 77 is within margin
+    assert not b.extend(97 * MS, 1 * MS) and b.t_pred_end_ns == 96 * MS

@@ -105,6 +105,7 @@ class Controller:
         self.port = self.sock.getsockname()[1]
         self.hog = hog
         self.notices: list[dict] = []
+        self.busy: list[dict] = []
         self.hogged: list[tuple[int, int]] = []      # (acquired ns, released ns)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -119,6 +120,9 @@ class Controller:
                     return
                 continue
             notice = json.loads(data)
+            if "busy_ns" in notice:          # training took the GPU again
+                self.busy.append(notice)
+                continue
             self.notices.append(notice)
             if self.hog is not None and notice["host"] == HOG_HOST and self.hog.try_acquire():
                 t_acq = time.time_ns()
@@ -176,8 +180,14 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     # (a) notices: fields, sane values, one IDLE span each, starting where a compute op ended
     notices = controller.notices
     assert notices, "no bubble notices"
+    starts = {(r["host"], r["t_start_ns"]) for r in compute}
+    for n in controller.busy:                                    # one per compute op, at its start
+        assert set(n) == {"host", "busy_ns"} and (n["host"], n["busy_ns"]) in starts, n
+    assert len(controller.busy) == len(compute)
     for n in notices:
-        assert set(n) == {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op"}, n
+        assert set(n) == {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"}, n
+        gaps = n["gaps_ns"]                                      # learned gaps, ascending
+        assert gaps == sorted(gaps) and n["t_pred_end_ns"] - n["t_idle_ns"] == gaps[0], n
         assert n["host"] in ops and 0 <= n["op"] < len(ops[n["host"]]), n
         assert 3 <= n["iteration"] < cfg.iterations, n           # 0: warm-up, 1-2: learning
         assert n["t_pred_end_ns"] - n["t_idle_ns"] >= MIN_NOTICE_MS * 1e6, n

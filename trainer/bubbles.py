@@ -79,6 +79,12 @@ class BubblePredictor:
             return None
         return min(g for _, g in gaps)
 
+    def history_ns(self, k: int) -> list[int]:
+        """The gaps before op k in the history, ascending (what a bubble that has outlasted
+        the prediction may still last: the controller extends it to the next one)."""
+        self._check(k)
+        return sorted({g for _, g in self._gaps.get(k, ())})
+
     def _check(self, k: int) -> None:
         if not 0 <= k < self.n_ops:
             raise IndexError(f"op index {k} outside 0..{self.n_ops - 1}")

@@ -21,7 +21,9 @@ lock. A wait for the lock (a prefill overran its bubble) is a GPU_WAIT span {op,
 microbatch} from t_want to the acquisition. Every op's idle gap (t_want minus the end of the
 previous compute op) feeds a BubblePredictor (trainer/bubbles.py); after each op, when the
 predicted gap before the next op is >= MIN_NOTICE_MS and spec.bubble_notify is set, one UDP
-datagram {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op"} goes to the DC's controller
+datagram {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"} (gaps_ns: the
+learned gaps before that op, ascending) goes to the DC's controller, and at each acquisition of
+the GPU one {"host", "busy_ns"} (the bubble is over)
 (errors ignored: a dead controller never stops training) and an IDLE span {op} is logged, with
 the next op's iteration and micro-batch. Without gpu_lock_path none of this happens.
 """
@@ -203,9 +205,19 @@ class StageWorker:
             self.bubbles.observe(it, k, t_want - self._op_end_ns)
         waited_ns = self.gpu.acquire()
         t_got = time.time_ns()
+        if self._notify is not None and self.spec.bubble_notify is not None:
+            self._send({"host": self.spec.host, "busy_ns": t_got})   # the bubble is over
         if waited_ns > 0:
             self.log.span("GPU_WAIT", t_want, t_got, it, mb, op=k)
         return t_got
+
+    def _send(self, notice: dict) -> None:
+        assert self._notify is not None and self.spec.bubble_notify is not None
+        try:
+            self._notify.sendto(json.dumps(notice).encode(),
+                                (self.spec.bubble_notify["ip"], self.spec.bubble_notify["port"]))
+        except OSError:
+            pass                # a dead or unreachable controller never stops training
 
     def _compute_done(self, name: str, it: int, mb: int | None, k: int, t_start: int,
                       **extra: object) -> None:
@@ -233,13 +245,9 @@ class StageWorker:
         if pred_ns is None or pred_ns < MIN_NOTICE_MS * 1e6:
             return
         t_pred_end_ns = t_idle_ns + pred_ns
-        notice = {"host": self.spec.host, "t_idle_ns": t_idle_ns, "t_pred_end_ns": t_pred_end_ns,
-                  "iteration": next_it, "op": next_k}
-        try:
-            self._notify.sendto(json.dumps(notice).encode(),
-                                (self.spec.bubble_notify["ip"], self.spec.bubble_notify["port"]))
-        except OSError:
-            pass                # a dead or unreachable controller never stops training
+        self._send({"host": self.spec.host, "t_idle_ns": t_idle_ns,
+                    "t_pred_end_ns": t_pred_end_ns, "iteration": next_it, "op": next_k,
+                    "gaps_ns": self.bubbles.history_ns(next_k)})
         op = self.bubbles.ops[next_k]
         self.log.span("IDLE", t_idle_ns, t_pred_end_ns, next_it,
                       None if op == OPT else parse_action(op)[1], op=next_k)
