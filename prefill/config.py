@@ -88,7 +88,7 @@ class BubbleTeaConfig:
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise ScenarioError(where, "must be a mapping", "see topologies/atlas_paper.yaml")
+            raise ScenarioError(where, "must be a mapping", "see topologies/atlas_bubbletea.yaml")
         _no_unknown(data, where, {"load", "context_rule", "ttft_deadline_ms", "guard_ms",
                                   "guard_pct", "kv_fraction", "decode_tokens_max", "model",
                                   "profile", "fill_allreduce"})

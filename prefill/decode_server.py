@@ -38,7 +38,7 @@ import torch
 
 from prefill.model import InferenceConfig, build_model, generate_from_cache, prefill
 from prefill.records import RecordLog
-from prefill.service import Service, close_gently
+from prefill.service import close_gently, run_server
 from prefill.wire import WireError, recv_msg, send_msg
 
 MAX_ID_CHARS = 64
@@ -186,21 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"decode server: bad spec {args.spec}: {exc}", file=sys.stderr, flush=True)
         return 2
     server = DecodeServer(spec)
-    try:
-        service = Service(f"decode server {spec.host}", spec.ip, spec.port, server.handle)
-    except OSError as exc:
-        print(exc, file=sys.stderr, flush=True)
-        server.close(0.0)
-        return 1
-    service.stop_on_signals()
-    print(f"decode server {spec.host}: listening on {service.address}", flush=True)
-    try:
-        service.serve_forever()
-    finally:
-        deadline = time.monotonic() + STOP_GRACE_S
-        service.close(STOP_GRACE_S / 2)
-        server.close(max(0.0, deadline - time.monotonic()))
-    return 0
+    return run_server(f"decode server {spec.host}", spec.ip, spec.port, server.handle, server.close,
+                      STOP_GRACE_S)
 
 
 if __name__ == "__main__":

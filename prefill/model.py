@@ -29,25 +29,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class LayerNorm(nn.Module):
-    """LayerNorm without bias."""
-
-    def __init__(self, ndim: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
+from trainer import model as train_model
+from trainer.model import MLP, LayerNorm
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: InferenceConfig) -> None:
-        super().__init__()
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
+class CausalSelfAttention(train_model.CausalSelfAttention):
+    """The training model's attention (same weights layout), run with a KV cache."""
 
     def forward(self, x: torch.Tensor, past: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,16 +58,6 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
         return self.c_proj(y), torch.stack([k, v])
-
-
-class MLP(nn.Module):
-    def __init__(self, config: InferenceConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x)))
 
 
 class Block(nn.Module):

@@ -52,7 +52,7 @@ from prefill.kv import KvJob, KvSender
 from prefill.model import InferenceConfig, InferenceGPT, build_model, prefill
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
-from prefill.service import Service, close_gently
+from prefill.service import close_gently, run_server
 from prefill.wire import WireError, recv_msg, send_msg
 from trainer.gpulock import GpuLock
 
@@ -329,20 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefill server: bad spec {args.spec}: {exc}", file=sys.stderr, flush=True)
         return 2
     server = PrefillServer(spec)
-    try:
-        service = Service(f"prefill server {spec.host}", spec.ip, spec.port, server.handle)
-    except OSError as exc:
-        print(exc, file=sys.stderr, flush=True)
-        server.close(0.0)
-        return 1
-    service.stop_on_signals()
-    print(f"prefill server {spec.host}: listening on {service.address}", flush=True)
-    try:
-        service.serve_forever()
-    finally:
-        service.close(STOP_GRACE_S)
-        server.close(STOP_GRACE_S)
-    return 0
+    return run_server(f"prefill server {spec.host}", spec.ip, spec.port, server.handle, server.close,
+                      STOP_GRACE_S)
 
 
 if __name__ == "__main__":

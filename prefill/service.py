@@ -111,3 +111,25 @@ def close_gently(sock: socket.socket) -> None:
             pass
     except OSError:
         pass
+
+
+def run_server(label: str, ip: str, port: int, handler: Handler,
+               close: Callable[[float], None], grace_s: float) -> int:
+    """A server process's main loop: listen, say so ("<label>: listening on ip:port"), serve
+    until SIGTERM/SIGINT, then give the handlers and `close` (the server's own clean-up) grace_s
+    in all. Returns the exit code (1 if it cannot listen)."""
+    try:
+        service = Service(label, ip, port, handler)
+    except OSError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        close(0.0)
+        return 1
+    service.stop_on_signals()
+    print(f"{label}: listening on {service.address}", flush=True)
+    try:
+        service.serve_forever()
+    finally:
+        deadline = time.monotonic() + grace_s
+        service.close(grace_s / 2)
+        close(max(0.0, deadline - time.monotonic()))
+    return 0

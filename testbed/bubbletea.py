@@ -48,7 +48,7 @@ def check(scenario: "Scenario", placement: "Placement", system_name: str,
     if scenario.bubbletea is None:
         raise ScenarioError("bubbletea", f"{system_name} needs the scenario's bubbletea section",
                             "add bubbletea: {load: {trace: conv, rate_multiplier: 20}} "
-                            "(see topologies/atlas_paper.yaml)")
+                            "(see topologies/atlas_bubbletea.yaml)")
     for i, dc in enumerate(scenario.dcs):
         if dc.name in training_dcs(placement) and dc.decode_hosts < 1:
             raise ScenarioError(f"dcs[{i}].decode_hosts", f"DC {dc.name!r} trains under "
@@ -99,6 +99,19 @@ def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> 
                      "rate_multiplier": cfg.load.rate_multiplier,
                      "poisson_per_s": cfg.load.poisson_per_s, "window_s": cfg.load.window_s,
                      "start_s": cfg.load.start_s}}
+
+
+def bubbletea_plan(scenario: "Scenario", compute: str, placement: "Placement",
+                   system_name: str) -> dict[str, Any]:
+    """Where the prefill side of a +bubbletea system runs, and its load (no network)."""
+    cfg = check(scenario, placement, system_name)
+    hosts = {dc: [h for row in placement.hosts for h in row if h.rsplit("-h", 1)[0] == dc]
+             for dc in training_dcs(placement)}
+    load = make_requests(cfg, compute, {dc: len(hs) for dc, hs in hosts.items()})
+    return {"dcs": {dc: {"prefill": hs, "decode": scenario.decode_host_names(dc),
+                         "controller": scenario.decode_host_names(dc)[0],
+                         "requests": len(load["per_dc"][dc])} for dc, hs in hosts.items()},
+            **{k: v for k, v in load.items() if k != "per_dc"}}
 
 
 @dataclass

@@ -57,6 +57,7 @@ class SystemPlan:
     placement: Placement
     routes: tuple[Route, ...]
     slots: SlotPlan
+    bubbletea: dict | None = None     # +bubbletea systems: where the prefill side runs, load
 
     def to_dict(self) -> dict:
         s = self.system
@@ -64,7 +65,7 @@ class SystemPlan:
                 "wan_sharing": s.wan_sharing, "fill_bubbles": s.fill_bubbles,
                 "placement": self.placement.to_dict(),
                 "boundaries": [r.to_dict() for r in self.routes],
-                "slot_plan": self.slots.to_dict()}
+                "slot_plan": self.slots.to_dict(), "bubbletea": self.bubbletea}
 
     def lines(self) -> list[str]:
         s, pl = self.system, self.placement
@@ -91,6 +92,15 @@ class SystemPlan:
                   for st, x in enumerate(pl.allreduce_across_wan()) if x]
         out.append("  all-reduce over the WAN: " + ("; ".join(wan_ar) if wan_ar else "none"))
         out += ["  " + line for line in self.slots.summary_lines()]
+        if self.bubbletea is not None:
+            bt = self.bubbletea
+            for dc, d in bt["dcs"].items():
+                out.append(f"  bubbletea {dc}: prefill on {', '.join(d['prefill'])}; decode on "
+                           f"{', '.join(d['decode'])}; controller on {d['controller']}; "
+                           f"{d['requests']} requests")
+            out.append(f"  bubbletea load: {bt['kept']} requests ({bt['offered_per_s']:.1f}/s "
+                       f"over {bt['duration_s']:g} s), {bt['refused']} refused, "
+                       f"{bt['truncated']} truncated to {bt['context_tokens']} tokens")
         return out
 
 
@@ -110,9 +120,13 @@ def routes_of(scenario: Scenario, placement: Placement, system: System) -> tuple
 
 def plan_system(scenario: Scenario, cfg: "TrainConfig", system: System) -> SystemPlan:
     placement = place_for_system(scenario, cfg, system)
+    bt = None
+    if system.fill_bubbles:
+        from testbed.bubbletea import bubbletea_plan
+        bt = bubbletea_plan(scenario, cfg.compute, placement, system.name)
     return SystemPlan(system=system, placement=placement,
                       routes=routes_of(scenario, placement, system),
-                      slots=plan_slots(scenario, cfg, placement, system))
+                      slots=plan_slots(scenario, cfg, placement, system), bubbletea=bt)
 
 
 def resolve_systems(scenario: Scenario, names: Sequence[str] | None) -> list[System]:

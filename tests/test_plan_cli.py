@@ -80,3 +80,19 @@ def test_plan_imports_neither_torch_nor_mininet():
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == [0, False, False]
+
+
+def test_plan_of_a_bubbletea_system_names_its_hosts_and_load():
+    out = subprocess.run([sys.executable, "run_testbed.py", "plan", "topologies/atlas_bubbletea.yaml",
+                          "--systems", "atlas+bubbletea", "--json"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    bt = json.loads(out.stdout)["systems"]["atlas+bubbletea"]["bubbletea"]
+    assert bt["dcs"]["us"]["decode"] == ["us-d1", "us-d2"] and bt["dcs"]["us"]["controller"] == "us-d1"
+    assert bt["dcs"]["eu"]["prefill"] == ["eu-h1", "eu-h2"]
+    assert bt["kept"] == sum(d["requests"] for d in bt["dcs"].values()) > 0
+    bad = subprocess.run([sys.executable, "run_testbed.py", "plan", "topologies/atlas_paper.yaml",
+                          "--systems", "atlas+bubbletea"], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: bubbletea:")
+    assert len(bad.stderr.strip().splitlines()) == 1
