@@ -15,7 +15,8 @@ those); otherwise the longest (best fit: the bubble's rest is then as small as i
 short requests stay queued for the short rests; first fit by age left 74 % of the unused bubble
 time as rests no queued request fitted). A request that fits no bubble waits for a larger one on
 any host of the DC until its deadline passes; then it is expired (counted as a deadline miss,
-never dropped silently). A request is never split.
+never dropped silently). A request is never split. Only the oldest PICK_WINDOW requests are
+considered (bounded work per pick).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 NS_PER_MS = 1_000_000
+# A pick looks at the oldest PICK_WINDOW requests only: under overload the queue grows to
+# thousands, and a scan of all of them per dispatch cost the controller enough CPU on this
+# 2-core machine to slow training (a real controller has cores of its own).
+PICK_WINDOW = 256
 
 
 @dataclass(kw_only=True, slots=True, order=False)
@@ -62,10 +67,12 @@ class Admission:
     requeue = arrive
 
     def expire(self, now_ns: int) -> list[Pending]:
-        """Remove and return the requests whose deadline has passed."""
-        gone = [r for r in self._queue if r.deadline_ns <= now_ns]
-        if gone:
-            self._queue = [r for r in self._queue if r.deadline_ns > now_ns]
+        """Remove and return the requests whose deadline has passed (the queue is in arrival
+        order and every deadline is arrival + the same TTFT, so they are at its front)."""
+        n = 0
+        while n < len(self._queue) and self._queue[n].deadline_ns <= now_ns:
+            n += 1
+        gone, self._queue[:n] = self._queue[:n], []
         return gone
 
     def pick(self, now_ns: int, bubble_end_ns: int) -> Pick:
@@ -74,7 +81,7 @@ class Admission:
             return Pick(request=None, reason="no_request")
         guarded = False
         best: int | None = None
-        for i, r in enumerate(self._queue):
+        for i, r in enumerate(self._queue[:PICK_WINDOW]):
             if now_ns + r.predicted_ns + r.guard_ns > bubble_end_ns:
                 guarded = guarded or now_ns + r.predicted_ns <= bubble_end_ns
                 continue

@@ -13,6 +13,8 @@ Used by every system whose name ends in "+bubbletea" (testbed.systems); testbed.
       kv_fraction: 0.25          # KV heads / attention heads of the target (GQA); 1 = full MHA
       decode_tokens_max: 8       # profile mode: tokens each decode server generates per request
       fill_allreduce: false      # also fill the gap that holds the gradient all-reduce
+      extend_bubbles: true       # a bubble that outlasts its prediction: expect the next longer
+                                 # gap seen before that op (false: close it)
       model: {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 256, context: 256}
       profile: h200-transformer.json
 
@@ -67,6 +69,7 @@ class BubbleTeaConfig:
     kv_fraction: float = 1.0
     decode_tokens_max: int = 8
     fill_allreduce: bool = False
+    extend_bubbles: bool = True
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     profile: str = "h200-transformer.json"
 
@@ -91,7 +94,7 @@ class BubbleTeaConfig:
             raise ScenarioError(where, "must be a mapping", "see topologies/atlas_bubbletea.yaml")
         _no_unknown(data, where, {"load", "context_rule", "ttft_deadline_ms", "guard_ms",
                                   "guard_pct", "kv_fraction", "decode_tokens_max", "model",
-                                  "profile", "fill_allreduce"})
+                                  "profile", "fill_allreduce", "extend_bubbles"})
         load = _load(data.get("load", {}), f"{where}.load")
         rule = data.get("context_rule", "truncate")
         if rule not in CONTEXT_RULES:
@@ -123,7 +126,9 @@ class BubbleTeaConfig:
                                           f"{where}.decode_tokens_max", 1, 4096),
                    model=model, profile=profile,
                    fill_allreduce=_bool(data.get("fill_allreduce", False),
-                                        f"{where}.fill_allreduce"))
+                                        f"{where}.fill_allreduce"),
+                   extend_bubbles=_bool(data.get("extend_bubbles", True),
+                                        f"{where}.extend_bubbles"))
 
 
 def _load(data: Any, where: str) -> LoadConfig:

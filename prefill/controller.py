@@ -142,6 +142,7 @@ class Controller:
         self.counts = {k: 0 for k in ("arrived", "served", "late", "expired", "failed",
                                       "unserved", "retried", "notices")}
         self._decode_rr = 0
+        self.waiting = 0      # host agents waiting for an arrival inside an open bubble
         self.extend_margin_ns = int(EXTEND_MARGIN_MS * spec.time_scale * 1e6)
         # per host: dispatch-to-prefill-start latency (moving average), added to `now` when
         # picking, so that a request picked to fill the bubble still fits when it starts
@@ -237,7 +238,8 @@ class Controller:
                 self.counts["arrived"] += 1
                 self._expire(time.time_ns())
                 self.queue.arrive(r)
-                self.cv.notify_all()
+                if self.waiting:          # only agents in an open bubble can use it now
+                    self.cv.notify_all()
 
     def predict_ms(self, target_tokens: int) -> float:
         if self.spec.compute != "profile":
@@ -259,7 +261,7 @@ class Controller:
                     continue
                 if b is not None and now >= b.t_pred_end_ns + self.extend_margin_ns:
                     # past the predicted end and no busy notice: the GPU is still idle
-                    if not b.extend(now, self.extend_margin_ns):
+                    if not (self.cfg.extend_bubbles and b.extend(now, self.extend_margin_ns)):
                         self._close(host, b)
                         b = None
                 if b is None or now >= b.t_pred_end_ns:
@@ -273,7 +275,9 @@ class Controller:
                 if pick.request is None:
                     b.reason = pick.reason
                     # wait for an arrival or a new notice, at most until the bubble ends
+                    self.waiting += 1
                     self.cv.wait(max(0.0, (b.t_pred_end_ns - now) / 1e9))
+                    self.waiting -= 1
                     continue
                 r = pick.request
                 r.attempts += 1

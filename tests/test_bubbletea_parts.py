@@ -198,3 +198,37 @@ def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
     assert b.extend(39 * MS, 1 * MS) and b.t_pred_end_ns == 77 * MS and b.extended == 1
     assert b.extend(76.5 * MS, 1 * MS) and b.t_pred_end_ns == 96 * MS   # 77 is within margin
     assert not b.extend(97 * MS, 1 * MS) and b.t_pred_end_ns == 96 * MS
+
+
+def test_timeline_marks_an_overlap(tmp_path):
+    from trainer.timeline_plot import plot_timeline
+    spans = [dict(span("F", f"h{st}", 100 * it + 10 * st, 100 * it + 10 * st + 20, it, st),
+                  microbatch=0) for it in range(2) for st in range(2)]
+    prefill = [{"name": "PREFILL", "host": "h0", "t_start_ns": 115 * MS, "t_end_ns": 125 * MS}]
+    out = plot_timeline(spans, tmp_path / "t.png", iteration=1, extra_spans=prefill)
+    assert out.stat().st_size > 10_000
+
+
+def test_run_refuses_bubbletea_without_decode_hosts_or_section(tmp_path):
+    import yaml
+    from testbed.jobs import load_run
+    training = {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
+                          "vocab_size": 64}, "stages": 2, "micro_batches": 2}
+    doc = {"name": "bt", "dcs": [{"name": "a", "hosts": 1, "decode_hosts": 1},
+                                 {"name": "b", "hosts": 1}],
+           "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 10}],
+           "systems": ["baseline+bubbletea"], "bubbletea": {}, "training": training}
+    path = tmp_path / "bt.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ScenarioError) as err:
+        load_run(str(path))
+    assert err.value.field == "dcs[1].decode_hosts" and "'b'" in str(err.value)
+    del doc["bubbletea"]
+    doc["dcs"][1]["decode_hosts"] = 1
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ScenarioError) as err:
+        load_run(str(path))
+    assert err.value.field == "bubbletea"
+    doc["bubbletea"] = {}
+    path.write_text(yaml.safe_dump(doc))
+    assert load_run(str(path))[2] == ["baseline+bubbletea"]

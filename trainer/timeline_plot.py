@@ -10,8 +10,9 @@ Shared GPU (BubbleTea): a worker's GPU_WAIT spans (it waited for the host's GPU 
 overran the bubble) are drawn in red on its row, its IDLE spans (announced bubbles, from the
 notice to the predicted end) as a thin strip above the row, and `extra_spans` records named
 PREFILL ({"host", "t_start_ns", "t_end_ns"}, the prefill servers' records) on the row(s) of their
-host, so the prefills appear inside the bubbles. These are drawn wherever they overlap the
-iteration's window (clipped to it), whatever their iteration field says.
+host, so the prefills appear inside the bubbles; a prefill that overlaps a training op of its
+host (which the GPU lock forbids) is outlined and hatched in black. These are drawn wherever
+they overlap the iteration's window (clipped to it), whatever their iteration field says.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from trainer.metrics import iteration_windows
 
 COLOURS = {"F": "#8ecae6", "B": "#1d4e89", "OPT": "#6c757d", "RECV_F": "#f4a261",
            "RECV_B": "#e76f51", "ALLREDUCE": "#e9c46a", "SEND_F": "#2a9d8f", "SEND_B": "#2a9d8f",
-           "idle": "#f1f1f1", "GPU_WAIT": "#d62828", "PREFILL": "#9d4edd", "IDLE": "#adb5bd"}
+           "idle": "#f1f1f1", "GPU_WAIT": "#d62828", "PREFILL": "#9d4edd", "IDLE": "#adb5bd",
+           "OVERLAP": "#000000"}
 LABELS = {"F": "forward", "B": "backward", "OPT": "optimizer", "RECV_F": "wait activation",
           "RECV_B": "wait gradient", "ALLREDUCE": "all-reduce", "SEND_F": "sending",
           "idle": "idle (bubble)", "GPU_WAIT": "training waits for GPU",
-          "PREFILL": "prefill", "IDLE": "announced bubble"}
+          "PREFILL": "prefill", "IDLE": "announced bubble",
+          "OVERLAP": "prefill overlapping training (defect)"}
 
 
 def pick_iteration(spans: Sequence[dict]) -> int:
@@ -85,12 +88,23 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
                     fontsize=7, color="black" if r["name"] == "F" else "white")
     # A prefill holds the host's GPU lock, so it never overlaps the row's F/B/OPT: drawn over
     # the waits it fills (a little narrower, so what the worker was waiting for still shows).
+    compute = [r for r in records if r["name"] in ("F", "B", "OPT")]
     for r in extra_spans or ():
         xw = clipped(r) if r.get("name") == "PREFILL" else None
         for y in rows_of_host.get(r.get("host", ""), []) if xw is not None else []:
             ax.barh(y, xw[1], left=xw[0], height=0.56, color=COLOURS["PREFILL"],
                     edgecolor="none")
             shown.add("PREFILL")
+        # an overlap with training compute on the host (a defect: the lock should forbid it)
+        for c in compute if xw is not None else []:
+            if c.get("host") == r.get("host") and c["t_start_ns"] < r["t_end_ns"] \
+                    and r["t_start_ns"] < c["t_end_ns"]:
+                both = clipped({"t_start_ns": max(c["t_start_ns"], r["t_start_ns"]),
+                                "t_end_ns": min(c["t_end_ns"], r["t_end_ns"])})
+                if both is not None:
+                    ax.barh(row_y[(c["stage"], c["replica"])], both[1], left=both[0],
+                            height=0.8, fill=False, hatch="xxx", edgecolor="black")
+                    shown.add("OVERLAP")
     for r in records:
         xw = clipped(r) if r["name"] in ("GPU_WAIT", "IDLE") else None
         if xw is None:
@@ -109,7 +123,7 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
     ax.set_xlabel(f"time since iteration {it} start (ms)")
     ax.set_title(title or f"iteration {it}")
     keys = ["F", "B", "OPT", "RECV_F", "RECV_B", "ALLREDUCE", "SEND_F", "idle"]
-    keys += [k for k in ("PREFILL", "GPU_WAIT", "IDLE") if k in shown]
+    keys += [k for k in ("PREFILL", "GPU_WAIT", "IDLE", "OVERLAP") if k in shown]
     legend_rows = -(-len(keys) // 8)
     fig.set_figheight(fig_h_in + 0.2 * (legend_rows - 1))
     fig.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in keys],
