@@ -123,7 +123,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     metrics["wan_warnings"] = (wanstats.warnings({k: v for k, v in wan_links.items()
                                                   if "packets" in v}, scenario.wan)
                                + temporal.warnings(shared))
-    extra = None
+    extra = shown_iteration = None
     if prefill is not None:
         from prefill.metrics import bubbletea_metrics
         records = list(read_jsonl(prefill.merge_records()))
@@ -133,9 +133,11 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                                  crashed=crashed)
         metrics["bubbletea"]["cpu_s"] = prefill_cpu
         extra = [r for r in records if r["name"] == "PREFILL"]
+        filled = metrics["bubbletea"]["iterations"]    # draw one the prefills could fill
+        shown_iteration = filled[len(filled) // 2]
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                 title=f"{scenario.name} {system.name}",
-                                                extra_spans=extra))
+                                                extra_spans=extra, iteration=shown_iteration))
     write_json(sys_dir / "metrics.json", metrics)   # this system's block, kept if a later fails
     return metrics
 
