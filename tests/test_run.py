@@ -107,4 +107,7 @@ def test_time_scale_runs_slower_and_reports_real_time(tmp_path: Path) -> None:
     # (upper bound with 5 ms of slack: a sleep on a busy 2-core machine can overshoot by ms;
     # a missing or doubled dilation is off by 4x)
     assert 4 * one * 0.95 <= four <= 4 * one * 1.5 + 5.0, (one, four)
-    assert slow["stages"][0]["forward_ms"] >= 0.95 * plain["stages"][0]["forward_ms"], (plain, slow)
+    # the mean divided back: a sleep's overshoot at T = 1 is a larger share of a ~2 ms hold
+    # than at T = 4 (divided by 4), so the slow run's mean may be lower; a double division
+    # would be 4x lower (CI saw 1.87 vs 1.97 ms)
+    assert slow["stages"][0]["forward_ms"] >= 0.8 * plain["stages"][0]["forward_ms"], (plain, slow)
