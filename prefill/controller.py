@@ -28,14 +28,16 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefill.admission import Admission, Pending, make_pending
 from prefill.config import BubbleTeaConfig
 from prefill.profile import PrefillProfile
+from prefill.records import RecordLog
 from prefill.wire import recv_msg, send_msg
+from trainer.spec import SpecFile
 
 MAX_NOTICE_BYTES = 2048
 REPLY_MARGIN_S = 10.0    # a prefill server that has not answered prediction + this is down
@@ -52,7 +54,7 @@ class Endpoint:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ControllerSpec:
+class ControllerSpec(SpecFile):
     dc: str
     host: str
     ip: str
@@ -66,13 +68,9 @@ class ControllerSpec:
     time_scale: float = 1.0
     connect_timeout_s: float = 60.0
 
-    def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))
-
     @classmethod
-    def load(cls, path: Path) -> "ControllerSpec":
-        d = json.loads(Path(path).read_text())
+    def from_dict(cls, d: dict) -> "ControllerSpec":
+        d = dict(d)
         d["prefill_servers"] = [Endpoint(**e) for e in d["prefill_servers"]]
         d["decode_servers"] = [Endpoint(**e) for e in d["decode_servers"]]
         return cls(**d)
@@ -83,23 +81,6 @@ def prompt_for(request_id: str, n_tokens: int, vocab_size: int) -> list[int]:
     lengths)."""
     rng = random.Random(request_id)
     return [rng.randrange(vocab_size) for _ in range(n_tokens)]
-
-
-class JsonlLog:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(path, "w")
-        self._lock = threading.Lock()
-
-    def write(self, rec: dict[str, Any]) -> None:
-        line = json.dumps(rec, separators=(",", ":")) + "\n"
-        with self._lock:
-            self._f.write(line)
-            self._f.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            self._f.close()
 
 
 @dataclass
@@ -133,7 +114,7 @@ class Controller:
         self.spec = spec
         self.cfg = BubbleTeaConfig.from_settings(spec.bubbletea)
         self.profile = PrefillProfile.load(self.cfg.profile)
-        self.log = JsonlLog(Path(spec.records_path))
+        self.log = RecordLog(spec.records_path, {"dc": spec.dc})
         self.queue = Admission()
         self.cv = threading.Condition()
         self.stop = threading.Event()
@@ -156,19 +137,17 @@ class Controller:
     # -- records ----------------------------------------------------------------------------
     def _request_record(self, r: Pending, outcome: str, **extra: Any) -> None:
         self.counts[outcome] += 1
-        self.log.write({"name": "REQUEST", "dc": self.spec.dc, "id": r.id,
-                        "t_arrival_ns": r.t_arrival_ns, "deadline_ns": r.deadline_ns,
-                        "target_tokens": r.target_tokens, "output_tokens": r.output_tokens,
-                        "predicted_ms": r.predicted_ns / 1e6, "guard_ms": r.guard_ns / 1e6,
-                        "attempts": r.attempts, "truncated_from": r.truncated_from,
-                        "outcome": outcome, **extra})
+        self.log.write("REQUEST", id=r.id, t_arrival_ns=r.t_arrival_ns,
+                       deadline_ns=r.deadline_ns, target_tokens=r.target_tokens,
+                       output_tokens=r.output_tokens, predicted_ms=r.predicted_ns / 1e6,
+                       guard_ms=r.guard_ns / 1e6, attempts=r.attempts,
+                       truncated_from=r.truncated_from, outcome=outcome, **extra)
 
     def _bubble_record(self, host: str, b: Bubble) -> None:
-        self.log.write({"name": "BUBBLE", "dc": self.spec.dc, "host": host,
-                        "t_idle_ns": b.t_idle_ns, "t_pred_end_ns": b.t_pred_end_ns,
-                        "iteration": b.iteration, "op": b.op, "dispatched": b.dispatched,
-                        "end": b.reason, "extended": b.extended,
-                        "t_first_pred_end_ns": b.t_first_pred_end_ns})
+        self.log.write("BUBBLE", host=host, t_idle_ns=b.t_idle_ns,
+                       t_pred_end_ns=b.t_pred_end_ns, iteration=b.iteration, op=b.op,
+                       dispatched=b.dispatched, end=b.reason, extended=b.extended,
+                       t_first_pred_end_ns=b.t_first_pred_end_ns)
 
     def _close(self, host: str, b: Bubble) -> None:   # under self.cv
         if self.bubbles[host] is b:
@@ -307,8 +286,8 @@ class Controller:
                     b.in_flight = False
                     if b.closed:
                         self._bubble_record(host, b)
-                    self.log.write({"name": "HOST_DOWN", "dc": self.spec.dc, "host": host,
-                                    "t_ns": time.time_ns(), "error": str(exc)[:200]})
+                    self.log.write("HOST_DOWN", host=host, t_ns=time.time_ns(),
+                                   error=str(exc)[:200])
                 sock.close()
                 sock = None
                 continue
@@ -353,8 +332,8 @@ class Controller:
                 return s
             except OSError:
                 time.sleep(0.1)
-        self.log.write({"name": "HOST_DOWN", "dc": self.spec.dc, "host": server.host,
-                        "t_ns": time.time_ns(), "error": "prefill server not reachable"})
+        self.log.write("HOST_DOWN", host=server.host, t_ns=time.time_ns(),
+                       error="prefill server not reachable")
         return None
 
     def run(self) -> None:
@@ -380,7 +359,7 @@ class Controller:
                 for host, b in self.bubbles.items():
                     if b is not None and not b.closed:
                         self._bubble_record(host, b)
-                self.log.write({"name": "SUMMARY", "dc": self.spec.dc, **self.counts})
+                self.log.write("SUMMARY", **self.counts)
             self.log.close()
 
 

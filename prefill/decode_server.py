@@ -23,22 +23,20 @@ Record (prefill/records.py; host and dc in each):
 
 from __future__ import annotations
 
-import argparse
-import json
 import queue
 import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from prefill.model import InferenceConfig, build_model, generate_from_cache, prefill
 from prefill.records import RecordLog
-from prefill.service import close_gently, run_server
+from prefill.service import close_gently, serve_main
+from trainer.spec import SpecFile
 from prefill.wire import WireError, recv_msg, send_msg
 
 MAX_ID_CHARS = 64
@@ -47,7 +45,7 @@ STOP_GRACE_S = 10.0              # on SIGTERM: for connections, then for queued 
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class DecodeSpec:
+class DecodeSpec(SpecFile):
     host: str
     dc: str
     ip: str
@@ -65,16 +63,6 @@ class DecodeSpec:
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"max_new_tokens_cap: {cap!r} is not null or an integer >= 1")
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
-
-    @classmethod
-    def load(cls, path: Path) -> DecodeSpec:
-        return cls(**json.loads(Path(path).read_text()))
 
 
 def _int(value: Any) -> bool:
@@ -177,16 +165,7 @@ class DecodeServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="DecodeSpec JSON file")
-    args = parser.parse_args(argv)
-    try:
-        spec = DecodeSpec.load(Path(args.spec))
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"decode server: bad spec {args.spec}: {exc}", file=sys.stderr, flush=True)
-        return 2
-    server = DecodeServer(spec)
-    return run_server(f"decode server {spec.host}", spec.ip, spec.port, server.handle, server.close,
+    return serve_main(argv, __doc__.splitlines()[0], "decode server", DecodeSpec, DecodeServer,
                       STOP_GRACE_S)
 
 

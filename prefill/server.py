@@ -34,16 +34,13 @@ in-process lock is taken first: one prefill at a time per host, whatever the con
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
-import json
 import os
 import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,9 +49,10 @@ from prefill.kv import KvJob, KvSender
 from prefill.model import InferenceConfig, InferenceGPT, build_model, prefill
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
-from prefill.service import close_gently, run_server
+from prefill.service import close_gently, serve_main
 from prefill.wire import WireError, recv_msg, send_msg
 from trainer.gpulock import GpuLock
+from trainer.spec import SpecFile
 
 COMPUTE_MODES = ("measured", "profile")
 MAX_ID_CHARS = 64
@@ -62,7 +60,7 @@ STOP_GRACE_S = 5.0      # on SIGTERM: for requests in progress, then for queued 
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PrefillSpec:
+class PrefillSpec(SpecFile):
     host: str
     dc: str
     ip: str
@@ -90,16 +88,6 @@ class PrefillSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}: {value!r} is not a number > 0")
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
-
-    @classmethod
-    def load(cls, path: Path) -> PrefillSpec:
-        return cls(**json.loads(Path(path).read_text()))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -320,17 +308,7 @@ class PrefillServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="PrefillSpec JSON file")
-    args = parser.parse_args(argv)
-    try:
-        spec = PrefillSpec.load(Path(args.spec))
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"prefill server: bad spec {args.spec}: {exc}", file=sys.stderr, flush=True)
-        return 2
-    server = PrefillServer(spec)
-    return run_server(f"prefill server {spec.host}", spec.ip, spec.port, server.handle, server.close,
-                      STOP_GRACE_S)
+    return serve_main(argv, __doc__.splitlines()[0], "prefill server", PrefillSpec, PrefillServer, STOP_GRACE_S)
 
 
 if __name__ == "__main__":

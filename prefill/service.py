@@ -14,12 +14,14 @@ clean EOF, one in the middle of a request still sends its reply), and the handle
 
 from __future__ import annotations
 
+import argparse
 import signal
 import socket
 import sys
 import threading
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 Handler = Callable[[socket.socket, str], None]
 LISTEN_BACKLOG = 64
@@ -113,23 +115,34 @@ def close_gently(sock: socket.socket) -> None:
         pass
 
 
-def run_server(label: str, ip: str, port: int, handler: Handler,
-               close: Callable[[float], None], grace_s: float) -> int:
-    """A server process's main loop: listen, say so ("<label>: listening on ip:port"), serve
-    until SIGTERM/SIGINT, then give the handlers and `close` (the server's own clean-up) grace_s
-    in all. Returns the exit code (1 if it cannot listen)."""
+def serve_main(argv: list[str] | None, description: str, label: str, spec_type: Any,
+               server_type: Any, grace_s: float) -> int:
+    """A server process's main: read `--spec` (spec_type.load: host, ip, port), build
+    server_type(spec) (handle, close), listen and say so ("<label> <host>: listening on
+    ip:port"), serve until SIGTERM/SIGINT, then give the handlers and the server's close
+    grace_s in all. Exit code: 2 for a bad spec, 1 if it cannot listen, else 0."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--spec", required=True, help=f"{spec_type.__name__} JSON file")
+    args = parser.parse_args(argv)
     try:
-        service = Service(label, ip, port, handler)
+        spec = spec_type.load(Path(args.spec))
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"{label}: bad spec {args.spec}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    server = server_type(spec)
+    name = f"{label} {spec.host}"
+    try:
+        service = Service(name, spec.ip, spec.port, server.handle)
     except OSError as exc:
         print(exc, file=sys.stderr, flush=True)
-        close(0.0)
+        server.close(0.0)
         return 1
     service.stop_on_signals()
-    print(f"{label}: listening on {service.address}", flush=True)
+    print(f"{name}: listening on {service.address}", flush=True)
     try:
         service.serve_forever()
     finally:
         deadline = time.monotonic() + grace_s
         service.close(grace_s / 2)
-        close(max(0.0, deadline - time.monotonic()))
+        server.close(max(0.0, deadline - time.monotonic()))
     return 0

@@ -42,23 +42,27 @@ READY_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0   # a controller waits for its in-flight prefills before it records
 
 
-def check(scenario: "Scenario", placement: "Placement", system_name: str,
-          field_name: str = "systems") -> "BubbleTeaConfig":
+def check(scenario: "Scenario", placement: "Placement", system_name: str) -> "BubbleTeaConfig":
     """The settings a +bubbletea system runs with, or ScenarioError naming what is missing."""
     if scenario.bubbletea is None:
         raise ScenarioError("bubbletea", f"{system_name} needs the scenario's bubbletea section",
                             "add bubbletea: {load: {trace: conv, rate_multiplier: 20}} "
                             "(see topologies/atlas_bubbletea.yaml)")
     for i, dc in enumerate(scenario.dcs):
-        if dc.name in training_dcs(placement) and dc.decode_hosts < 1:
+        if dc.name in placement.dcs_used() and dc.decode_hosts < 1:
             raise ScenarioError(f"dcs[{i}].decode_hosts", f"DC {dc.name!r} trains under "
                                 f"{system_name} but has no decode host",
                                 "set decode_hosts: 1 (or more) on it")
     return scenario.bubbletea
 
 
-def training_dcs(placement: "Placement") -> list[str]:
-    return list(placement.dcs_used())
+def hosts_by_dc(placement: "Placement") -> dict[str, list[str]]:
+    """The training hosts of each DC that trains (DCs in order of first use)."""
+    out: dict[str, list[str]] = {dc: [] for dc in placement.dcs_used()}
+    for hosts, dcs in zip(placement.hosts, placement.stage_dcs):
+        for host, dc in zip(hosts, dcs):
+            out[dc].append(host)
+    return out
 
 
 def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> dict[str, Any]:
@@ -105,8 +109,7 @@ def bubbletea_plan(scenario: "Scenario", compute: str, placement: "Placement",
                    system_name: str) -> dict[str, Any]:
     """Where the prefill side of a +bubbletea system runs, and its load (no network)."""
     cfg = check(scenario, placement, system_name)
-    hosts = {dc: [h for row in placement.hosts for h in row if h.rsplit("-h", 1)[0] == dc]
-             for dc in training_dcs(placement)}
+    hosts = hosts_by_dc(placement)
     load = make_requests(cfg, compute, {dc: len(hs) for dc, hs in hosts.items()})
     return {"dcs": {dc: {"prefill": hs, "decode": scenario.decode_host_names(dc),
                          "controller": scenario.decode_host_names(dc)[0],
@@ -169,15 +172,13 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
 
     cfg = check(scenario, placement, system_name)
     base = sys_dir / "bubbletea"
-    train_hosts = [h for row in placement.hosts for h in row]
-    dcs = training_dcs(placement)
-    by_dc = {dc: [h for h in train_hosts if net.plan.host(h).dc == dc] for dc in dcs}
+    by_dc = hosts_by_dc(placement)
     load = make_requests(cfg, train_cfg.compute, {dc: len(hs) for dc, hs in by_dc.items()})
     env = worker_env()
     python = ["nice", "-n", str(BUBBLETEA_NICE), sys.executable]
     run = BubbleTeaRun(sys_dir=sys_dir, locks={}, notify={}, load=load)
     try:
-        for dc in dcs:
+        for dc in by_dc:
             decode = [net.plan.host(n) for n in scenario.decode_host_names(dc)]
             ctl_host = decode[0]
             decoders = []

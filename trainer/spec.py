@@ -18,6 +18,29 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
+class SpecFile:
+    """JSON round trip of a spec dataclass: the file a launcher writes and its process reads
+    (this worker spec, and the BubbleTea servers' and controller's). `from_dict` rebuilds
+    nested dataclasses where a spec has them."""
+
+    __slots__ = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: Path):
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Peer:
     name: str            # worker name, e.g. "s1r0@dc1h1" (the hello that is checked)
@@ -27,7 +50,7 @@ class Peer:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class WorkerSpec:
+class WorkerSpec(SpecFile):
     run_id: str
     name: str
     stage: int
@@ -63,16 +86,9 @@ class WorkerSpec:
     gpu_lock_path: str | None = None
     bubble_notify: dict | None = None
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
-
     @classmethod
-    def load(cls, path: Path) -> WorkerSpec:
-        d = json.loads(Path(path).read_text())
+    def from_dict(cls, d: dict) -> WorkerSpec:
+        d = dict(d)
         for key in ("prev", "next"):
             if d.get(key) is not None:
                 d[key] = Peer(**d[key])
