@@ -15,8 +15,15 @@ those); otherwise the longest (best fit: the bubble's rest is then as small as i
 short requests stay queued for the short rests; first fit by age left 74 % of the unused bubble
 time as rests no queued request fitted). A request that fits no bubble waits for a larger one on
 any host of the DC until its deadline passes; then it is expired (counted as a deadline miss,
-never dropped silently). A request is never split. Only the oldest PICK_WINDOW requests are
-considered (bounded work per pick).
+never dropped silently). Only the oldest PICK_WINDOW requests are considered (bounded work per
+pick).
+
+Chunked prefill (when on): a rest that no whole request fits may take the first chunk of the
+oldest request that is at least two chunks long (`take_for_chunk`); the chunk is as long as fits
+(`chunk_end`, cost = the profile's chunk time + its guard), never under the profile's shortest
+prompt, and never leaving a rest under it. The request then stays with that host (its prefix is
+in that GPU's memory) and its next chunks go first into that host's next bubbles; the controller
+keeps it (`Pending.done_tokens`), not this queue.
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ class Pending:
     guard_ns: int
     attempts: int = 0
     truncated_from: int | None = None
+    done_tokens: int = 0      # chunked: target tokens already prefilled on its host
+    chunks: int = 0           # chunks served so far
+    t_first_start_ns: int | None = None   # chunked: the first chunk's start
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,10 +106,45 @@ class Admission:
         # "guard": one would have fitted without the guard; "none_fitted": none at all
         return Pick(request=None, reason="guard" if guarded else "none_fitted")
 
+    def take_for_chunk(self, now_ns: int, bubble_end_ns: int,
+                       cost_ns: Callable[[int, int], int], min_tokens: int
+                       ) -> tuple[Pending, int] | None:
+        """Remove and return the oldest request of at least 2 x min_tokens whose first chunk
+        fits before bubble_end_ns, with that chunk's end (module docstring); None if none."""
+        room = bubble_end_ns - now_ns
+        if cost_ns(0, min_tokens) > room:
+            return None
+        for i, r in enumerate(self._queue[:PICK_WINDOW]):
+            if r.target_tokens < 2 * min_tokens:
+                continue
+            end = chunk_end(0, r.target_tokens, room, cost_ns, min_tokens)
+            if end is not None:
+                return self._queue.pop(i), end
+        return None
+
     def drain(self) -> list[Pending]:
         out = list(self._queue)
         self._queue = []
         return out
+
+
+def chunk_end(done: int, target: int, room_ns: int, cost_ns: Callable[[int, int], int],
+              min_tokens: int) -> int | None:
+    """The largest end in (done, target] whose chunk [done, end) costs at most room_ns, with
+    neither the chunk nor the rest after it under min_tokens (the whole rest may be shorter);
+    None if there is none. cost_ns grows with end."""
+    if cost_ns(done, target) <= room_ns:
+        return target
+    lo, hi = done + min_tokens, target - min_tokens
+    if lo > hi or cost_ns(done, lo) > room_ns:
+        return None
+    while lo < hi:                       # the largest end in [lo, hi] that fits
+        mid = (lo + hi + 1) // 2
+        if cost_ns(done, mid) <= room_ns:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def make_pending(*, id: str, seq: int, t_arrival_ns: int, target_tokens: int,

@@ -15,6 +15,8 @@ Used by every system whose name ends in "+bubbletea" (testbed.systems); testbed.
       fill_allreduce: false      # also fill the gap that holds the gradient all-reduce
       extend_bubbles: true       # a bubble that outlasts its prediction: expect the next longer
                                  # gap seen before that op (false: close it)
+      chunked_prefill: true      # profile mode: a rest no whole request fits may take a chunk of
+                                 # one (prefill/profile.py's chunk cost; docs/bubbletea/design.md)
       model: {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 256, context: 256}
       profile: h200-transformer.json
 
@@ -70,6 +72,7 @@ class BubbleTeaConfig:
     decode_tokens_max: int = 8
     fill_allreduce: bool = False
     extend_bubbles: bool = True
+    chunked_prefill: bool = True
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     profile: str = "h200-transformer.json"
 
@@ -94,7 +97,8 @@ class BubbleTeaConfig:
             raise ScenarioError(where, "must be a mapping", "see topologies/atlas_bubbletea.yaml")
         _no_unknown(data, where, {"load", "context_rule", "ttft_deadline_ms", "guard_ms",
                                   "guard_pct", "kv_fraction", "decode_tokens_max", "model",
-                                  "profile", "fill_allreduce", "extend_bubbles"})
+                                  "profile", "fill_allreduce", "extend_bubbles",
+                                  "chunked_prefill"})
         load = _load(data.get("load", {}), f"{where}.load")
         rule = data.get("context_rule", "truncate")
         if rule not in CONTEXT_RULES:
@@ -128,7 +132,9 @@ class BubbleTeaConfig:
                    fill_allreduce=_bool(data.get("fill_allreduce", False),
                                         f"{where}.fill_allreduce"),
                    extend_bubbles=_bool(data.get("extend_bubbles", True),
-                                        f"{where}.extend_bubbles"))
+                                        f"{where}.extend_bubbles"),
+                   chunked_prefill=_bool(data.get("chunked_prefill", True),
+                                         f"{where}.chunked_prefill"))
 
 
 def _load(data: Any, where: str) -> LoadConfig:

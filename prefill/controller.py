@@ -11,7 +11,9 @@ bubble on any host of the DC until its time-to-first-token deadline passes (then
 and counted). A bubble that outlasts its prediction (no busy notice 1 ms after the predicted
 end) is extended to the next longer gap the worker saw before that op (the gaps are often
 bimodal: the WAN slots' order shifts), and closed when none is left. The replay starts with the
-first notice, i.e. once training runs.
+first notice, i.e. once training runs. With chunked_prefill (profile mode), a rest no whole
+request fits may take a chunk of one; that request then stays with its host, and its next chunks
+go first into that host's bubbles (prefill/admission.py), at most one such request per host.
 
 Records (JSONL, docs/bubbletea/design.md): REQUEST per request (outcome served | late | expired
 | failed | unserved), BUBBLE per notice (what went in, and why the rest stayed empty:
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefill.admission import Admission, Pending, make_pending
+from prefill.admission import Admission, Pending, chunk_end, make_pending
 from prefill.config import BubbleTeaConfig
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
@@ -130,6 +132,9 @@ class Controller:
         self.latency_ns = {e.host: int(INITIAL_LATENCY_MS * spec.time_scale * 1e6)
                            for e in spec.prefill_servers}
         self.requests = json.loads(Path(spec.requests_path).read_text())
+        # chunked prefill: the request each host holds a prefix of (prefill/admission.py)
+        self.partial: dict[str, Pending | None] = {e.host: None for e in spec.prefill_servers}
+        self.chunking = self.cfg.chunked_prefill and spec.compute == "profile"
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((spec.ip, spec.notice_port))
         self._sock.settimeout(0.2)
@@ -225,6 +230,39 @@ class Controller:
             return 0.0   # measured mode: no profile to predict from; the guard alone
         return self.profile.prefill_ms(target_tokens)
 
+    def chunk_cost_ns(self, done: int, end: int) -> int:
+        """A chunk's predicted hold plus its guard, dilated."""
+        ms = self.profile.chunk_ms(done, end)
+        return int((ms + self.cfg.guard_for_ms(ms)) * self.spec.time_scale * 1e6)
+
+    def _choose(self, host: str, pick_at: int, bubble_end: int
+                ) -> tuple[Pending | None, tuple[int, int] | None, int, str]:
+        """(request, chunk or None for all of it, not_after_ns, reason if none). Under self.cv.
+        The host's chunked request first; then a whole request; then a first chunk."""
+        T = self.spec.time_scale
+        r = self.partial[host]
+        chunk = None
+        if r is not None:
+            end = chunk_end(r.done_tokens, r.target_tokens, bubble_end - pick_at,
+                            self.chunk_cost_ns, self.profile.min_chunk_tokens)
+            if end is None:
+                return None, None, 0, "none_fitted"
+            chunk = (r.done_tokens, end)
+        else:
+            pick = self.queue.pick(pick_at, bubble_end)
+            if pick.request is not None:
+                return pick.request, None, pick.not_after_ns, "fit"
+            got = self.queue.take_for_chunk(pick_at, bubble_end, self.chunk_cost_ns,
+                                            self.profile.min_chunk_tokens) \
+                if self.chunking else None
+            if got is None:
+                return None, None, 0, pick.reason
+            r, end = got
+            chunk = (0, end)
+            self.partial[host] = r
+        ms = self.profile.chunk_ms(*chunk)
+        return r, chunk, bubble_end - int(self.cfg.guard_for_ms(ms) * T * 1e6), "fit"
+
     def host_agent(self, server: Endpoint) -> None:
         """Fill `server.host`'s bubbles, one request at a time, until stopped."""
         sock = self._connect(server)
@@ -250,15 +288,14 @@ class Controller:
                 # the prefill starts one message later: pick as of then
                 pick_at = now + self.latency_ns[host]
                 bubble_end = b.t_pred_end_ns
-                pick = self.queue.pick(pick_at, bubble_end)
-                if pick.request is None:
-                    b.reason = pick.reason
+                r, chunk, not_after, reason = self._choose(host, pick_at, bubble_end)
+                if r is None:
+                    b.reason = reason
                     # wait for an arrival or a new notice, at most until the bubble ends
                     self.waiting += 1
                     self.cv.wait(max(0.0, (b.t_pred_end_ns - now) / 1e9))
                     self.waiting -= 1
                     continue
-                r = pick.request
                 r.attempts += 1
                 b.in_flight = True
                 decode = self.spec.decode_servers[self._decode_rr % len(self.spec.decode_servers)]
@@ -268,9 +305,11 @@ class Controller:
                    "prompt": prompt_for(r.id, n_prompt, self.cfg.model["vocab_size"]),
                    "target_tokens": r.target_tokens if self.spec.compute == "profile"
                    else n_prompt,
-                   "max_new_tokens": max(1, r.output_tokens), "not_after_ns": pick.not_after_ns,
+                   "max_new_tokens": max(1, r.output_tokens), "not_after_ns": not_after,
                    "decode": {"ip": decode.ip, "port": decode.port},
                    "t_arrival_ns": r.t_arrival_ns}
+            if chunk is not None:
+                msg["chunk"] = {"start": chunk[0], "end": chunk[1]}
             t_dispatch = time.time_ns()
             try:
                 sock.settimeout(r.predicted_ns / 1e9 + REPLY_MARGIN_S)
@@ -281,6 +320,9 @@ class Controller:
                 reply = got.header
             except (OSError, ValueError) as exc:
                 with self.cv:
+                    if self.partial[host] is r:      # its prefix died with the server
+                        self.partial[host] = None
+                        r.done_tokens, r.chunks, r.t_first_start_ns = 0, 0, None
                     self.queue.requeue(r)
                     b.reason = "host_down"
                     b.in_flight = False
@@ -300,16 +342,28 @@ class Controller:
                     self.latency_ns[host] = int(
                         (1 - LATENCY_WEIGHT) * self.latency_ns[host]
                         + LATENCY_WEIGHT * max(0, int(reply["t_start_ns"]) - t_dispatch))
+                    if chunk is not None:
+                        r.chunks += 1
+                        r.done_tokens = chunk[1]
+                        if r.t_first_start_ns is None:
+                            r.t_first_start_ns = int(reply["t_start_ns"])
+                    if reply.get("partial"):
+                        if b.closed:
+                            self._bubble_record(host, b)
+                        continue
+                    self.partial[host] = None
                     self._request_record(r, "served" if t_first <= r.deadline_ns else "late",
                                          host=host, decode_host=decode.host,
                                          t_dispatch_ns=t_dispatch, t_pick_at_ns=pick_at,
                                          bubble_end_ns=bubble_end, bubble_t_idle_ns=b.t_idle_ns,
-                                         not_after_ns=pick.not_after_ns,
-                                         t_prefill_start_ns=int(reply["t_start_ns"]),
-                                         t_first_token_ns=t_first)
+                                         not_after_ns=not_after,
+                                         t_prefill_start_ns=r.t_first_start_ns
+                                         or int(reply["t_start_ns"]),
+                                         t_first_token_ns=t_first, chunks=r.chunks)
                 elif reply.get("retry"):
                     self.counts["retried"] += 1
-                    self.queue.requeue(r)
+                    if self.partial[host] is not r:   # a chunked one stays with its host
+                        self.queue.requeue(r)
                     b.reason = "rejected"
                     # GPU busy: the bubble ended sooner than predicted, nothing more goes into
                     # it. Too late to fit (the dispatch took longer than expected): a shorter
@@ -318,6 +372,8 @@ class Controller:
                         self._close(host, b)
                         continue
                 else:
+                    if self.partial[host] is r:
+                        self.partial[host] = None
                     self._request_record(r, "failed", host=host,
                                          error=str(reply.get("error"))[:200])
                 if b.closed:     # closed (a busy or newer notice) while the prefill ran
@@ -354,7 +410,7 @@ class Controller:
             for t in threads:
                 t.join(timeout=REPLY_MARGIN_S)
             with self.cv:
-                for r in self.queue.drain():
+                for r in self.queue.drain() + [r for r in self.partial.values() if r]:
                     self._request_record(r, "unserved")
                 for host, b in self.bubbles.items():
                     if b is not None and not b.closed:

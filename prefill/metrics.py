@@ -14,7 +14,8 @@ iterations of the system without BubbleTea).
   lock makes them take turns). gpu_wait: training ops that waited for a prefill to finish (an
   overrun of its bubble); their total is training time lost to BubbleTea on that host.
 - prefill throughput over the window (requests/s, target prompt tokens/s), TTFT (arrival to the
-  prefill's end, where the first token exists) p50/p99, KV transfer (send start to the decode
+  prefill's end, where the first token exists) p50/p99; a chunked request counts once, when its
+  last chunk ends, its tokens per chunk, and `chunks` says how many chunks and requests, KV transfer (send start to the decode
   server's ack) p50/p99, deadline misses (late + expired), every request's outcome.
 - unused bubble time: every idle gap between training ops inside the window, minus the prefill
   time in it; the rest, by cause: dispatch (before and between prefills: notice and controller
@@ -117,7 +118,15 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
         "training_only": statistics.fmean(h["training"] for h in hosts if h["stage"] == s)}
         for s in stages]
 
-    in_win = [r for r in prefill_recs if lo <= r["t_end_ns"] < hi]
+    # a request counts when its last chunk (or its whole prefill) ends in the window; prompt
+    # tokens count per chunk
+    ended = [r for r in prefill_recs if lo <= r["t_end_ns"] < hi]
+    in_win = [r for r in ended if r.get("final", True)]
+    tokens_in_win = sum(r["chunk_end"] - r["chunk_start"] if "chunk_end" in r
+                        else r["target_tokens"] for r in ended)
+    chunked = [r for r in prefill_recs
+               if r.get("chunk_end", r["target_tokens"]) - r.get("chunk_start", 0)
+               < r["target_tokens"]]
     reqs = [r for r in records if r["name"] == "REQUEST"]
     outcomes = defaultdict(int)
     for r in reqs:
@@ -146,8 +155,10 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
                      "per_host_ms_per_s": sum(waits) / n_hosts / (win_ns / 1e9 / T)},
         "prefill": {
             "requests_per_s": len(in_win) / (win_ns / 1e9 / T),
-            "prompt_tokens_per_s": sum(r["target_tokens"] for r in in_win) / (win_ns / 1e9 / T),
+            "prompt_tokens_per_s": tokens_in_win / (win_ns / 1e9 / T),
             "prefills": len(prefill_recs), "in_window": len(in_win),
+            "chunks": {"chunks": len(chunked),
+                       "requests": len({r["id"] for r in chunked if r.get("final")})},
             "ttft_ms": {"p50": _pct(ttft, 0.5), "p99": _pct(ttft, 0.99), "n": len(ttft)},
             "queue_ms": {"p50": _pct(queue_ms, 0.5), "p99": _pct(queue_ms, 0.99)},
             "kv_transfer_ms": {"p50": _pct(kv, 0.5), "p99": _pct(kv, 0.99), "n": len(kv),

@@ -199,6 +199,21 @@ def prefill(model: InferenceGPT, prompt: list[int]) -> tuple[torch.Tensor, int]:
 
 
 @torch.no_grad()
+def prefill_chunk(model: InferenceGPT, tokens: list[int], past: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, int]:
+    """Chunked prefill: the KV cache of the prefix (past, as prefill returns it, or None) and
+    tokens, and the greedy token after them. Prefilling a prompt in chunks, each continuing
+    the last one's cache, gives the same cache and first token as one prefill (a test): every
+    chunk's queries attend to the cached prefix and causally to themselves."""
+    _check_prompt(model, tokens)
+    if past is not None and past.size(3) + len(tokens) > model.config.context:
+        raise ValueError(f"prompt: {past.size(3) + len(tokens)} tokens, the context is "
+                         f"{model.config.context}")
+    logits, kv = model(torch.tensor([tokens], dtype=torch.long), past)
+    return kv.contiguous(), int(logits[0, -1].argmax())
+
+
+@torch.no_grad()
 def generate_from_cache(model: InferenceGPT, kv: torch.Tensor, first_token: int,
                         max_new_tokens: int) -> list[int]:
     """Greedy decoding from a prompt's KV cache: max_new_tokens tokens starting with

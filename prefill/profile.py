@@ -8,6 +8,14 @@ Model of the measured points (stated, so a prediction can be checked against the
   2.15x the time of 4096, attention's quadratic share); below the first point, the first point's time (launch-bound: 128 tokens take
   5.5 ms, 256 take 6.9 ms); above the last point, not modelled (ValueError: a prompt beyond the
   profiled context must be truncated or refused first, prefill/load.py's fit_context).
+- a chunk (chunked prefill: tokens [done, end) of a prompt whose first `done` tokens are already
+  in the GPU's KV cache) costs max(prefill_ms(end) - prefill_ms(done), prefill_ms(end - done)):
+  the increment the whole prompt's time grows by (the new tokens, and their attention over the
+  cached prefix), but never less than a prompt of the chunk's length alone (a pass reads every
+  weight however few its tokens: the launch-bound floor, 5.5 ms at <= 128 tokens). Chunks
+  therefore cost at least the whole prefill in total, more the smaller they are; the chunk floor
+  is not measured here but stated (a decode-like pass of an 8B model reads its 16 GB of weights,
+  about 3.4 ms at an H200's 4.8 TB/s, under the 128-token point's 5.5 ms).
 - KV cache: 2 (K and V) x layers x tokens x width x 2 bytes (bf16), which is what the profile
   lists for every point; `kv_cache_bytes` checks the formula against them on load.
 """
@@ -67,6 +75,21 @@ class PrefillProfile:
             return self.ms[i]
         t0, t1, m0, m1 = self.tokens[i - 1], self.tokens[i], self.ms[i - 1], self.ms[i]
         return m0 + (m1 - m0) * (prompt_tokens - t0) / (t1 - t0)
+
+    def chunk_ms(self, done_tokens: int, end_tokens: int) -> float:
+        """Predicted time of the chunk [done_tokens, end_tokens) (module docstring's model)."""
+        if not 0 <= done_tokens < end_tokens:
+            raise ValueError(f"chunk [{done_tokens}, {end_tokens}) is empty or negative")
+        if done_tokens == 0:
+            return self.prefill_ms(end_tokens)
+        return max(self.prefill_ms(end_tokens) - self.prefill_ms(done_tokens),
+                   self.prefill_ms(end_tokens - done_tokens))
+
+    @property
+    def min_chunk_tokens(self) -> int:
+        """The shortest chunk worth cutting: the first measured point (below it a pass costs
+        the same)."""
+        return self.tokens[0]
 
     def kv_cache_bytes(self, prompt_tokens: int) -> int:
         return 2 * self.layers * prompt_tokens * self.width * BF16_BYTES

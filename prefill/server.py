@@ -15,6 +15,14 @@ Per connection, one request at a time (fields: design.md "Prefill server protoco
    (0 before the first).
 4. run the real prefill; profile mode: hold the lock until prefill_ms(target_tokens) x
    time_scale after the start; release; PREFILL record; success reply.
+4a. chunked prefill (profile mode; "chunk": {"start", "end"} in target tokens): the request's
+   prefix stays in this server's memory between chunks (at most MAX_PARTIAL requests, the
+   oldest dropped); a chunk must start where the last one of that id ended, with the same
+   prompt, else "chunk: ..." (no retry). The hold is PrefillProfile.chunk_ms(start, end) x
+   time_scale; the real model prefills the prompt's matching share of real tokens (all of them by
+   the last chunk), continuing the cached prefix. A chunk that is not the last replies
+   {"ok": true, "partial": true, ...} with no first token and no hand-off; the last one replies
+   and hands off as a whole request does.
 5. queue the KV cache for the decode server: one sender thread and one persistent connection per
    decode address (reconnecting when it fails). Profile mode pads the message so that payload +
    padding = int(kv_cache_bytes(target_tokens) x kv_fraction / scale) (no padding when the real
@@ -24,7 +32,8 @@ Every failure reply is also a REJECT record. A malformed message is answered and
 closed (the stream is out of step); a client that goes away ends only its connection.
 
 Records (prefill/records.py; host and dc in each):
-  PREFILL {id, t_start_ns, t_end_ns, prompt_tokens, target_tokens, hold_ms, compute_ns}
+  PREFILL {id, t_start_ns, t_end_ns, prompt_tokens, target_tokens, hold_ms, compute_ns,
+           chunk_start, chunk_end, final}
   KV_SEND {id, t_enqueue_ns, t_start_ns, t_end_ns, bytes, payload_bytes, pad_bytes, wire_bytes,
            decode_host, decode_addr, connected, attempt, error}   (prefill/kv.py)
   REJECT  {id, error, retry}
@@ -43,10 +52,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from collections import OrderedDict
+
 import torch
 
 from prefill.kv import KvJob, KvSender
-from prefill.model import InferenceConfig, InferenceGPT, build_model, prefill
+from prefill.model import InferenceConfig, InferenceGPT, build_model, prefill, prefill_chunk
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
 from prefill.service import close_gently, serve_main
@@ -57,6 +68,7 @@ from trainer.spec import SpecFile
 COMPUTE_MODES = ("measured", "profile")
 MAX_ID_CHARS = 64
 STOP_GRACE_S = 5.0      # on SIGTERM: for requests in progress, then for queued KV sends
+MAX_PARTIAL = 8         # chunked requests whose prefix this server keeps between chunks
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +111,22 @@ class Request:
     decode_ip: str
     decode_port: int
     not_after_ns: int | None
+    chunk: tuple[int, int] | None = None     # [start, end) in target tokens; None: all
+
+
+@dataclass(kw_only=True)
+class Partial:
+    """A chunked request's prefix: its real KV cache (None while no real token is in it)."""
+    prompt: list[int]
+    kv: torch.Tensor | None
+    real_done: int
+    target_done: int
+
+
+def real_end(end: int, target: int, n_real: int) -> int:
+    """Real prompt tokens a chunk ending at target token `end` has prefilled: the same share
+    of the real prompt, all of it at the end."""
+    return n_real if end >= target else end * n_real // target
 
 
 class RequestError(ValueError):
@@ -168,8 +196,18 @@ def parse_request(h: dict[str, Any], cfg: InferenceConfig,
     arrival = h.get("t_arrival_ns")
     if arrival is not None and not _int(arrival):
         raise RequestError(f"t_arrival_ns: {arrival!r} is not an integer or null")
+    chunk = h.get("chunk")
+    if chunk is not None:
+        if profile is None:
+            raise RequestError("chunk: chunked prefill is for profile mode only (leave it out)")
+        start = chunk.get("start") if isinstance(chunk, dict) else None
+        end = chunk.get("end") if isinstance(chunk, dict) else None
+        if not (_int(start) and _int(end) and 0 <= start < end <= target):
+            raise RequestError(f"chunk: {chunk!r} is not {{\"start\": s, \"end\": e}} with "
+                               f"0 <= s < e <= target_tokens {target}")
+        chunk = (start, end)
     return Request(id=rid, prompt=prompt, target_tokens=target, max_new_tokens=max_new,
-                   decode_ip=ip, decode_port=port, not_after_ns=not_after)
+                   decode_ip=ip, decode_port=port, not_after_ns=not_after, chunk=chunk)
 
 
 def _hold(t_start_ns: int, hold_ms: float) -> None:
@@ -195,6 +233,7 @@ class PrefillServer:
         self._busy = threading.Lock()           # this process's threads (module docstring)
         self._ns_per_token = 0.0                # measured mode: the last prefill's rate
         self._prefills = 0
+        self._partial: OrderedDict[str, Partial] = OrderedDict()   # chunked requests, by id
         host, _, n = os.environ.get(FAULT_EXIT_ENV, "").rpartition(":")
         self._exit_after = int(n) if n.isdigit() and host == spec.host else 0
         self.records = RecordLog(spec.records_path, {"host": spec.host, "dc": spec.dc})
@@ -234,9 +273,17 @@ class PrefillServer:
             req = parse_request(header, self.cfg, self.profile)
         except RequestError as exc:
             return self._fail(None, rid, str(exc), exc.retry)
+        start, end = req.chunk if req.chunk is not None else (0, req.target_tokens)
         if not self._busy.acquire(blocking=False):
             return self._fail(None, req.id, "gpu busy", True)
         try:
+            part = self._partial.get(req.id) if start > 0 else None
+            if start > 0 and (part is None or part.target_done != start
+                              or part.prompt != req.prompt):
+                have = "none" if part is None else f"{part.target_done}"
+                return self._fail(None, req.id, f"chunk: starts at {start}, but this server "
+                                  f"holds {have} prefilled tokens of this request's prompt",
+                                  False)
             if not self.gpu.try_acquire():
                 return self._fail(None, req.id, "gpu busy", True)
             try:
@@ -246,7 +293,7 @@ class PrefillServer:
                     return self._fail(None, req.id, f"does not fit before not_after_ns "
                                       f"(predicted hold {predicted_ms:.3f} ms)", True)
                 t_start_ns = time.time_ns()
-                kv, first_token = prefill(self.model, req.prompt)
+                kv, first_token = self._compute(req, part, end)
                 compute_ns = time.time_ns() - t_start_ns
                 self._prefills += 1
                 if self._prefills == self._exit_after:
@@ -264,16 +311,45 @@ class PrefillServer:
                 self.gpu.release()
         finally:
             self._busy.release()
+        final = end == req.target_tokens
         self.records.write("PREFILL", id=req.id, t_start_ns=t_start_ns, t_end_ns=t_end_ns,
                            prompt_tokens=len(req.prompt), target_tokens=req.target_tokens,
-                           hold_ms=hold_ms, compute_ns=compute_ns)
-        self._hand_off(req, kv, first_token, t_end_ns)
-        return {"ok": True, "id": req.id, "first_token": first_token, "t_start_ns": t_start_ns,
-                "t_end_ns": t_end_ns, "hold_ms": hold_ms, "prompt_tokens": len(req.prompt),
-                "target_tokens": req.target_tokens}
+                           hold_ms=hold_ms, compute_ns=compute_ns, chunk_start=start,
+                           chunk_end=end, final=final)
+        reply = {"ok": True, "id": req.id, "t_start_ns": t_start_ns, "t_end_ns": t_end_ns,
+                 "hold_ms": hold_ms, "prompt_tokens": len(req.prompt),
+                 "target_tokens": req.target_tokens, "chunk": [start, end], "partial": not final}
+        if final:
+            assert kv is not None and first_token is not None
+            self._hand_off(req, kv, first_token, t_end_ns)
+            reply["first_token"] = first_token
+        return reply
+
+    def _compute(self, req: Request, part: Partial | None, end: int
+                 ) -> tuple[torch.Tensor | None, int | None]:
+        """Prefill the request's real tokens up to target token `end` (module docstring 4a);
+        keeps the prefix of a chunk that is not the last. Under the locks."""
+        if req.chunk is None:
+            return prefill(self.model, req.prompt)
+        done = part.real_done if part is not None else 0
+        past = part.kv if part is not None else None
+        upto = real_end(end, req.target_tokens, len(req.prompt))
+        kv, token = past, None
+        if upto > done:
+            kv, token = prefill_chunk(self.model, req.prompt[done:upto], past)
+        self._partial.pop(req.id, None)
+        if end < req.target_tokens:
+            self._partial[req.id] = Partial(prompt=req.prompt, kv=kv, real_done=upto,
+                                            target_done=end)
+            while len(self._partial) > MAX_PARTIAL:
+                self._partial.popitem(last=False)
+            return kv, None
+        return kv, token
 
     def _predicted_hold_ms(self, req: Request) -> float:
         if self.profile is not None:
+            if req.chunk is not None:
+                return self.profile.chunk_ms(*req.chunk) * self.spec.time_scale
             return self.profile.prefill_ms(req.target_tokens) * self.spec.time_scale
         return self._ns_per_token * len(req.prompt) / 1e6
 

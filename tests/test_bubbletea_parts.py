@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefill.admission import Admission, make_pending
+from prefill.admission import Admission, chunk_end, make_pending
+from prefill.profile import PrefillProfile
 from prefill.config import BubbleTeaConfig
 from prefill.metrics import bubbletea_metrics
 from testbed.bubbletea import make_requests
@@ -55,6 +56,60 @@ def test_admission_never_admits_what_does_not_fit(preds, now_ms, length_ms, guar
         assert len(q) == len(preds)
         assert pick.reason == ("no_request" if not preds else pick.reason)
         assert pick.reason in ("no_request", "none_fitted", "guard")
+
+
+def test_chunk_cost_rule():
+    """A chunk costs the whole prompt's increment, never less than its own length alone, so the
+    chunks of a prompt cost at least its whole prefill."""
+    prof = PrefillProfile.load()
+    assert prof.chunk_ms(0, 3000) == prof.prefill_ms(3000)
+    assert prof.chunk_ms(4000, 4100) == prof.prefill_ms(100) == prof.prefill_ms(128)
+    assert prof.chunk_ms(4000, 8000) == pytest.approx(prof.prefill_ms(8000)
+                                                      - prof.prefill_ms(4000))
+    assert prof.chunk_ms(4000, 8000) > prof.prefill_ms(4000)      # attention over the prefix
+    for cuts in ([1000], [128, 256, 4000], list(range(500, 8192, 500))):
+        bounds = list(zip([0] + cuts, cuts + [8192]))
+        assert sum(prof.chunk_ms(a, b) for a, b in bounds) >= prof.prefill_ms(8192) - 1e-9
+    with pytest.raises(ValueError):
+        prof.chunk_ms(100, 100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(done=st.integers(0, 8000), extra=st.integers(1, 8192), room_ms=st.floats(0.0, 300.0),
+       min_tokens=st.integers(1, 512))
+def test_chunk_end_is_the_largest_chunk_that_fits(done, extra, room_ms, min_tokens):
+    prof = PrefillProfile.load()
+    target = min(8192, done + extra)
+    if target <= done:
+        return
+    def cost(a, b):
+        ms = prof.chunk_ms(a, b)
+        return int((ms + 1.0 + 0.05 * ms) * MS)
+    room = int(room_ms * MS)
+    end = chunk_end(done, target, room, cost, min_tokens)
+    if end is None:
+        assert cost(done, target) > room
+        assert done + min_tokens > target - min_tokens or cost(done, done + min_tokens) > room
+        return
+    assert done < end <= target and cost(done, end) <= room
+    if end < target:      # neither the chunk nor the rest under min_tokens, and it is the largest
+        assert end - done >= min_tokens and target - end >= min_tokens
+        assert end == target - min_tokens or cost(done, end + 1) > room
+
+
+def test_take_for_chunk_takes_the_oldest_long_enough_request():
+    prof = PrefillProfile.load()
+    cost = lambda a, b: int(prof.chunk_ms(a, b) * MS)          # noqa: E731
+    q = Admission()
+    for i, tokens in enumerate([200, 3000, 6000]):
+        q.arrive(make_pending(id=f"r{i}", seq=i, t_arrival_ns=0, target_tokens=tokens,
+                              output_tokens=1, deadline_ms=1000.0, predict_ms=prof.prefill_ms,
+                              guard_ms=lambda p: 0.0, time_scale=1.0))
+    assert q.take_for_chunk(0, int(prof.prefill_ms(128) * MS) - 1, cost, 128) is None
+    assert q.pick(0, int(20 * MS)).request.id == "r0"      # the 200-token one fits whole
+    r, end = q.take_for_chunk(0, int(20 * MS), cost, 128)
+    assert r.id == "r1" and 128 <= end < 3000 and cost(0, end) <= 20 * MS < cost(0, end + 1)
+    assert [x.id for x in q.drain()] == ["r2"]
 
 
 def test_admission_fifo_requeue_guard_and_expiry():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prefill.model import (InferenceConfig, build_model, generate_from_cache, greedy_generate,
-                           prefill)
+                           prefill, prefill_chunk)
 
 CFG = InferenceConfig()
 
@@ -71,3 +71,22 @@ def test_config_round_trip_and_validation():
             InferenceConfig.from_dict(bad)
     with pytest.raises(ValueError, match="expected a mapping"):
         InferenceConfig.from_dict([1])
+
+
+@pytest.mark.parametrize("cuts", [[1], [10, 11], [50, 100, 200], [CFG.context - 1]])
+def test_chunked_prefill_equals_one_prefill(model, cuts):
+    """Chunks that continue the cached prefix give one prefill's cache and first token, and
+    decoding from that cache gives the reference's tokens."""
+    rng = random.Random(len(cuts))
+    prompt = [rng.randrange(CFG.vocab_size) for _ in range(CFG.context)]
+    kv_all, first_all = prefill(model, prompt)
+    kv = None
+    for a, b in zip([0] + cuts, cuts + [len(prompt)]):
+        kv, first = prefill_chunk(model, prompt[a:b], kv)
+    assert kv.shape == kv_all.shape and torch.allclose(kv, kv_all, atol=1e-5)
+    assert first == first_all
+    short = prompt[:cuts[0] + 3]
+    kv, first = prefill_chunk(model, short[cuts[0]:], prefill(model, short[:cuts[0]])[0])
+    assert generate_from_cache(model, kv, first, 6) == greedy_generate(model, short, 6)
+    with pytest.raises(ValueError, match="context"):
+        prefill_chunk(model, [1, 2], kv_all)

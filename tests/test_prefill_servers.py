@@ -370,6 +370,56 @@ def test_kv_sender_reconnects_to_a_restarted_decode_server(servers, tmp_path):
     assert before["error"] is None and after["error"] is None
 
 
+def test_chunked_prefill_decodes_what_the_reference_decodes(servers, reference):
+    """A request prefilled in three chunks (profile mode; its prefix kept by the server between
+    them) hands off the cache of the whole prompt: the decode server's tokens are the
+    reference's. Each chunk holds the profile's chunk time; only the last one replies a token."""
+    decode, prefill = servers["decode"], servers["profile"]
+    prof = PrefillProfile.load()
+    rng = random.Random(5)
+    prompt = [rng.randrange(MODEL.vocab_size) for _ in range(100)]
+    target = 4096
+    want = greedy_generate(reference, prompt, 12)
+    with connect(prefill) as sock:
+        bounds = [(0, 1000), (1000, 1030), (1030, target)]   # the middle one: no real token
+        for start, end in bounds:
+            reply = ask(sock, request("chunked", prompt, decode.spec.port, target_tokens=target,
+                                      chunk={"start": start, "end": end}))
+            assert reply["ok"] is True, reply
+            assert reply["hold_ms"] == pytest.approx(prof.chunk_ms(start, end))
+            assert reply["partial"] is (end < target)
+            assert ("first_token" in reply) is (end == target)
+        assert reply["first_token"] == want[0]
+        rec = wait_record(decode, "DECODE", "chunked")
+        assert rec["tokens"] == want and rec["kv_bytes"] == MODEL.kv_bytes(len(prompt))
+        pres = [r for r in read_records(prefill.records) if r.get("id") == "chunked"
+                and r["name"] == "PREFILL"]
+        assert [(r["chunk_start"], r["chunk_end"], r["final"]) for r in pres] == \
+            [(a, b, b == target) for a, b in bounds]
+        sent = [r for r in read_records(prefill.records) if r.get("id") == "chunked"
+                and r["name"] == "KV_SEND"]
+        assert len(sent) == 1       # one hand-off, after the last chunk
+
+        # out of order, another prompt, or an unknown request: a clear error, no retry
+        first = ask(sock, request("c2", prompt, decode.spec.port, target_tokens=target,
+                                  chunk={"start": 0, "end": 500}))
+        assert first["ok"] is True and first["partial"] is True
+        for rid, p, chunk in [("c2", prompt, {"start": 400, "end": 900}),
+                              ("c2", prompt[::-1], {"start": 500, "end": 900}),
+                              ("c3", prompt, {"start": 500, "end": 900})]:
+            bad = ask(sock, request(rid, p, decode.spec.port, target_tokens=target, chunk=chunk))
+            assert bad["ok"] is False and bad["retry"] is False, (rid, chunk, bad)
+            assert bad["error"].startswith("chunk: starts at"), bad
+        for chunk in [{"start": 0, "end": 0}, {"start": 10, "end": target + 1}, [0, 5],
+                      {"start": "0", "end": 5}]:
+            bad = ask(sock, request("c4", prompt, decode.spec.port, target_tokens=target,
+                                    chunk=chunk))
+            assert bad["ok"] is False and bad["error"].startswith("chunk:"), bad
+    with connect(servers["measured"]) as sock:
+        bad = ask(sock, request("c5", prompt, decode.spec.port, chunk={"start": 0, "end": 5}))
+        assert bad["ok"] is False and "profile mode only" in bad["error"]
+
+
 def test_specs_round_trip_and_refuse_bad_values(tmp_path):
     p = PrefillSpec(host="h", dc="d", ip=IP, port=1234, gpu_lock_path="l", records_path="r",
                     model=MODEL.to_dict(), compute="profile", scale=8.0)
@@ -402,3 +452,4 @@ def test_sigterm_exits_cleanly(servers):
     for name in ("measured", "profile", "decode"):
         text = servers[name].records.read_text()
         assert text.endswith("\n") and all(json.loads(x) for x in text.splitlines())
+
