@@ -129,13 +129,14 @@ class Admission:
 
 
 def chunk_end(done: int, target: int, room_ns: int, cost_ns: Callable[[int, int], int],
-              min_tokens: int) -> int | None:
-    """The largest end in (done, target] whose chunk [done, end) costs at most room_ns, with
-    neither the chunk nor the rest after it under min_tokens (the whole rest may be shorter);
-    None if there is none. cost_ns grows with end."""
-    if cost_ns(done, target) <= room_ns:
-        return target
-    lo, hi = done + min_tokens, target - min_tokens
+              min_tokens: int, upto: int | None = None) -> int | None:
+    """The largest end in (done, upto] (upto: target by default) whose chunk [done, end) costs
+    at most room_ns, with neither the chunk nor the rest after it under min_tokens (the whole
+    rest may be shorter); None if there is none. cost_ns grows with end."""
+    upto = target if upto is None else upto
+    if cost_ns(done, upto) <= room_ns and (upto == target or target - upto >= min_tokens):
+        return upto
+    lo, hi = done + min_tokens, min(upto, target - min_tokens)
     if lo > hi or cost_ns(done, lo) > room_ns:
         return None
     while lo < hi:                       # the largest end in [lo, hi] that fits

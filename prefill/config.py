@@ -17,6 +17,8 @@ Used by every system whose name ends in "+bubbletea" (testbed.systems); testbed.
                                  # gap seen before that op (false: close it)
       chunked_prefill: true      # profile mode: a rest no whole request fits may take a chunk of
                                  # one (prefill/profile.py's chunk cost; docs/bubbletea/design.md)
+      pipeline: true             # send the next request behind the running one (no controller
+                                 # round trip between two prefills of a bubble)
       model: {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 256, context: 256}
       profile: h200-transformer.json
 
@@ -73,6 +75,7 @@ class BubbleTeaConfig:
     fill_allreduce: bool = False
     extend_bubbles: bool = True
     chunked_prefill: bool = True
+    pipeline: bool = True
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     profile: str = "h200-transformer.json"
 
@@ -98,7 +101,7 @@ class BubbleTeaConfig:
         _no_unknown(data, where, {"load", "context_rule", "ttft_deadline_ms", "guard_ms",
                                   "guard_pct", "kv_fraction", "decode_tokens_max", "model",
                                   "profile", "fill_allreduce", "extend_bubbles",
-                                  "chunked_prefill"})
+                                  "chunked_prefill", "pipeline"})
         load = _load(data.get("load", {}), f"{where}.load")
         rule = data.get("context_rule", "truncate")
         if rule not in CONTEXT_RULES:
@@ -134,7 +137,8 @@ class BubbleTeaConfig:
                    extend_bubbles=_bool(data.get("extend_bubbles", True),
                                         f"{where}.extend_bubbles"),
                    chunked_prefill=_bool(data.get("chunked_prefill", True),
-                                         f"{where}.chunked_prefill"))
+                                         f"{where}.chunked_prefill"),
+                   pipeline=_bool(data.get("pipeline", True), f"{where}.pipeline"))
 
 
 def _load(data: Any, where: str) -> LoadConfig:

@@ -96,7 +96,7 @@ class Bubble:
     reason: str = "no_request"
     extended: int = 0
     t_first_pred_end_ns: int = 0
-    in_flight: bool = False      # a prefill of this bubble awaits its reply (recorded after it)
+    in_flight: int = 0           # prefills of this bubble awaiting their replies (recorded after)
     closed: bool = False
 
     def extend(self, now_ns: int, margin_ns: int) -> bool:
@@ -109,6 +109,22 @@ class Bubble:
         self.t_pred_end_ns = self.t_idle_ns + longer[0]
         self.extended += 1
         return True
+
+
+@dataclass(kw_only=True)
+class Job:
+    """One prefill message sent to a host's server, awaiting its reply."""
+    bubble: Bubble
+    request: Pending
+    chunk: tuple[int, int] | None
+    not_after_ns: int
+    pick_at_ns: int
+    bubble_end_ns: int
+    decode: Endpoint
+    predicted_ns: int          # this message's hold (the chunk's when a chunk), dilated
+    guard_ns: int
+    t_dispatch_ns: int = 0
+    behind: bool = False      # sent behind another job (pipelined), picked for when it ends
 
 
 class Controller:
@@ -264,7 +280,9 @@ class Controller:
         return r, chunk, bubble_end - int(self.cfg.guard_for_ms(ms) * T * 1e6), "fit"
 
     def host_agent(self, server: Endpoint) -> None:
-        """Fill `server.host`'s bubbles, one request at a time, until stopped."""
+        """Fill `server.host`'s bubbles until stopped: one prefill in flight, and with
+        `pipeline` a second whole request sent behind it (the server reads it when it replies
+        to the first, so no controller round trip sits between the two on the GPU)."""
         sock = self._connect(server)
         host = server.host
         while not self.stop.is_set():
@@ -296,88 +314,148 @@ class Controller:
                     self.cv.wait(max(0.0, (b.t_pred_end_ns - now) / 1e9))
                     self.waiting -= 1
                     continue
-                r.attempts += 1
-                b.in_flight = True
-                decode = self.spec.decode_servers[self._decode_rr % len(self.spec.decode_servers)]
-                self._decode_rr += 1
-            n_prompt = min(r.target_tokens, self.cfg.model["context"])
-            msg = {"type": "prefill", "id": r.id,
-                   "prompt": prompt_for(r.id, n_prompt, self.cfg.model["vocab_size"]),
-                   "target_tokens": r.target_tokens if self.spec.compute == "profile"
-                   else n_prompt,
-                   "max_new_tokens": max(1, r.output_tokens), "not_after_ns": not_after,
-                   "decode": {"ip": decode.ip, "port": decode.port},
-                   "t_arrival_ns": r.t_arrival_ns}
-            if chunk is not None:
-                msg["chunk"] = {"start": chunk[0], "end": chunk[1]}
-            t_dispatch = time.time_ns()
+                jobs = [self._job(b, r, chunk, not_after, pick_at)]
             try:
                 sock.settimeout(r.predicted_ns / 1e9 + REPLY_MARGIN_S)
-                send_msg(sock, msg)
-                got = recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0)
-                if got is None:
-                    raise ConnectionError("the prefill server closed the connection")
-                reply = got.header
+                send_msg(sock, self._message(jobs[0]))
+                jobs[0].t_dispatch_ns = time.time_ns()
+                behind = self._behind(host, jobs[0]) if self.cfg.pipeline else None
+                if behind is not None:
+                    send_msg(sock, self._message(behind))
+                    behind.t_dispatch_ns = time.time_ns()
+                    jobs.append(behind)
+                while jobs:
+                    got = recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0)
+                    if got is None:
+                        raise ConnectionError("the prefill server closed the connection")
+                    with self.cv:
+                        self._on_reply(host, jobs.pop(0), got.header, pipelined=len(jobs) > 0)
             except (OSError, ValueError) as exc:
                 with self.cv:
-                    if self.partial[host] is r:      # its prefix died with the server
-                        self.partial[host] = None
-                        r.done_tokens, r.chunks, r.t_first_start_ns = 0, 0, None
-                    self.queue.requeue(r)
-                    b.reason = "host_down"
-                    b.in_flight = False
-                    if b.closed:
-                        self._bubble_record(host, b)
+                    for job in jobs:
+                        self._lost(host, job)
                     self.log.write("HOST_DOWN", host=host, t_ns=time.time_ns(),
                                    error=str(exc)[:200])
                 sock.close()
                 sock = None
-                continue
-            with self.cv:
-                b.in_flight = False
-                if reply.get("ok"):
-                    b.dispatched.append(r.id)
-                    b.reason = "used"
-                    t_first = int(reply["t_end_ns"])
-                    self.latency_ns[host] = int(
-                        (1 - LATENCY_WEIGHT) * self.latency_ns[host]
-                        + LATENCY_WEIGHT * max(0, int(reply["t_start_ns"]) - t_dispatch))
-                    if chunk is not None:
-                        r.chunks += 1
-                        r.done_tokens = chunk[1]
-                        if r.t_first_start_ns is None:
-                            r.t_first_start_ns = int(reply["t_start_ns"])
-                    if reply.get("partial"):
-                        if b.closed:
-                            self._bubble_record(host, b)
-                        continue
+
+    def _job(self, b: Bubble, r: Pending, chunk: tuple[int, int] | None, not_after: int,
+             pick_at: int) -> Job:      # under self.cv
+        r.attempts += 1
+        b.in_flight += 1
+        decode = self.spec.decode_servers[self._decode_rr % len(self.spec.decode_servers)]
+        self._decode_rr += 1
+        if chunk is None:
+            predicted, guard = r.predicted_ns, r.guard_ns
+        else:
+            ms = self.profile.chunk_ms(*chunk)
+            T = self.spec.time_scale
+            predicted = int(ms * T * 1e6)
+            guard = int(self.cfg.guard_for_ms(ms) * T * 1e6)
+        return Job(bubble=b, request=r, chunk=chunk, not_after_ns=not_after, pick_at_ns=pick_at,
+                   bubble_end_ns=b.t_pred_end_ns, decode=decode, predicted_ns=predicted,
+                   guard_ns=guard)
+
+    def _behind(self, host: str, first: Job) -> Job | None:
+        """A whole request to run right after `first` (predicted to start when it ends) in the
+        same bubble, if one fits; None when first is a chunk that leaves more of its request
+        (it was cut to fill the bubble) or the bubble is over."""
+        r = first.request
+        if first.chunk is not None and first.chunk[1] < r.target_tokens:
+            return None
+        with self.cv:
+            b = first.bubble
+            if b.closed or self.bubbles[host] is not b:
+                return None
+            hold = first.predicted_ns + first.guard_ns
+            start = max(first.t_dispatch_ns + self.latency_ns[host], first.pick_at_ns)
+            pick_at = start + hold + self.latency_ns[host] // 4
+            pick = self.queue.pick(pick_at, b.t_pred_end_ns)
+            if pick.request is None:
+                return None
+            job = self._job(b, pick.request, None, pick.not_after_ns, pick_at)
+            job.behind = True
+            return job
+
+    def _message(self, job: Job) -> dict:
+        r = job.request
+        n_prompt = min(r.target_tokens, self.cfg.model["context"])
+        msg = {"type": "prefill", "id": r.id,
+               "prompt": prompt_for(r.id, n_prompt, self.cfg.model["vocab_size"]),
+               "target_tokens": r.target_tokens if self.spec.compute == "profile"
+               else n_prompt,
+               "max_new_tokens": max(1, r.output_tokens), "not_after_ns": job.not_after_ns,
+               "decode": {"ip": job.decode.ip, "port": job.decode.port},
+               "t_arrival_ns": r.t_arrival_ns}
+        if job.chunk is not None:
+            msg["chunk"] = {"start": job.chunk[0], "end": job.chunk[1]}
+        return msg
+
+    def _done(self, host: str, b: Bubble) -> None:   # under self.cv: one job of b answered
+        b.in_flight -= 1
+        if b.closed and not b.in_flight:   # closed (a busy or newer notice) meanwhile
+            self._bubble_record(host, b)
+
+    def _lost(self, host: str, job: Job) -> None:   # under self.cv: no reply, server down
+        r, b = job.request, job.bubble
+        if self.partial[host] is r:      # its prefix died with the server
+            self.partial[host] = None
+            r.done_tokens, r.chunks, r.t_first_start_ns = 0, 0, None
+        self.queue.requeue(r)
+        b.reason = "host_down"
+        self._done(host, b)
+
+    def _on_reply(self, host: str, job: Job, reply: dict, pipelined: bool) -> None:
+        """Book one reply (under self.cv). pipelined: another job waits behind this one."""
+        r, b, chunk = job.request, job.bubble, job.chunk
+        self.log.write("DISPATCH", id=r.id, host=host, chunk=list(chunk) if chunk else None,
+                       predicted_ms=job.predicted_ns / 1e6, guard_ms=job.guard_ns / 1e6,
+                       t_pick_at_ns=job.pick_at_ns, t_dispatch_ns=job.t_dispatch_ns,
+                       bubble_t_idle_ns=b.t_idle_ns, bubble_end_ns=job.bubble_end_ns,
+                       not_after_ns=job.not_after_ns, behind=job.behind,
+                       ok=bool(reply.get("ok")), error=reply.get("error"),
+                       ran=reply.get("chunk"))
+        if reply.get("ok"):
+            b.dispatched.append(r.id)
+            b.reason = "used"
+            t_first = int(reply["t_end_ns"])
+            if not job.behind:       # a job sent behind another waited for it on purpose
+                self.latency_ns[host] = int(
+                    (1 - LATENCY_WEIGHT) * self.latency_ns[host]
+                    + LATENCY_WEIGHT * max(0, int(reply["t_start_ns"]) - job.t_dispatch_ns))
+            if chunk is not None:
+                r.chunks += 1
+                r.done_tokens = int(reply["chunk"][1])    # the server may have cut it
+                if r.t_first_start_ns is None:
+                    r.t_first_start_ns = int(reply["t_start_ns"])
+            if not reply.get("partial"):
+                if self.partial[host] is r:
                     self.partial[host] = None
-                    self._request_record(r, "served" if t_first <= r.deadline_ns else "late",
-                                         host=host, decode_host=decode.host,
-                                         t_dispatch_ns=t_dispatch, t_pick_at_ns=pick_at,
-                                         bubble_end_ns=bubble_end, bubble_t_idle_ns=b.t_idle_ns,
-                                         not_after_ns=not_after,
-                                         t_prefill_start_ns=r.t_first_start_ns
-                                         or int(reply["t_start_ns"]),
-                                         t_first_token_ns=t_first, chunks=r.chunks)
-                elif reply.get("retry"):
-                    self.counts["retried"] += 1
-                    if self.partial[host] is not r:   # a chunked one stays with its host
-                        self.queue.requeue(r)
-                    b.reason = "rejected"
-                    # GPU busy: the bubble ended sooner than predicted, nothing more goes into
-                    # it. Too late to fit (the dispatch took longer than expected): a shorter
-                    # request may still fit, so the loop picks again.
-                    if "busy" in str(reply.get("error")) and not b.closed:
-                        self._close(host, b)
-                        continue
-                else:
-                    if self.partial[host] is r:
-                        self.partial[host] = None
-                    self._request_record(r, "failed", host=host,
-                                         error=str(reply.get("error"))[:200])
-                if b.closed:     # closed (a busy or newer notice) while the prefill ran
-                    self._bubble_record(host, b)
+                self._request_record(r, "served" if t_first <= r.deadline_ns else "late",
+                                     host=host, decode_host=job.decode.host,
+                                     t_dispatch_ns=job.t_dispatch_ns,
+                                     t_pick_at_ns=job.pick_at_ns,
+                                     bubble_end_ns=job.bubble_end_ns,
+                                     bubble_t_idle_ns=b.t_idle_ns, not_after_ns=job.not_after_ns,
+                                     t_prefill_start_ns=r.t_first_start_ns
+                                     or int(reply["t_start_ns"]),
+                                     t_first_token_ns=t_first, chunks=r.chunks,
+                                     behind=job.behind)
+        elif reply.get("retry"):
+            self.counts["retried"] += 1
+            if self.partial[host] is not r:   # a chunked one stays with its host
+                self.queue.requeue(r)
+            b.reason = "rejected"
+            # GPU busy: the bubble ended sooner than predicted, nothing more goes into it. Too
+            # late to fit (the dispatch took longer than expected): a shorter request may still
+            # fit, so the loop picks again.
+            if "busy" in str(reply.get("error")) and not b.closed:
+                self._close(host, b)
+        else:
+            if self.partial[host] is r:
+                self.partial[host] = None
+            self._request_record(r, "failed", host=host, error=str(reply.get("error"))[:200])
+        self._done(host, b)
 
     def _connect(self, server: Endpoint) -> socket.socket | None:
         deadline = time.monotonic() + self.spec.connect_timeout_s

@@ -18,7 +18,10 @@ Per connection, one request at a time (fields: design.md "Prefill server protoco
 4a. chunked prefill (profile mode; "chunk": {"start", "end"} in target tokens): the request's
    prefix stays in this server's memory between chunks (at most MAX_PARTIAL requests, the
    oldest dropped); a chunk must start where the last one of that id ended, with the same
-   prompt, else "chunk: ..." (no retry). The hold is PrefillProfile.chunk_ms(start, end) x
+   prompt, else "chunk: ..." (no retry). A chunk that does not fit before not_after_ns is cut
+   to the longest that does (prefill/admission.py's chunk_end: at least the profile's shortest
+   prompt, leaving no shorter rest), and refused only if none does; the reply's "chunk" is what
+   ran. The hold is PrefillProfile.chunk_ms(start, end) x
    time_scale; the real model prefills the prompt's matching share of real tokens (all of them by
    the last chunk), continuing the cached prefix. A chunk that is not the last replies
    {"ok": true, "partial": true, ...} with no first token and no hand-off; the last one replies
@@ -43,6 +46,7 @@ in-process lock is taken first: one prefill at a time per host, whatever the con
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import socket
@@ -56,6 +60,7 @@ from collections import OrderedDict
 
 import torch
 
+from prefill.admission import chunk_end
 from prefill.kv import KvJob, KvSender
 from prefill.model import InferenceConfig, InferenceGPT, build_model, prefill, prefill_chunk
 from prefill.profile import PrefillProfile
@@ -288,8 +293,13 @@ class PrefillServer:
                 return self._fail(None, req.id, "gpu busy", True)
             try:
                 predicted_ms = self._predicted_hold_ms(req)
+                now = time.time_ns()
+                if req.chunk is not None and req.not_after_ns is not None and \
+                        now + int(predicted_ms * 1e6) > req.not_after_ns:
+                    req, end = self._cut(req, req.not_after_ns - now)
+                    predicted_ms = self._predicted_hold_ms(req)
                 if req.not_after_ns is not None and \
-                        time.time_ns() + int(predicted_ms * 1e6) > req.not_after_ns:
+                        now + int(predicted_ms * 1e6) > req.not_after_ns:
                     return self._fail(None, req.id, f"does not fit before not_after_ns "
                                       f"(predicted hold {predicted_ms:.3f} ms)", True)
                 t_start_ns = time.time_ns()
@@ -345,6 +355,18 @@ class PrefillServer:
                 self._partial.popitem(last=False)
             return kv, None
         return kv, token
+
+    def _cut(self, req: Request, room_ns: int) -> tuple[Request, int]:
+        """req with its chunk cut to the longest that fits in room_ns (unchanged if none)."""
+        assert self.profile is not None and req.chunk is not None
+        start, end = req.chunk
+        T = self.spec.time_scale
+        cut = chunk_end(start, req.target_tokens, room_ns,
+                        lambda a, b: int(self.profile.chunk_ms(a, b) * T * 1e6),
+                        self.profile.min_chunk_tokens, upto=end)
+        if cut is None or cut == end:
+            return req, end
+        return dataclasses.replace(req, chunk=(start, cut)), cut
 
     def _predicted_hold_ms(self, req: Request) -> float:
         if self.profile is not None:

@@ -108,27 +108,34 @@ def test_decoded_tokens_equal_greedy_generation(result):
 
 
 def test_admitted_prefills_fitted_their_bubbles(result):
+    """Per message the controller sent (a whole request, a chunk of one, or one sent behind
+    another): it fitted the bubble by the controller's own numbers, and the server ran it
+    within them."""
     _, _, records, _ = result
-    reqs = {r["id"]: r for r in records if r["name"] == "REQUEST" and "host" in r}
-    bubbles = [r for r in records if r["name"] == "BUBBLE"]
-    assert reqs and bubbles
-    prefill = {r["id"]: r for r in records if r["name"] == "PREFILL"}
-    for b in bubbles:
-        for rid in b["dispatched"]:
-            q = reqs[rid]
-            # the bubble's end when it was admitted: the first prediction, or a later one
-            # (extended: it outlasted that, trainer.bubbles' next longer gap)
-            assert q["bubble_t_idle_ns"] == b["t_idle_ns"]
-            assert b["t_first_pred_end_ns"] <= q["bubble_end_ns"] <= b["t_pred_end_ns"]
-            # admitted only if prediction + guard fitted before the bubble's predicted end, as
-            # of when the prefill was expected to start
-            assert q["t_pick_at_ns"] + (q["predicted_ms"] + q["guard_ms"]) * 1e6 \
-                <= q["bubble_end_ns"] + 1e3, q
-            assert q["not_after_ns"] <= q["bubble_end_ns"] - q["guard_ms"] * 1e6 + 1e3
-            # the server started it only if it could end by not_after (a sleep's overshoot on)
-            p = prefill[rid]
-            assert p["t_end_ns"] <= q["not_after_ns"] + 3e6, (p, q)
-            assert (p["t_end_ns"] - p["t_start_ns"]) / 1e6 >= q["predicted_ms"] * 0.99
+    sent = [r for r in records if r["name"] == "DISPATCH" and r["ok"]]
+    bubbles = {(r["host"], r["t_idle_ns"]): r for r in records if r["name"] == "BUBBLE"}
+    prefill = {(r["id"], r["chunk_start"]): r for r in records if r["name"] == "PREFILL"}
+    assert sent and bubbles
+    for q in sent:
+        b = bubbles[(q["host"], q["bubble_t_idle_ns"])]
+        assert q["id"] in b["dispatched"]
+        # the bubble's end when it was admitted: the first prediction, or a later one
+        # (extended: it outlasted that, trainer.bubbles' next longer gap)
+        assert b["t_first_pred_end_ns"] <= q["bubble_end_ns"] <= b["t_pred_end_ns"]
+        # admitted only if prediction + guard fitted before the bubble's predicted end, as of
+        # when the prefill was expected to start (behind another: when that one ends)
+        assert q["t_pick_at_ns"] + (q["predicted_ms"] + q["guard_ms"]) * 1e6 \
+            <= q["bubble_end_ns"] + 1e3, q
+        assert q["not_after_ns"] <= q["bubble_end_ns"] - q["guard_ms"] * 1e6 + 1e3
+        # the server started it only if it could end by not_after (a sleep's overshoot on)
+        p = prefill[(q["id"], q["chunk"][0] if q["chunk"] else 0)]
+        assert p["t_end_ns"] <= q["not_after_ns"] + 3e6, (p, q)
+        # it held the GPU for its prediction (a chunk the server cut to fit: for less)
+        assert (p["t_end_ns"] - p["t_start_ns"]) / 1e6 >= p["hold_ms"] * 0.99
+        assert p["hold_ms"] <= q["predicted_ms"] + 1e-6
+        if q["chunk"]:
+            assert q["ran"] == [p["chunk_start"], p["chunk_end"]]
+            assert p["chunk_start"] == q["chunk"][0] < p["chunk_end"] <= q["chunk"][1]
 
 
 def test_every_request_has_one_outcome_and_misses_are_counted(result):

@@ -415,6 +415,20 @@ def test_chunked_prefill_decodes_what_the_reference_decodes(servers, reference):
             bad = ask(sock, request("c4", prompt, decode.spec.port, target_tokens=target,
                                     chunk=chunk))
             assert bad["ok"] is False and bad["error"].startswith("chunk:"), bad
+        # a chunk that does not fit before not_after_ns is cut to the longest that does, and
+        # refused (retry) only when not even the shortest chunk fits
+        room_ms = prof.chunk_ms(0, 2000) + 3.0
+        cut = ask(sock, request("c6", prompt, decode.spec.port, target_tokens=target,
+                                chunk={"start": 0, "end": 3500},
+                                not_after_ns=time.time_ns() + int(room_ms * 1e6)))
+        assert cut["ok"] is True and cut["partial"] is True, cut
+        assert 2000 <= cut["chunk"][1] < 3500 and cut["hold_ms"] <= room_ms
+        assert cut["hold_ms"] == pytest.approx(prof.chunk_ms(0, cut["chunk"][1]))
+        none = ask(sock, request("c6", prompt, decode.spec.port, target_tokens=target,
+                                 chunk={"start": cut["chunk"][1], "end": target},
+                                 not_after_ns=time.time_ns() + int(1e6)))
+        assert none["ok"] is False and none["retry"] is True
+        assert none["error"].startswith("does not fit")
     with connect(servers["measured"]) as sock:
         bad = ask(sock, request("c5", prompt, decode.spec.port, chunk={"start": 0, "end": 5}))
         assert bad["ok"] is False and "profile mode only" in bad["error"]
