@@ -9,8 +9,8 @@ its host's prefill server the oldest waiting request whose predicted time plus g
 (prefill/admission.py), then the next one while the bubble lasts. A request waits for a later
 bubble on any host of the DC until its time-to-first-token deadline passes (then it is expired
 and counted). A bubble that outlasts its prediction (no busy notice 1 ms after the predicted
-end) is extended to the next longer gap the worker saw before that op (the gaps are often
-bimodal: the WAN slots' order shifts), and closed when none is left. The replay starts with the
+end) is closed, or with extend_bubbles extended to the next longer gap the worker saw before
+that op (the gaps are often bimodal: the WAN slots' order shifts) and closed when none is left. The replay starts with the
 first notice, i.e. once training runs. With chunked_prefill (profile mode), a rest no whole
 request fits may take a chunk of one; that request then stays with its host, and its next chunks
 go first into that host's bubbles (prefill/admission.py), at most one such request per host.
