@@ -6,6 +6,7 @@
     sudo python run_testbed.py topologies/two_dc.yaml          # shorthand for run
     sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
     python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
+    python run_testbed.py predict topologies/atlas_paper.yaml [--json] [--systems a,b]  # no root
     sudo python run_testbed.py cleanup                         # remove what a killed run left
 
 CLI only: parse flags, load the scenario, call the job, print one line on error. Exit codes:
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from testbed.errors import ScenarioError, TestbedError
 
-COMMANDS = ("run", "calibrate", "validate", "plan", "cleanup")
+COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "cleanup")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--systems", default=None,
                       help="comma-separated (default: the scenario's systems)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
+    pred = sub.add_parser("predict", help="the model's iteration time, bubbles and WAN use per "
+                          "system (no root, builds nothing)")
+    pred.add_argument("scenario")
+    pred.add_argument("--systems", default=None,
+                      help="comma-separated (default: the scenario's systems)")
+    pred.add_argument("--json", action="store_true", help="print one JSON document")
     sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
     return parser
 
@@ -76,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
             from testbed.planview import plan_command
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
             print(plan_command(args.scenario, systems, as_json=args.json))
+            return 0
+        if args.command == "predict":
+            from model.cli import predict_command
+            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            print(predict_command(args.scenario, systems, as_json=args.json))
             return 0
         if args.command == "validate":
             from testbed.jobs import load_run

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from testbed import bubbletea, linkuse, report, temporal, wanstats
+from testbed.allreduce import allreduce_report
 from testbed.errors import ScenarioError
 from testbed.machine import CpuTimes
 from testbed.network import Network
@@ -102,6 +103,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     # every link direction: the delay line's counters (if any), the training's use, the slots
     wan_links = {key: dict(wan_links.get(key, {}), **use[key], **shared.get(key, {}))
                  for key in use}
+    ar = allreduce_report(spans, placement, scenario, used, T)
     metrics = in_real_time(metrics, T)
     metrics.update(
         system=system.name,
@@ -112,7 +114,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                      for a, b in sorted({p for row in placement.boundaries() for p in row})
                      if a != b for x, y in ((a, b), (b, a))},
         slot_plan=[lp.to_dict() for lp in slots.used_links()] if system.temporal else [],
-        wan_links=wan_links, network=record,
+        wan_links=wan_links, network=record, allreduce=ar,
         cpu=cpu_before.usage(CpuTimes.now()),
         congestion_control=dict(net.congestion_control,
                                 in_use=congestion_control_in_use(run.spans_path)),
@@ -120,6 +122,10 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                       for x in r.get("io_realtime", [])}),
         wall_s=round(run.wall_s, 3),
         timings_s={k: round(v, 3) for k, v in net.timings_s.items()})
+    if cfg.compute == "profile":
+        from model.check import compare
+        from model.predict import predict
+        metrics["model"] = compare(predict(scenario, cfg, system, cfg.iterations), metrics)
     metrics["wan_warnings"] = (wanstats.warnings({k: v for k, v in wan_links.items()
                                                   if "packets" in v}, scenario.wan)
                                + temporal.warnings(shared))
@@ -180,7 +186,21 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
         if bt["crashed"]:
             lines.append("warning: BubbleTea processes died during training (training went "
                          "on): " + "; ".join(bt["crashed"]))
+    if metrics.get("model"):
+        from model.check import summary_line
+        lines.append(summary_line(metrics["model"]))
+    if metrics.get("allreduce"):
+        lines.append("all-reduce (median, the last replica in): " + ", ".join(
+            f"stage {a['stage']} {a['measured_ms']:.1f} ms (ideal ring {a['wire_ms']:.1f} ms"
+            + (f", x{a['ratio']:.2f})" if a["ratio"] else ")") for a in metrics["allreduce"]))
     lines.append(report.wan_summary({k: v for k, v in metrics["wan_links"].items()
                                      if "packets" in v}, metrics["cpu"]))
     lines += metrics["wan_warnings"]
+    over = metrics.get("compute_overruns")
+    if over and over["count"]:
+        lines.append(f"warning: {over['count']} of {over['ops']} compute ops ran past their "
+                     f"profile hold ({over['total_ms']:.1f} ms in all, max {over['max_ms']:.2f} "
+                     f"ms; F {over['by_op']['F']}, B {over['by_op']['B']}, OPT "
+                     f"{over['by_op']['OPT']}): the small model's CPU time exceeded the "
+                     "target's GPU time there, and the run is that much slower")
     return lines

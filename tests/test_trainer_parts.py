@@ -11,7 +11,7 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.data import MarkovTokens
-from trainer.metrics import metrics_from_records
+from trainer.metrics import in_real_time, metrics_from_records
 from trainer.model import GPTConfig
 from trainer.pipeline import plan_stages, split_layers
 from trainer.stage import build_full_model, build_stage
@@ -250,6 +250,38 @@ def test_metrics_on_a_perfect_gpipe_timeline():
     json.dumps(m)
 
 
+def test_metrics_count_compute_overruns():
+    """An op whose real compute (compute_ns) outlasted its profile hold is counted, with its
+    excess; warm-up and ops without a hold are not."""
+    spans, losses, plan = fake_run()
+    for w in plan["workers"]:
+        w.update(hold_forward_ms=10.0, hold_backward_ms=20.0, hold_opt_ms=0.0)
+    for r in spans:
+        r["compute_ns"] = 1_000_000                      # 1 ms: within every hold
+    late = [r for r in spans if r["iteration"] == 1 and r["name"] == "B"][:2]
+    late[0]["compute_ns"], late[1]["compute_ns"] = 23_000_000, 20_500_000
+    next(r for r in spans if r["iteration"] == 0)["compute_ns"] = 99_000_000   # warm-up
+    m = metrics_from_records(spans, losses, plan)
+    over = m["compute_overruns"]
+    assert over["count"] == 2 and over["ops"] == 2 * 2 * 8
+    assert over["total_ms"] == pytest.approx(3.5) and over["max_ms"] == pytest.approx(3.0)
+    assert over["by_op"] == {"F": 0, "B": 2, "OPT": 0}
+    assert in_real_time(m, 2.0)["compute_overruns"]["total_ms"] == pytest.approx(1.75)
+
+
+def test_optimizer_step_estimate():
+    from trainer.config import ProfileConfig
+    from trainer.profiles import find_block, optimizer_ms, stage_costs
+    assert optimizer_ms(403_000_000) == pytest.approx(403e6 * 30 / 4.8e12 * 1e3)   # 2.5 ms
+    cfg = ProfileConfig(file="h200-transformer.json", width=2048, seq=2048, micro_batch=2,
+                        n_layer=24)
+    costs = stage_costs(cfg, 3)
+    block = find_block(cfg)
+    assert [c.params for c in costs] == [8 * block["params"]] * 3
+    assert all(c.optimizer_ms == pytest.approx(optimizer_ms(c.params)) for c in costs)
+    assert costs[0].optimizer_ms > 0
+
+
 def test_metrics_in_measured_mode_count_the_model_tokens():
     spans, losses, plan = fake_run(iterations=4)
     del plan["config"]["profile"]
@@ -277,7 +309,7 @@ def test_timeline_plot_writes_png(tmp_path):
 
 def test_measure_profile_cpu_smoke(tmp_path):
     from trainer.measure_profile import main
-    from trainer.profiles import StageCost, stage_costs
+    from trainer.profiles import StageCost, optimizer_ms, stage_costs
     out = tmp_path / "prof.json"
     assert main([str(out), "--cpu-smoke", "--reps", "2"]) == 0
     prof = json.loads(out.read_text())
@@ -296,7 +328,9 @@ def test_measure_profile_cpu_smoke(tmp_path):
     costs = stage_costs(cfg.profile, 2)
     assert costs[0] == StageCost(layers=2, forward_ms=2 * row["forward_ms"],
                                  backward_ms=2 * row["backward_ms"],
-                                 activation_bytes=row["activation_bytes"])
+                                 activation_bytes=row["activation_bytes"],
+                                 params=2 * row["params"],
+                                 optimizer_ms=optimizer_ms(2 * row["params"]))
 
 
 def test_shipped_profiles_match_their_provenance():

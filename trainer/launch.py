@@ -137,10 +137,11 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                            port=base_port + (s + 1) * D + r)
                 k_next = k_of(h, nh)
                 gate_next = gate(h.dc, nh.dc, r) if gate is not None else None
-            hold_f = hold_b = 0.0
+            hold_f = hold_b = hold_o = 0.0
             pad = ar_pad = 0
             if costs is not None and block is not None:
                 hold_f, hold_b = costs[s].forward_ms * time_scale, costs[s].backward_ms * time_scale
+                hold_o = costs[s].optimizer_ms * time_scale
                 pad = int(costs[s].activation_bytes / scale)
                 ar_pad = int(costs[s].layers * block["params"] * 2 / scale)  # bf16 gradients
             tag = f"trainer-s{s}r{r}"
@@ -150,6 +151,7 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 dc=h.dc, listen_port=base_port + s * D + r if s > 0 else None, prev=prev,
                 next=nxt, dp_master_ip=place[s][0].ip, dp_master_port=base_port + P * D + s,
                 config=cfg.to_dict(), scale=scale, hold_forward_ms=hold_f, hold_backward_ms=hold_b,
+                hold_opt_ms=hold_o,
                 pad_bytes=pad, allreduce_pad_bytes=ar_pad,
                 spans_path=str(run_dir / "spans" / f"{tag}.jsonl"),
                 loss_path=str(run_dir / "loss" / f"{tag}.jsonl"),
@@ -185,9 +187,10 @@ def predicted_timeline(cfg: TrainConfig, specs: Sequence[WorkerSpec]) -> dict:
     next to the measurement. Empty in measured mode (durations unknown beforehand)."""
     if cfg.compute != "profile":
         return {}
-    hold = {s.stage: (s.hold_forward_ms, s.hold_backward_ms) for s in specs}
+    hold = {s.stage: (s.hold_forward_ms, s.hold_backward_ms, s.hold_opt_ms) for s in specs}
     sim = simulate(schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches),
-                   [hold[s][0] for s in range(cfg.stages)], [hold[s][1] for s in range(cfg.stages)])
+                   [hold[s][0] for s in range(cfg.stages)], [hold[s][1] for s in range(cfg.stages)],
+                   opt_ms=[hold[s][2] for s in range(cfg.stages)])
     return {"iteration_time_s": sim.window_ms / 1e3, "bubble_fraction": sim.mean_bubble,
             "per_stage_bubble": sim.bubble}
 
@@ -227,7 +230,8 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
             "workers": [{"name": s.name, "stage": s.stage, "replica": s.replica, "host": s.host,
                          "ip": s.ip, "dc": s.dc, "listen_port": s.listen_port,
                          "hold_forward_ms": s.hold_forward_ms,
-                         "hold_backward_ms": s.hold_backward_ms, "pad_bytes": s.pad_bytes,
+                         "hold_backward_ms": s.hold_backward_ms,
+                         "hold_opt_ms": s.hold_opt_ms, "pad_bytes": s.pad_bytes,
                          "allreduce_pad_bytes": s.allreduce_pad_bytes,
                          "connections_next": s.connections_next,
                          "connections_prev": s.connections_prev,

@@ -18,6 +18,11 @@ target's tokens (D * M * profile.micro_batch * profile.seq per iteration) and
 `model_tokens_per_s` the small model's own (D * M * micro_batch_size * seq_len); in measured mode
 both are the small model's.
 
+`compute_overruns`: in profile mode every F, B and OPT is held to its profile time; an op whose
+real CPU time (its span's compute_ns: the small model's work, before the hold) exceeds that hold
+lasted longer than the profile says. They are counted over the measured iterations (count, of how
+many ops, total and largest excess) and the run's summary warns: the emulation added that time.
+
 `pipeline_bubble_fraction` is the same over F and B only (window from the first forward to the
 last backward of the iteration, excluding the all-reduce, the optimizer step and the gap to the
 next iteration): the quantity the textbook formula (P-1)/(M+P-1) and trainer/schedule.py's
@@ -85,6 +90,23 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
     compute_pp = defaultdict(float)                   # same, F and B only
     op_ms = defaultdict(list)                          # (stage, replica, name) -> [ms]
     comm = defaultdict(lambda: {"count": 0, "bytes": 0, "total_s": 0.0})
+    holds = {(w["stage"], w["replica"]): {"F": w.get("hold_forward_ms", 0.0),
+                                         "B": w.get("hold_backward_ms", 0.0),
+                                         "OPT": w.get("hold_opt_ms", 0.0)}
+             for w in plan["workers"]}
+    over = {"count": 0, "ops": 0, "total_ms": 0.0, "max_ms": 0.0,
+            "by_op": {"F": 0, "B": 0, "OPT": 0}}
+    for r in spans:
+        if r["name"] in COMPUTE_SPANS and r.get("iteration") in used and "compute_ns" in r:
+            hold_ms = holds.get((r["stage"], r["replica"]), {}).get(r["name"], 0.0)
+            if hold_ms > 0:
+                over["ops"] += 1
+                excess_ms = r["compute_ns"] / 1e6 - hold_ms
+                if excess_ms > 0:
+                    over["count"] += 1
+                    over["by_op"][r["name"]] += 1
+                    over["total_ms"] += excess_ms
+                    over["max_ms"] = max(over["max_ms"], excess_ms)
     for r in spans:
         it, dur = r.get("iteration"), r["t_end_ns"] - r["t_start_ns"]
         if r["name"] in COMPUTE_SPANS and it is not None:
@@ -141,6 +163,7 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
                                   default=0.0),
         "communication": {k: dict(v) for k, v in sorted(comm.items())},
         "predicted": plan.get("predicted", {}),
+        "compute_overruns": over,
         "scale": plan.get("scale"),
     }
 
@@ -165,6 +188,9 @@ def in_real_time(metrics: dict[str, Any], time_scale: float) -> dict[str, Any]:
         st["backward_ms"] /= t
     for c in metrics["communication"].values():
         c["total_s"] /= t
+    if "compute_overruns" in metrics:
+        metrics["compute_overruns"]["total_ms"] /= t
+        metrics["compute_overruns"]["max_ms"] /= t
     if metrics.get("predicted", {}).get("iteration_time_s") is not None:
         metrics["predicted"] = dict(metrics["predicted"],
                                     iteration_time_s=metrics["predicted"]["iteration_time_s"] / t)

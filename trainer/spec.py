@@ -67,6 +67,7 @@ class WorkerSpec(SpecFile):
     scale: float
     hold_forward_ms: float = 0.0     # profile mode: hold each F/B to this long (0 = measured)
     hold_backward_ms: float = 0.0
+    hold_opt_ms: float = 0.0         # profile mode: hold the optimizer step to this long
     pad_bytes: int = 0               # pad each activation/gradient message to this many bytes
     allreduce_pad_bytes: int = 0     # pad the gradient all-reduce buffer to this many bytes
     spans_path: str

@@ -272,7 +272,9 @@ class StageWorker:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self._sync()
-        self._compute_done("OPT", it, None, k_opt, t)
+        t_compute = time.time_ns()
+        _hold(t, spec.hold_opt_ms)     # profile mode: the target's estimated step
+        self._compute_done("OPT", it, None, k_opt, t, compute_ns=t_compute - t)
         return losses
 
     def forward(self, it: int, mb: int, losses: list[float],

@@ -1,0 +1,46 @@
+"""`run_testbed.py predict SCENARIO [--systems a,b] [--json]`: the model's figures per system,
+without building anything (no root, no network, no torch).
+
+One job: format model.predict's predictions for the scenario's systems as a table or one JSON
+document; per system the speedup against the first system listed (baseline when present).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Sequence
+
+from testbed.errors import ScenarioError
+from testbed.planview import load_training, resolve_systems
+from testbed.scenario import load_scenario
+
+
+def predict_command(path: str, systems: Sequence[str] | None = None,
+                    as_json: bool = False) -> str:
+    from model.predict import predict
+    scenario = load_scenario(path)
+    cfg = load_training(scenario)
+    if cfg.compute != "profile":
+        raise ScenarioError("training.compute", "the model needs profile mode (measured op "
+                            "times are not known before a run)", "set compute: profile")
+    rows = []
+    t0 = time.perf_counter()
+    for system in resolve_systems(scenario, systems):
+        rows.append(predict(scenario, cfg, system))
+    took_s = time.perf_counter() - t0
+    base = rows[0].iteration_time_s
+    if as_json:
+        return json.dumps({"scenario": scenario.name, "seconds": took_s,
+                           "systems": [dict(p.to_dict(), speedup=base / p.iteration_time_s)
+                                       for p in rows]}, indent=1)
+    out = [f"{scenario.name}: model of P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
+           f"{cfg.schedule}, {rows[0].iterations} iterations ({took_s:.2f} s)",
+           f"{'system':<24} {'iteration s':>11} {'speedup':>8} {'bubble':>7} {'GPU util':>8}"
+           "  WAN utilization"]
+    for p in rows:
+        wan = ", ".join(f"{k} {v:.0%}" for k, v in p.wan_utilization.items()) or "-"
+        out.append(f"{p.system:<24} {p.iteration_time_s:>11.3f} "
+                   f"{base / p.iteration_time_s:>7.2f}x {p.bubble_fraction:>7.3f} "
+                   f"{p.gpu_utilization:>8.3f}  {wan}")
+    return "\n".join(out)

@@ -1,0 +1,171 @@
+"""The model's prediction for one scenario and one system: iteration time, bubbles, GPU and WAN
+utilization. Pure: no kernel, no root, no torch (trainer.config and trainer.profiles are plain
+Python).
+
+One job: build model.pipeline's inputs from what the testbed would run, simulate, and read the
+figures off with the same definitions the emulated run's metrics use (trainer.metrics: the
+simulated ops become spans, so iteration walls, utilization and bubbles are computed by the
+same code). Configured, real-time values throughout (time_scale does not enter).
+
+Inputs, each from the module that decides it in a run:
+- placement: testbed.placement (the system's policy); schedule rows: trainer.schedule;
+- compute: the profile's forward/backward per stage (trainer.profiles.stage_costs) and the
+  estimated optimizer step (trainer.profiles.optimizer_ms); profile mode only;
+- a message: the profile's activation bytes / scale (testbed.slotplan.message_payload_bytes);
+  inside a DC, its wire bytes at the DC's host-link rate (no time if the links are unshaped);
+  over the WAN, model.transfer over the routed path (testbed.routing) at the lower of the path's
+  rate and the sending DC's host-link rate, K = testbed.systems.connections_for, window =
+  testbed.systems.window_bytes(scale); a message whose connections sat idle longer than the RTO
+  (RTT + Linux's 200 ms minimum) is sent in slow start from 10 segments;
+- the all-reduce: trainer.dp's ring, 2 (D-1) steps of a 1/D chunk to the next replica, each step
+  as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
+  DCs model.transfer over one connection (gloo's pair), in slow start for the first step (the
+  connection sat idle since the last iteration's all-reduce);
+- WAN sharing: the system's (concurrent: fair; temporal: one message at a time per link).
+Not modelled: CPU contention of the emulation, the delay line's own lateness, loss, the
+temporal arbiter's grant latency, prefill (BubbleTea) traffic on the links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from model.pipeline import PipelineModel, Route, SimResult, simulate
+from model.transfer import PathSpec, transfer_ms
+from testbed.placement import place_for_system
+from testbed.slotplan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_payload_bytes
+from testbed.systems import connections_for, path_between, path_rate_mbit, path_rtt_ms, \
+    window_bytes
+from trainer.schedule import schedule_table
+
+if TYPE_CHECKING:
+    from testbed.scenario import Scenario
+    from testbed.systems import System
+    from trainer.config import TrainConfig
+
+RTO_MIN_MS = 200.0          # Linux's tcp_rto_min: idle longer than RTT + this restarts slow start
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    system: str
+    iteration_time_s: float
+    bubble_fraction: float
+    gpu_utilization: float
+    pipeline_bubble_fraction: float
+    per_stage_bubble: list[float]
+    wan_utilization: dict[str, float]         # link direction -> busy share (training bytes)
+    allreduce_ms: list[float]
+    iterations: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: int) -> Route:
+    wire = payload * WIRE_BYTES_PER_PAYLOAD_BYTE
+    host_rate = {dc.name: dc.rate_mbit for dc in scenario.dcs}
+    if src == dst:
+        rate = host_rate[src]
+        return Route(links=(), solo_ms=0.0 if rate is None else wire * 8 / (rate * 1e3),
+                     wire_bytes=wire)
+    path = path_between(scenario, src, dst)
+    rate = path_rate_mbit(scenario, src, dst)
+    if host_rate[src] is not None:
+        rate = min(rate, host_rate[src])
+    spec = PathSpec(rate_mbit=rate, one_way_ms=path.delay_ms,
+                    rtt_ms=path_rtt_ms(scenario, src, dst),
+                    window_bytes=window_bytes(scenario.scale),
+                    connections=connections_for(scenario, system, src, dst))
+    return Route(links=tuple(f"{a}->{b}" for a, b in zip(path.dcs, path.dcs[1:])),
+                 solo_ms=transfer_ms(payload, spec), one_way_ms=path.delay_ms,
+                 wire_bytes=wire, solo_idle_ms=transfer_ms(payload, spec, slow_start=True),
+                 rto_ms=spec.rtt_ms + RTO_MIN_MS)
+
+
+def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") -> float:
+    """The ring all-reduce of buffer_bytes over replicas in dcs (module docstring)."""
+    D = len(dcs)
+    if D < 2:
+        return 0.0
+    chunk = -(-buffer_bytes // D)
+    host_rate = {dc.name: dc.rate_mbit for dc in scenario.dcs}
+
+    def hop_ms(a: str, b: str, first: bool) -> float:
+        if a == b:
+            rate = host_rate[a]
+            return 0.0 if rate is None else chunk * WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / (rate * 1e3)
+        rate = path_rate_mbit(scenario, a, b)
+        if host_rate[a] is not None:
+            rate = min(rate, host_rate[a])
+        spec = PathSpec(rate_mbit=rate, one_way_ms=path_between(scenario, a, b).delay_ms,
+                        rtt_ms=path_rtt_ms(scenario, a, b),
+                        window_bytes=window_bytes(scenario.scale), connections=1)
+        return transfer_ms(chunk, spec, slow_start=first)
+
+    return sum(max(hop_ms(dcs[r], dcs[(r + 1) % D], step == 0) for r in range(D))
+               for step in range(2 * (D - 1)))
+
+
+def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> PipelineModel:
+    """model.pipeline's inputs for `system` running cfg on scenario (module docstring)."""
+    from trainer.profiles import find_block, stage_costs
+    if cfg.compute != "profile" or cfg.profile is None:
+        raise ValueError("the model needs compute: profile (measured op times are not known "
+                         "before a run)")
+    placement = place_for_system(scenario, cfg, system)
+    P, D = cfg.stages, cfg.replicas
+    costs = stage_costs(cfg.profile, P)
+    block = find_block(cfg.profile)
+    payloads = message_payload_bytes(cfg, scenario.scale)
+    fwd, bwd = {}, {}
+    for s in range(P - 1):
+        for r in range(D):
+            a, b = placement.stage_dcs[s][r], placement.stage_dcs[s + 1][r]
+            fwd[(s, r)] = _route(scenario, system, a, b, payloads[s])
+            bwd[(s, r)] = _route(scenario, system, b, a, payloads[s])
+    allreduce = [allreduce_ms(int(c.layers * block["params"] * 2 / scenario.scale),
+                              placement.stage_dcs[s], scenario) for s, c in enumerate(costs)]
+    rates = {}
+    for w in scenario.wan:
+        rates[f"{w.a}->{w.b}"] = rates[f"{w.b}->{w.a}"] = w.rate_mbit
+    return PipelineModel(table=schedule_table(cfg.schedule, P, cfg.micro_batches), replicas=D,
+                         forward_ms=[c.forward_ms for c in costs],
+                         backward_ms=[c.backward_ms for c in costs],
+                         opt_ms=[c.optimizer_ms for c in costs], allreduce_ms=allreduce,
+                         forward_routes=fwd, backward_routes=bwd, link_rate_mbit=rates,
+                         sharing=system.wan_sharing)
+
+
+def as_spans(result: SimResult) -> list[dict]:
+    """The simulated ops as the workers' span records (times in ns)."""
+    return [{"name": o.name, "stage": o.stage, "replica": o.replica, "host": f"s{o.stage}r"
+             f"{o.replica}", "dc": "", "iteration": o.iteration, "microbatch": o.microbatch,
+             "t_start_ns": round(o.start_ms * 1e6), "t_end_ns": round(o.end_ms * 1e6)}
+            for o in result.ops if o.name != "ALLREDUCE"]
+
+
+def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
+            iterations: int | None = None) -> Prediction:
+    """Simulate `iterations` (default: the run's) and read the figures as a run's metrics."""
+    from trainer.metrics import metrics_from_records
+    n = max(3, iterations or cfg.iterations)
+    model = build(scenario, cfg, system)
+    result = simulate(model, n)
+    plan = {"config": cfg.to_dict(), "workers": [
+        {"stage": s, "replica": r, "host": f"s{s}r{r}", "dc": ""}
+        for s in range(cfg.stages) for r in range(cfg.replicas)]}
+    m = metrics_from_records(as_spans(result), [], plan)
+    used = m["iterations_averaged"]
+    window_ms = m["iteration_time_s"] * 1e3 * len(used)
+    wan = {link: sum(bits.get(i, 0.0) for i in used)
+           / (model.link_rate_mbit[link] * 1e3 * window_ms)
+           for link, bits in sorted(result.link_bits.items())}
+    return Prediction(system=system.name, iteration_time_s=m["iteration_time_s"],
+                      bubble_fraction=m["bubble_fraction"],
+                      gpu_utilization=m["gpu_utilization"],
+                      pipeline_bubble_fraction=m["pipeline_bubble_fraction"],
+                      per_stage_bubble=[st["bubble_fraction"] for st in m["stages"]],
+                      wan_utilization=wan, allreduce_ms=list(model.allreduce_ms),
+                      iterations=n)
