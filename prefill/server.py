@@ -302,7 +302,7 @@ class PrefillServer:
                         now + int(predicted_ms * 1e6) > req.not_after_ns:
                     return self._fail(None, req.id, f"does not fit before not_after_ns "
                                       f"(predicted hold {predicted_ms:.3f} ms)", True)
-                t_start_ns = time.time_ns()
+                t_start_ns = now       # the instant the fit was checked at
                 kv, first_token = self._compute(req, part, end)
                 compute_ns = time.time_ns() - t_start_ns
                 self._prefills += 1

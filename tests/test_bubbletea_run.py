@@ -127,9 +127,10 @@ def test_admitted_prefills_fitted_their_bubbles(result):
         assert q["t_pick_at_ns"] + (q["predicted_ms"] + q["guard_ms"]) * 1e6 \
             <= q["bubble_end_ns"] + 1e3, q
         assert q["not_after_ns"] <= q["bubble_end_ns"] - q["guard_ms"] * 1e6 + 1e3
-        # the server started it only if it could end by not_after (a sleep's overshoot on)
+        # the server started it only if its hold ended by not_after (the hold's end; a sleep
+        # that overshoots it on a busy machine shows as a training wait, not here)
         p = prefill[(q["id"], q["chunk"][0] if q["chunk"] else 0)]
-        assert p["t_end_ns"] <= q["not_after_ns"] + 3e6, (p, q)
+        assert p["t_start_ns"] + p["hold_ms"] * 1e6 <= q["not_after_ns"] + 1e3, (p, q)
         # it held the GPU for its prediction (a chunk the server cut to fit: for less)
         assert (p["t_end_ns"] - p["t_start_ns"]) / 1e6 >= p["hold_ms"] * 0.99
         assert p["hold_ms"] <= q["predicted_ms"] + 1e-6
