@@ -17,7 +17,7 @@ Inputs, each from the module that decides it in a run:
   rate and the sending DC's host-link rate, K = testbed.systems.connections_for, window =
   testbed.systems.window_bytes(scale); a message whose connections sat idle longer than the RTO
   (RTT + Linux's 200 ms minimum) is sent in slow start from 10 segments;
-- the all-reduce: trainer.dp's ring, 2 (D-1) steps of a 1/D chunk to the next replica, each step
+- the all-reduce: a ring (reduce-scatter, all-gather), 2 (D-1) steps of a 1/D chunk to the next replica, each step
   as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
   DCs model.transfer over one connection (gloo's pair), in slow start for the first step (the
   connection sat idle since the last iteration's all-reduce);

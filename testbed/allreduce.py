@@ -4,8 +4,8 @@ One job: the all-reduce's measured time beside an ideal ring's. Per stage with D
 and per measured iteration, the all-reduce time is the shortest of its replicas' ALLREDUCE spans
 (the replica that reaches the all-reduce last does not wait for the others: its span is the
 transfer itself); the figure is the median over iterations, in real time (divided by
-time_scale). The ideal ring (trainer.dp.ring_all_reduce's pattern): 2 (D-1) steps, each sending
-a 1/D chunk of the buffer to the next replica, at the slowest hop's rate (a replica's host link
+time_scale). The ideal ring (reduce-scatter then all-gather): 2 (D-1) steps, each sending a 1/D
+chunk of the buffer to the next replica, at the slowest hop's rate (a replica's host link
 inside a DC, the routed path's bottleneck between DCs) plus that hop's one-way delay, wire bytes
 = payload x 1514/1448. No window limit, no slow start: an all-reduce across the WAN is slower.
 """
