@@ -48,18 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("scenario", nargs="+")
     plan = sub.add_parser("plan", help="print each system's placement, WAN crossings and slot "
                           "plan (no root, builds nothing)")
-    plan.add_argument("scenario")
-    plan.add_argument("--systems", default=None,
-                      help="comma-separated (default: the scenario's systems)")
-    plan.add_argument("--json", action="store_true", help="print one JSON document")
+    _scenario_systems_json(plan)
     pred = sub.add_parser("predict", help="the model's iteration time, bubbles and WAN use per "
                           "system (no root, builds nothing)")
-    pred.add_argument("scenario")
-    pred.add_argument("--systems", default=None,
-                      help="comma-separated (default: the scenario's systems)")
-    pred.add_argument("--json", action="store_true", help="print one JSON document")
+    _scenario_systems_json(pred)
     sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
     return parser
+
+
+def _scenario_systems_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario")
+    p.add_argument("--systems", default=None,
+                   help="comma-separated (default: the scenario's systems)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -201,38 +201,44 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             return ("ALLREDUCE", max(ends)) if len(ends) == D else None
         return "OPT", free[(s, r)]
 
-    def try_start(now: float) -> None:
-        for s in range(P):
-            for r in range(D):
-                w = (s, r)
-                if it_of[w] >= iterations or w in running:
-                    continue
-                nxt = ready(s, r)
-                if nxt is None or nxt[1] > now + EPS:
-                    continue
-                name, _ = nxt
-                it = it_of[w]
-                if name in ("ALLREDUCE", "OPT"):
-                    dur = (m.allreduce_ms[s] if D > 1 else 0.0) if name == "ALLREDUCE" \
-                        else m.opt_ms[s]
-                    op = Op(s, r, it, name, None, now, now + dur)
-                else:
-                    kind, mb = parse_action(name)
-                    dur = m.forward_ms[s] if kind == "F" else m.backward_ms[s]
-                    op = Op(s, r, it, kind, mb, now, now + dur)
-                if dur > 0 or name not in ("ALLREDUCE",):
-                    ops.append(op)
-                free[w] = op.end_ms
-                running.add(w)
-                push(op.end_ms, "op_end", (s, r, it, name))
+    everyone = [(s, r) for s in range(P) for r in range(D)]
+
+    def try_start(now: float, workers: list[tuple[int, int]]) -> None:
+        """Start the next op of each of `workers` (those the event concerns) if it can."""
+        for w in workers:
+            s, r = w
+            if it_of[w] >= iterations or w in running:
+                continue
+            nxt = ready(s, r)
+            if nxt is None or nxt[1] > now + EPS:
+                continue
+            name, _ = nxt
+            it = it_of[w]
+            if name in ("ALLREDUCE", "OPT"):
+                dur = (m.allreduce_ms[s] if D > 1 else 0.0) if name == "ALLREDUCE" \
+                    else m.opt_ms[s]
+                op = Op(s, r, it, name, None, now, now + dur)
+            else:
+                kind, mb = parse_action(name)
+                dur = m.forward_ms[s] if kind == "F" else m.backward_ms[s]
+                op = Op(s, r, it, kind, mb, now, now + dur)
+            if dur > 0 or name not in ("ALLREDUCE",):
+                ops.append(op)
+            free[w] = op.end_ms
+            running.add(w)
+            push(op.end_ms, "op_end", (s, r, it, name))
 
     push(0.0, "tick", ())
     while events:
         now, _, kind, data = heapq.heappop(events)
+        touched: list[tuple[int, int]] = []
+        if kind == "tick":
+            touched = everyone
         if kind == "op_end":
             s, r, it, name = data
             w = (s, r)
             running.discard(w)
+            touched = [w]
             if name == "ALLREDUCE":
                 pos[w] += 1
             elif name == "OPT":
@@ -249,8 +255,10 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                     send(now, ("B", s - 1, r, it, mb), m.backward_routes[(s - 1, r)], it)
                 if pos[w] == len(rows[s]):
                     done_rows.setdefault((s, it), []).append(now)
+                    touched = [(s, x) for x in range(D)]     # the all-reduce's barrier
         elif kind == "arrive":
             arrived[data[0]] = now
+            touched = [(data[0][1], data[0][2])]
         elif kind == "flow_end":
             key, stamp = data
             f = flows.get(key)
@@ -272,7 +280,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             busy_until[link] = now + data_ms
             push(now + route.solo_ms, "arrive", (key,))
             push(now + data_ms, "grant", (link,))
-        try_start(now)
+        try_start(now, touched)
     left = {w: it_of[w] for w in it_of if it_of[w] < iterations}
     if left:
         raise ValueError(f"model deadlocked: workers {left} did not finish")

@@ -138,6 +138,31 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> Pipelin
                          sharing=system.wan_sharing)
 
 
+def _allreduce_wan_bits(scenario: "Scenario", cfg: "TrainConfig", system: "System"
+                       ) -> dict[str, float]:
+    """Wire bits per iteration that the stages' ring all-reduces put on each WAN link
+    direction: 2 (D-1)/D of the buffer from each replica to the next, where they differ in DC
+    (as testbed.linkuse counts a run's)."""
+    from trainer.profiles import find_block, stage_costs
+    placement = place_for_system(scenario, cfg, system)
+    block = find_block(cfg.profile)
+    out: dict[str, float] = {}
+    D = cfg.replicas
+    for s, c in enumerate(stage_costs(cfg.profile, cfg.stages)):
+        buffer = int(c.layers * block["params"] * 2 / scenario.scale)
+        dcs = placement.stage_dcs[s]
+        for r in range(D):
+            a, b = dcs[r], dcs[(r + 1) % D]
+            if D < 2 or a == b:
+                continue
+            path = path_between(scenario, a, b).dcs
+            for x, y in zip(path, path[1:]):
+                key = f"{x}->{y}"
+                out[key] = out.get(key, 0.0) + (buffer * 2 * (D - 1) / D
+                                                * WIRE_BYTES_PER_PAYLOAD_BYTE * 8)
+    return out
+
+
 def as_spans(result: SimResult) -> list[dict]:
     """The simulated ops as the workers' span records (times in ns)."""
     return [{"name": o.name, "stage": o.stage, "replica": o.replica, "host": f"s{o.stage}r"
@@ -159,9 +184,11 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     m = metrics_from_records(as_spans(result), [], plan)
     used = m["iterations_averaged"]
     window_ms = m["iteration_time_s"] * 1e3 * len(used)
-    wan = {link: sum(bits.get(i, 0.0) for i in used)
-           / (model.link_rate_mbit[link] * 1e3 * window_ms)
-           for link, bits in sorted(result.link_bits.items())}
+    bits = {link: sum(b.get(i, 0.0) for i in used) for link, b in result.link_bits.items()}
+    for link, per_iteration in _allreduce_wan_bits(scenario, cfg, system).items():
+        bits[link] = bits.get(link, 0.0) + per_iteration * len(used)
+    wan = {link: b / (model.link_rate_mbit[link] * 1e3 * window_ms)
+           for link, b in sorted(bits.items())}
     return Prediction(system=system.name, iteration_time_s=m["iteration_time_s"],
                       bubble_fraction=m["bubble_fraction"],
                       gpu_utilization=m["gpu_utilization"],
