@@ -6,7 +6,7 @@
     sudo python run_testbed.py topologies/two_dc.yaml          # shorthand for run
     sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
     python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
-    python run_testbed.py predict topologies/atlas_paper.yaml [--json] [--systems a,b]  # no root
+    python run_testbed.py predict topologies/atlas_paper.yaml [--json] [--systems a,b] [--plan N]
     sudo python run_testbed.py cleanup                         # remove what a killed run left
 
 CLI only: parse flags, load the scenario, call the job, print one line on error. Exit codes:
@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     pred = sub.add_parser("predict", help="the model's iteration time, bubbles and WAN use per "
                           "system (no root, builds nothing)")
     _scenario_systems_json(pred)
+    pred.add_argument("--plan", type=int, metavar="N", default=None,
+                      help="instead: the N fastest assignments of stages to DCs (Atlas's "
+                           "connections and sharing)")
     sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
     return parser
 
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "predict":
             from model.cli import predict_command
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
-            print(predict_command(args.scenario, systems, as_json=args.json))
+            print(predict_command(args.scenario, systems, as_json=args.json,
+                                  plan_top=args.plan))
             return 0
         if args.command == "validate":
             from testbed.jobs import load_run

@@ -3,6 +3,7 @@ without building anything (no root, no network, no torch).
 
 One job: format model.predict's predictions for the scenario's systems as a table or one JSON
 document; per system the speedup against the first system listed (baseline when present).
+With --plan N: the N fastest stage-to-DC assignments instead (model.planner).
 """
 
 from __future__ import annotations
@@ -17,13 +18,21 @@ from testbed.scenario import load_scenario
 
 
 def predict_command(path: str, systems: Sequence[str] | None = None,
-                    as_json: bool = False) -> str:
+                    as_json: bool = False, plan_top: int | None = None) -> str:
     from model.predict import predict
     scenario = load_scenario(path)
     cfg = load_training(scenario)
     if cfg.compute != "profile":
         raise ScenarioError("training.compute", "the model needs profile mode (measured op "
                             "times are not known before a run)", "set compute: profile")
+    if plan_top is not None:
+        from model.planner import plan_options, plan_text
+        options = plan_options(scenario, cfg)
+        if as_json:
+            return json.dumps({"scenario": scenario.name, "options": [
+                {"stage_dcs": list(o.stage_dcs), **o.prediction.to_dict()}
+                for o in options[:plan_top]]}, indent=1)
+        return plan_text(scenario, options, plan_top)
     rows = []
     t0 = time.perf_counter()
     for system in resolve_systems(scenario, systems):

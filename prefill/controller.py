@@ -1,22 +1,23 @@
 """BubbleTea's controller for one DC: `python -m prefill.controller --spec FILE`.
 
 One job: put the DC's prefill requests into its training hosts' bubbles. It replays the DC's
-request load (prefill/load.py, written to a file by testbed.bubbletea), hears each training
+request load (prefill/load.py, written to a file by testbed.bubbletea) and hears each training
 worker's bubble notices (UDP: the GPU is idle from t_idle until about t_pred_end, the worker's
 own prediction learned from its last iterations, trainer/bubbles.py; and "busy" when training
-takes the GPU again), and for every bubble sends
-its host's prefill server the oldest waiting request whose predicted time plus guard fits
-(prefill/admission.py), then the next one while the bubble lasts. A request waits for a later
-bubble on any host of the DC until its time-to-first-token deadline passes (then it is expired
-and counted). A bubble that outlasts its prediction (no busy notice 1 ms after the predicted
-end) is closed, or with extend_bubbles extended to the next longer gap the worker saw before
-that op (the gaps are often bimodal: the WAN slots' order shifts) and closed when none is left. The replay starts with the
-first notice, i.e. once training runs. With chunked_prefill (profile mode), a rest no whole
-request fits may take a chunk of one; that request then stays with its host, and its next chunks
-go first into that host's bubbles (prefill/admission.py), at most one such request per host.
+takes the GPU again). For every bubble it sends the host's prefill server the oldest waiting
+request whose predicted time plus guard fits (prefill/admission.py), then the next one while the
+bubble lasts (with `pipeline`, sent behind the running one, picked for when that one is
+predicted to end). A request waits for a later bubble on any host of the DC until its
+time-to-first-token deadline passes (then it is expired and counted). A bubble that outlasts its
+prediction (no busy notice 1 ms after the predicted end) is closed, or with extend_bubbles
+extended to the next longer gap the worker saw before that op (the gaps are often bimodal: the
+WAN slots' order shifts) and closed when none is left. The replay starts with the first notice,
+i.e. once training runs. With chunked_prefill (profile mode), a rest no whole request fits may
+take a chunk of one; that request then stays with its host, and its next chunks go first into
+that host's bubbles (prefill/admission.py), at most one such request per host.
 
 Records (JSONL, docs/bubbletea/design.md): REQUEST per request (outcome served | late | expired
-| failed | unserved), BUBBLE per notice (what went in, and why the rest stayed empty:
+| failed | unserved), DISPATCH per message answered, BUBBLE per notice (what went in, and why the rest stayed empty:
 no_request, none_fitted, rejected, host_down, used), SUMMARY at the end. SIGTERM ends it.
 """
 
@@ -329,7 +330,7 @@ class Controller:
                     if got is None:
                         raise ConnectionError("the prefill server closed the connection")
                     with self.cv:
-                        self._on_reply(host, jobs.pop(0), got.header, pipelined=len(jobs) > 0)
+                        self._on_reply(host, jobs.pop(0), got.header)
             except (OSError, ValueError) as exc:
                 with self.cv:
                     for job in jobs:
@@ -405,8 +406,8 @@ class Controller:
         b.reason = "host_down"
         self._done(host, b)
 
-    def _on_reply(self, host: str, job: Job, reply: dict, pipelined: bool) -> None:
-        """Book one reply (under self.cv). pipelined: another job waits behind this one."""
+    def _on_reply(self, host: str, job: Job, reply: dict) -> None:
+        """Book one reply (under self.cv)."""
         r, b, chunk = job.request, job.bubble, job.chunk
         self.log.write("DISPATCH", id=r.id, host=host, chunk=list(chunk) if chunk else None,
                        predicted_ms=job.predicted_ns / 1e6, guard_ms=job.guard_ns / 1e6,

@@ -177,3 +177,21 @@ def test_prediction_beside_the_committed_atlas_paper_run(system):
             if v.get("training_bytes"):
                 assert p.wan_utilization[link] == pytest.approx(v["utilization"], abs=0.01)
     assert abs(p.bubble_fraction - measured["bubble_fraction"]) <= 0.05
+
+
+def test_planner_ranks_stage_to_dc_assignments(capsys):
+    """atlas_paper: 12 of 27 assignments fit (asia's 2 hosts take one stage of D = 2, eu's 3
+    one); the fastest is Algorithm 1's (stages 0-1 in us, 2 in eu)."""
+    from model.planner import plan_options
+    from run_testbed import main
+    sc = load_scenario(REPO / "topologies" / "atlas_paper.yaml")
+    options = plan_options(sc, load_training(sc))
+    assert len(options) == 12
+    times = [o.prediction.iteration_time_s for o in options]
+    assert times == sorted(times)
+    assert options[0].stage_dcs == ("us", "us", "eu")
+    assert all(o.stage_dcs.count("asia") <= 1 and o.stage_dcs.count("eu") <= 1
+               for o in options)
+    assert main(["predict", str(REPO / "topologies" / "atlas_paper.yaml"), "--plan", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "12 feasible" in out and out.count("\n") == 5     # title, header, 3 options
