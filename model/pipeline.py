@@ -21,8 +21,12 @@ Rules, the workers' (trainer/worker.py):
     it would take solo_ms alone (so a lone message takes exactly model.transfer's time);
   - "temporal" sharing (Atlas): the message's first link is held by one message at a time, in
     the order they became ready (ties: the order given), each for its solo data time.
-Plain heap (heapq): the event count is a few per op, and each event touches at most the few
-messages on the WAN at that moment.
+Plain heap (heapq): the event count is a few per op, an event wakes only the workers it concerns,
+and each touches at most the messages on the WAN at that moment. Alike replicas (same DCs, so
+same routes) may be folded into one with a weight (model.predict does): its messages count
+weight times on their links (fair sharing: weight flows at the rate each gets; temporal: weight
+slots in turn, and the folded message arrives with the last of them, so the folded pipeline
+waits as long as the last of its replicas would).
 """
 
 from __future__ import annotations
@@ -60,11 +64,14 @@ class PipelineModel:
     forward_ms: Sequence[float]             # per stage
     backward_ms: Sequence[float]
     opt_ms: Sequence[float]
-    allreduce_ms: Sequence[float]           # per stage; 0 when D == 1
+    allreduce_ms: Sequence[float]           # per stage (of all its replicas); 0 without any
     forward_routes: dict[tuple[int, int], Route]    # (boundary s, replica r): s -> s+1
     backward_routes: dict[tuple[int, int], Route]   # (boundary s, replica r): s+1 -> s
     link_rate_mbit: dict[str, float] = field(default_factory=dict)  # WAN link directions
     sharing: str = "concurrent"             # "concurrent" | "temporal"
+    # replica r stands for weights[r] alike replicas (same DCs, same routes: they behave the
+    # same), default 1 each: its WAN messages count that many times on their links
+    weights: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,7 @@ class _Flow:
     left_bits: float
     cap_mbit: float
     one_way_ms: float
+    weight: int = 1           # alike messages it stands for, each at rate_mbit
     rate_mbit: float = 0.0
 
 
@@ -97,6 +105,7 @@ class SimResult:
 def simulate(m: PipelineModel, iterations: int) -> SimResult:
     """Run `iterations` iterations back to back from time 0 (module docstring)."""
     P, D = len(m.table), m.replicas
+    weight = list(m.weights) if m.weights is not None else [1] * D
     rows = [list(row) for row in m.table]
     ops: list[Op] = []
     link_bits: dict[str, dict[int, float]] = {}
@@ -117,7 +126,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     # WAN state
     flows: dict[tuple, _Flow] = {}
     last_update = [0.0]
-    queues: dict[str, list[tuple[float, int, tuple, Route]]] = {}   # temporal: per first link
+    queues: dict[str, list[tuple[float, int, tuple, Route, int]]] = {}   # temporal: per link
     busy_until: dict[str, float] = {}
 
     def progress(now: float) -> None:
@@ -137,7 +146,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         while unfrozen:
             users = {l: [f for f in active if id(f) in unfrozen and l in f.links]
                      for l in cap_left}
-            share = min((cap_left[l] / len(u) for l, u in users.items() if u),
+            share = min((cap_left[l] / sum(f.weight for f in u) for l, u in users.items() if u),
                         default=float("inf"))
             inc = min([share] + [f.cap_mbit - f.rate_mbit for f in active
                                  if id(f) in unfrozen])
@@ -145,7 +154,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 if id(f) in unfrozen:
                     f.rate_mbit += inc
                     for l in f.links:
-                        cap_left[l] -= inc
+                        cap_left[l] -= inc * f.weight
             for f in active:
                 if id(f) in unfrozen and (f.cap_mbit - f.rate_mbit <= EPS or any(
                         cap_left[l] <= EPS for l in f.links)):
@@ -157,18 +166,19 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
 
     def send(now: float, key: tuple, route: Route, it: int) -> None:
         """A message leaves now: key = (kind, s, r, it, mb) of the op that needs it."""
+        w = weight[key[2]]
         solo = route.solo(now - last_sent.get(id(route), float("-inf")))
         last_sent[id(route)] = now
         route = Route(links=route.links, solo_ms=solo, one_way_ms=route.one_way_ms,
                       wire_bytes=route.wire_bytes)
         for l in route.links:
             link_bits.setdefault(l, {}).setdefault(it, 0.0)
-            link_bits[l][it] += route.wire_bytes * 8
+            link_bits[l][it] += route.wire_bytes * 8 * w
         if not route.links:
             push(now + route.solo_ms, "arrive", (key,))
         elif m.sharing == "temporal":
             first = route.links[0]
-            queues.setdefault(first, []).append((now, seq[0], key, route))
+            queues.setdefault(first, []).append((now, seq[0], key, route, w))
             seq[0] += 1
             push(now, "grant", (first,))
         else:
@@ -176,7 +186,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             data_ms = max(EPS, route.solo_ms - route.one_way_ms)
             flows[key] = _Flow(key=key, links=route.links, left_bits=route.wire_bytes * 8,
                                cap_mbit=route.wire_bytes * 8 / data_ms / 1e3,
-                               one_way_ms=route.one_way_ms)
+                               one_way_ms=route.one_way_ms, weight=w)
             reshare(now)
 
     def ready(s: int, r: int) -> tuple[str, float] | None:
@@ -215,8 +225,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             name, _ = nxt
             it = it_of[w]
             if name in ("ALLREDUCE", "OPT"):
-                dur = (m.allreduce_ms[s] if D > 1 else 0.0) if name == "ALLREDUCE" \
-                    else m.opt_ms[s]
+                dur = m.allreduce_ms[s] if name == "ALLREDUCE" else m.opt_ms[s]
                 op = Op(s, r, it, name, None, now, now + dur)
             else:
                 kind, mb = parse_action(name)
@@ -275,10 +284,10 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             if not q or busy_until.get(link, 0.0) > now + EPS:
                 continue
             q.sort(key=lambda x: (x[0], x[1]))
-            _, _, key, route = q.pop(0)
-            data_ms = route.solo_ms - route.one_way_ms
+            _, _, key, route, w = q.pop(0)
+            data_ms = (route.solo_ms - route.one_way_ms) * w   # the alike messages in turn
             busy_until[link] = now + data_ms
-            push(now + route.solo_ms, "arrive", (key,))
+            push(now + data_ms + route.one_way_ms, "arrive", (key,))   # the last of them
             push(now + data_ms, "grant", (link,))
         try_start(now, touched)
     left = {w: it_of[w] for w in it_of if it_of[w] < iterations}

@@ -195,3 +195,26 @@ def test_planner_ranks_stage_to_dc_assignments(capsys):
     assert main(["predict", str(REPO / "topologies" / "atlas_paper.yaml"), "--plan", "3"]) == 0
     out = capsys.readouterr().out
     assert "12 feasible" in out and out.count("\n") == 5     # title, header, 3 options
+
+
+@pytest.mark.parametrize("system", ["baseline", "atlas"])
+def test_folding_alike_replicas(system, monkeypatch):
+    """D = 12 (above the folding threshold): under fair sharing folding is exact; under
+    temporal sharing it waits for the last slot of the class, so it is never faster."""
+    import model.predict as mp
+    sc = load_scenario(REPO / "topologies" / "two_dc.yaml")
+    sc = dataclasses.replace(sc, dcs=tuple(dataclasses.replace(dc, hosts=12) for dc in sc.dcs))
+    cfg = dataclasses.replace(load_training(sc), replicas=12, placement=None,
+                              placement_dcs=None)
+    folded = mp.predict(sc, cfg, get_system(system))
+    assert len(mp.build(sc, cfg, get_system(system)).weights) < 12
+    monkeypatch.setattr(mp, "FOLD_ABOVE_REPLICAS", 100)
+    exact = mp.predict(sc, cfg, get_system(system))
+    if system == "baseline":
+        assert folded.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=1e-6)
+        assert folded.bubble_fraction == pytest.approx(exact.bubble_fraction, abs=1e-6)
+    else:
+        assert folded.iteration_time_s >= exact.iteration_time_s * (1 - 1e-9)
+    for link, u in exact.wan_utilization.items():
+        assert folded.wan_utilization[link] * folded.iteration_time_s == pytest.approx(
+            u * exact.iteration_time_s, rel=1e-6)     # the same bytes
