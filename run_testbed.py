@@ -100,7 +100,12 @@ def main(argv: list[str] | None = None) -> int:
             for path in args.scenario:
                 scenario = load_scenario(path)
                 what = "network only"
-                if scenario.training is not None:
+                if scenario.predict_only:
+                    from testbed.planview import load_training
+                    cfg = load_training(scenario)
+                    what = (f"predict only: {sum(dc.hosts for dc in scenario.dcs)} hosts, "
+                            f"training P={cfg.stages} D={cfg.replicas}")
+                elif scenario.training is not None:
                     _, cfg, systems = load_run(path)  # exactly what `run` checks
                     what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
                 print(f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, "

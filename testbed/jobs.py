@@ -40,6 +40,7 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     if streams < 1:
         raise ScenarioError("--streams", f"{streams} is not a flow count", "use 1 or more")
     scenario = load_scenario(scenario_path)
+    scenario.check_emulable()
     run_dir = _prepare(scenario, out_dir)
     with Network(scenario, run_dir, backend=backend) as net:
         record = report.announce(net, run_dir)
@@ -74,6 +75,7 @@ def load_run(scenario_path: str, *, systems: list[str] | None = None,
     from trainer.config import TrainConfig, validate_against_hosts
 
     scenario = load_scenario(scenario_path)
+    scenario.check_emulable()
     if scenario.training is None:
         raise ScenarioError("training", f"{scenario_path} has no training section",
                             "add one (see topologies/two_dc.yaml) or use the calibrate command")

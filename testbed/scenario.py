@@ -55,6 +55,7 @@ MIN_QUEUE_PACKETS = 100
 DC_NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
 MAX_WAN_LINKS_PER_DC = 99  # <dc>-gw-eth99 is the longest gateway interface name that fits
 MAX_HOSTS_PER_DC = 99
+MAX_HOSTS_PER_DC_PREDICT_ONLY = 100_000   # `predict_only: true`: the model's, never emulated
 MAX_DECODE_HOSTS_PER_DC = 99   # <dc>-d99-eth0 fits IFNAMSIZ; addresses 10.<d>.0.101-199
 MAX_DCS = 200
 # TCP buffer limits of a real server, scaled down by `scale` in each host. The receive limit is
@@ -119,6 +120,14 @@ class Scenario:
     bubbletea: "BubbleTeaConfig | None" = None
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    predict_only: bool = False        # for the model (`predict`) only: too big to emulate
+
+    def check_emulable(self) -> None:
+        """ScenarioError unless this scenario may be built (run, calibrate)."""
+        if self.predict_only:
+            raise ScenarioError("predict_only", f"{self.name} is for the model only "
+                                f"({sum(dc.hosts for dc in self.dcs)} hosts)",
+                                f"use: python run_testbed.py predict {self.path or self.name}")
 
     def dc(self, name: str) -> DataCenter:
         for dc in self.dcs:
@@ -169,12 +178,17 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     top = _mapping(data, "scenario")
     _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
                           "congestion_control", "connections", "systems", "training",
-                          "bubbletea"})
+                          "bubbletea", "predict_only"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
                             "use 1-64 letters, digits, '_', '-' or '.'")
-    dcs = _parse_dcs(top.get("dcs"))
+    predict_only = top.get("predict_only", False)
+    if not isinstance(predict_only, bool):
+        raise ScenarioError("predict_only", f"{predict_only!r} is not true or false",
+                            "use true for a scenario only `predict` reads")
+    dcs = _parse_dcs(top.get("dcs"), MAX_HOSTS_PER_DC_PREDICT_ONLY if predict_only
+                     else MAX_HOSTS_PER_DC)
     wan = _parse_wan(top.get("wan", []), dcs)
     _check_connected(dcs, wan)
     for dc in dcs:
@@ -212,7 +226,7 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
                     backend=backend, routing=routing, congestion_control=congestion_control,
                     connections=connections, systems=tuple(systems), training=training,
-                    bubbletea=bubbletea, path=path, raw=top)
+                    bubbletea=bubbletea, path=path, raw=top, predict_only=predict_only)
 
 
 def is_system_name(name: Any) -> bool:
@@ -232,7 +246,7 @@ def _parse_connections(value: Any) -> int | str:
     return value
 
 
-def _parse_dcs(value: Any) -> tuple[DataCenter, ...]:
+def _parse_dcs(value: Any, max_hosts: int = MAX_HOSTS_PER_DC) -> tuple[DataCenter, ...]:
     if not isinstance(value, list) or not value:
         raise ScenarioError("dcs", "missing or empty", "list at least one {name: ..., hosts: N}")
     if len(value) > MAX_DCS:
@@ -250,9 +264,11 @@ def _parse_dcs(value: Any) -> tuple[DataCenter, ...]:
         if any(dc.name == name for dc in out):
             raise ScenarioError(f"{where}.name", f"{name!r} appears twice", "give each DC its own name")
         hosts = d.get("hosts")
-        if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= MAX_HOSTS_PER_DC:
+        if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= max_hosts:
             raise ScenarioError(f"{where}.hosts", f"{hosts!r} is not a host count",
-                                f"use an integer from 1 to {MAX_HOSTS_PER_DC}")
+                                f"use an integer from 1 to {max_hosts}"
+                                + ("" if max_hosts > MAX_HOSTS_PER_DC else
+                                   " (more only in a predict_only scenario)"))
         rate = d.get("rate_mbit")
         if rate is not None:
             rate = _number(rate, f"{where}.rate_mbit", low=0.1, high=100000)

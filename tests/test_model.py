@@ -218,3 +218,23 @@ def test_folding_alike_replicas(system, monkeypatch):
     for link, u in exact.wan_utilization.items():
         assert folded.wan_utilization[link] * folded.iteration_time_s == pytest.approx(
             u * exact.iteration_time_s, rel=1e-6)     # the same bytes
+
+
+def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
+    from run_testbed import main
+    from testbed.errors import ScenarioError
+    from testbed.jobs import load_run
+    paper = sorted((REPO / "topologies" / "paper").glob("*.yaml"))
+    assert paper
+    for path in paper:
+        sc = load_scenario(path)
+        assert sc.predict_only and sum(dc.hosts for dc in sc.dcs) > 1000
+        with pytest.raises(ScenarioError, match="predict_only"):
+            load_run(str(path))
+        p = predict(sc, load_training(sc), get_system("baseline"))
+        assert p.iteration_time_s > 0
+        assert main(["validate", str(path)]) == 0
+    big = {"name": "big", "dcs": [{"name": "a", "hosts": 500}], "wan": []}
+    bad = tmp_path / "big.yaml"
+    bad.write_text(json.dumps(big))
+    assert main(["validate", str(bad)]) == 2          # over 99 hosts without predict_only
