@@ -72,6 +72,9 @@ class PipelineModel:
     # replica r stands for weights[r] alike replicas (same DCs, same routes: they behave the
     # same), default 1 each: its WAN messages count that many times on their links
     weights: Sequence[int] | None = None
+    # wire bits each iteration's all-reduces put on WAN link directions (counted, not timed:
+    # all-reduces do not contend with the pipeline's messages in this model)
+    allreduce_link_bits: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +256,10 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             elif name == "OPT":
                 pos[w] = 0
                 it_of[w] += 1
+                if (s, r) == (0, 0):      # once per iteration
+                    for link, bits in m.allreduce_link_bits.items():
+                        per_it = link_bits.setdefault(link, {})
+                        per_it[it] = per_it.get(it, 0.0) + bits
             else:
                 pos[w] += 1
                 k, mb = parse_action(name)

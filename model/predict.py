@@ -46,6 +46,7 @@ from testbed.systems import connections_for, path_between, path_rate_mbit, path_
 from trainer.schedule import schedule_table
 
 if TYPE_CHECKING:
+    from testbed.placement import Placement
     from testbed.scenario import Scenario
     from testbed.systems import System
     from trainer.config import TrainConfig
@@ -128,14 +129,14 @@ def replica_classes(stage_dcs: tuple[tuple[str, ...], ...]) -> list[tuple[int, i
 
 def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> PipelineModel:
     """model.pipeline's inputs for `system` running cfg on scenario (module docstring)."""
-    from trainer.profiles import find_block, stage_costs
+    from trainer.profiles import stage_costs
     if cfg.compute != "profile" or cfg.profile is None:
         raise ValueError("the model needs compute: profile (measured op times are not known "
                          "before a run)")
     placement = place_for_system(scenario, cfg, system)
     P, D = cfg.stages, cfg.replicas
     costs = stage_costs(cfg.profile, P)
-    block = find_block(cfg.profile)
+    buffers = [int(c.gradient_bytes / scenario.scale) for c in costs]
     payloads = message_payload_bytes(cfg, scenario.scale)
     classes = (replica_classes(placement.stage_dcs) if D > FOLD_ABOVE_REPLICAS
                else [(r, 1) for r in range(D)])
@@ -145,8 +146,7 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> Pipelin
             a, b = placement.stage_dcs[s][r], placement.stage_dcs[s + 1][r]
             fwd[(s, c)] = _route(scenario, system, a, b, payloads[s])
             bwd[(s, c)] = _route(scenario, system, b, a, payloads[s])
-    allreduce = [allreduce_ms(int(c.layers * block["params"] * 2 / scenario.scale),
-                              placement.stage_dcs[s], scenario) for s, c in enumerate(costs)]
+    allreduce = [allreduce_ms(buffers[s], placement.stage_dcs[s], scenario) for s in range(P)]
     rates = {}
     for w in scenario.wan:
         rates[f"{w.a}->{w.b}"] = rates[f"{w.b}->{w.a}"] = w.rate_mbit
@@ -156,21 +156,18 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> Pipelin
                          backward_ms=[c.backward_ms for c in costs],
                          opt_ms=[c.optimizer_ms for c in costs], allreduce_ms=allreduce,
                          forward_routes=fwd, backward_routes=bwd, link_rate_mbit=rates,
-                         sharing=system.wan_sharing)
+                         sharing=system.wan_sharing,
+                         allreduce_link_bits=_allreduce_wan_bits(scenario, placement, buffers))
 
 
-def _allreduce_wan_bits(scenario: "Scenario", cfg: "TrainConfig", system: "System"
+def _allreduce_wan_bits(scenario: "Scenario", placement: "Placement", buffers: list[int]
                        ) -> dict[str, float]:
     """Wire bits per iteration that the stages' ring all-reduces put on each WAN link
     direction: 2 (D-1)/D of the buffer from each replica to the next, where they differ in DC
     (as testbed.linkuse counts a run's)."""
-    from trainer.profiles import find_block, stage_costs
-    placement = place_for_system(scenario, cfg, system)
-    block = find_block(cfg.profile)
     out: dict[str, float] = {}
-    D = cfg.replicas
-    for s, c in enumerate(stage_costs(cfg.profile, cfg.stages)):
-        buffer = int(c.layers * block["params"] * 2 / scenario.scale)
+    D = placement.replicas
+    for s, buffer in enumerate(buffers):
         dcs = placement.stage_dcs[s]
         for r in range(D):
             a, b = dcs[r], dcs[(r + 1) % D]
@@ -211,11 +208,9 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     gpu_util = sum(per_stage_util) / cfg.stages
     used = m["iterations_averaged"]
     window_ms = m["iteration_time_s"] * 1e3 * len(used)
-    bits = {link: sum(b.get(i, 0.0) for i in used) for link, b in result.link_bits.items()}
-    for link, per_iteration in _allreduce_wan_bits(scenario, cfg, system).items():
-        bits[link] = bits.get(link, 0.0) + per_iteration * len(used)
-    wan = {link: b / (model.link_rate_mbit[link] * 1e3 * window_ms)
-           for link, b in sorted(bits.items())}
+    wan = {link: sum(b.get(i, 0.0) for i in used) / (model.link_rate_mbit[link] * 1e3
+                                                        * window_ms)
+           for link, b in sorted(result.link_bits.items())}
     return Prediction(system=system.name, iteration_time_s=m["iteration_time_s"],
                       bubble_fraction=1.0 - gpu_util, gpu_utilization=gpu_util,
                       pipeline_bubble_fraction=m["pipeline_bubble_fraction"],

@@ -17,8 +17,8 @@ take a chunk of one; that request then stays with its host, and its next chunks 
 that host's bubbles (prefill/admission.py), at most one such request per host.
 
 Records (JSONL, docs/bubbletea/design.md): REQUEST per request (outcome served | late | expired
-| failed | unserved), DISPATCH per message answered, BUBBLE per notice (what went in, and why the rest stayed empty:
-no_request, none_fitted, rejected, host_down, used), SUMMARY at the end. SIGTERM ends it.
+| failed | unserved), DISPATCH per message answered, BUBBLE per notice (what went in, and why
+the rest stayed empty: no_request, none_fitted, rejected, host_down, used), SUMMARY at the end. SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -247,16 +247,20 @@ class Controller:
             return 0.0   # measured mode: no profile to predict from; the guard alone
         return self.profile.prefill_ms(target_tokens)
 
+    def chunk_ns(self, done: int, end: int) -> tuple[int, int]:
+        """A chunk's predicted hold and its guard, dilated (ns)."""
+        ms = self.profile.chunk_ms(done, end)
+        T = self.spec.time_scale
+        return int(ms * T * 1e6), int(self.cfg.guard_for_ms(ms) * T * 1e6)
+
     def chunk_cost_ns(self, done: int, end: int) -> int:
         """A chunk's predicted hold plus its guard, dilated."""
-        ms = self.profile.chunk_ms(done, end)
-        return int((ms + self.cfg.guard_for_ms(ms)) * self.spec.time_scale * 1e6)
+        return sum(self.chunk_ns(done, end))
 
     def _choose(self, host: str, pick_at: int, bubble_end: int
                 ) -> tuple[Pending | None, tuple[int, int] | None, int, str]:
         """(request, chunk or None for all of it, not_after_ns, reason if none). Under self.cv.
         The host's chunked request first; then a whole request; then a first chunk."""
-        T = self.spec.time_scale
         r = self.partial[host]
         chunk = None
         if r is not None:
@@ -277,8 +281,7 @@ class Controller:
             r, end = got
             chunk = (0, end)
             self.partial[host] = r
-        ms = self.profile.chunk_ms(*chunk)
-        return r, chunk, bubble_end - int(self.cfg.guard_for_ms(ms) * T * 1e6), "fit"
+        return r, chunk, bubble_end - self.chunk_ns(*chunk)[1], "fit"
 
     def host_agent(self, server: Endpoint) -> None:
         """Fill `server.host`'s bubbles until stopped: one prefill in flight, and with
@@ -346,13 +349,8 @@ class Controller:
         b.in_flight += 1
         decode = self.spec.decode_servers[self._decode_rr % len(self.spec.decode_servers)]
         self._decode_rr += 1
-        if chunk is None:
-            predicted, guard = r.predicted_ns, r.guard_ns
-        else:
-            ms = self.profile.chunk_ms(*chunk)
-            T = self.spec.time_scale
-            predicted = int(ms * T * 1e6)
-            guard = int(self.cfg.guard_for_ms(ms) * T * 1e6)
+        predicted, guard = (r.predicted_ns, r.guard_ns) if chunk is None \
+            else self.chunk_ns(*chunk)
         return Job(bubble=b, request=r, chunk=chunk, not_after_ns=not_after, pick_at_ns=pick_at,
                    bubble_end_ns=b.t_pred_end_ns, decode=decode, predicted_ns=predicted,
                    guard_ns=guard)

@@ -14,9 +14,9 @@ iterations of the system without BubbleTea).
   lock makes them take turns). gpu_wait: training ops that waited for a prefill to finish (an
   overrun of its bubble); their total is training time lost to BubbleTea on that host.
 - prefill throughput over the window (requests/s, target prompt tokens/s), TTFT (arrival to the
-  prefill's end, where the first token exists) p50/p99; a chunked request counts once, when its
-  last chunk ends, its tokens per chunk, and `chunks` says how many chunks and requests, KV transfer (send start to the decode
-  server's ack) p50/p99, deadline misses (late + expired), every request's outcome.
+  prefill's end, where the first token exists) p50/p99 (a chunked request counts once, when its
+  last chunk ends, its tokens per chunk; `chunks` says how many chunks and requests), KV
+  transfer (send start to the decode server's ack) p50/p99, deadline misses (late + expired), every request's outcome.
 - unused bubble time: every idle gap between training ops inside the window, minus the prefill
   time in it; the rest, by cause: dispatch (before and between prefills: notice and controller
   latency), and after the last prefill (or the whole gap) the bubble's end reason from the

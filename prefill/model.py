@@ -193,9 +193,7 @@ def _max_out(cfg: InferenceConfig, prompt_len: int, max_new_tokens: int) -> int:
 def prefill(model: InferenceGPT, prompt: list[int]) -> tuple[torch.Tensor, int]:
     """The prompt's KV cache (float32 [n_layer, 2, n_head, len(prompt), head_dim]) and the
     greedy first token."""
-    _check_prompt(model, prompt)
-    logits, kv = model(torch.tensor([prompt], dtype=torch.long))
-    return kv.contiguous(), int(logits[0, -1].argmax())
+    return prefill_chunk(model, prompt, None)
 
 
 @torch.no_grad()

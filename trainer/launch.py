@@ -143,7 +143,7 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 hold_f, hold_b = costs[s].forward_ms * time_scale, costs[s].backward_ms * time_scale
                 hold_o = costs[s].optimizer_ms * time_scale
                 pad = int(costs[s].activation_bytes / scale)
-                ar_pad = int(costs[s].layers * block["params"] * 2 / scale)  # bf16 gradients
+                ar_pad = int(costs[s].gradient_bytes / scale)
             tag = f"trainer-s{s}r{r}"
             lock_path, notify = _gpu_share_of(gpu_share, h.name)
             specs.append(WorkerSpec(

@@ -74,6 +74,20 @@ def iteration_walls(windows: dict[int, tuple[int, int]]) -> dict[int, int]:
     return walls
 
 
+def _count_overrun(over: dict, span: dict, holds: dict[str, float]) -> None:
+    """Add span to the compute overruns (module docstring) if it has a hold and outlasted it."""
+    hold_ms = holds.get(span["name"], 0.0)
+    if hold_ms <= 0 or "compute_ns" not in span:
+        return
+    over["ops"] += 1
+    excess_ms = span["compute_ns"] / 1e6 - hold_ms
+    if excess_ms > 0:
+        over["count"] += 1
+        over["by_op"][span["name"]] += 1
+        over["total_ms"] += excess_ms
+        over["max_ms"] = max(over["max_ms"], excess_ms)
+
+
 def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: dict) -> dict:
     cfg = plan["config"]
     P, D, M = cfg["stages"], cfg["replicas"], cfg["micro_batches"]
@@ -97,17 +111,6 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
     over = {"count": 0, "ops": 0, "total_ms": 0.0, "max_ms": 0.0,
             "by_op": {"F": 0, "B": 0, "OPT": 0}}
     for r in spans:
-        if r["name"] in COMPUTE_SPANS and r.get("iteration") in used and "compute_ns" in r:
-            hold_ms = holds.get((r["stage"], r["replica"]), {}).get(r["name"], 0.0)
-            if hold_ms > 0:
-                over["ops"] += 1
-                excess_ms = r["compute_ns"] / 1e6 - hold_ms
-                if excess_ms > 0:
-                    over["count"] += 1
-                    over["by_op"][r["name"]] += 1
-                    over["total_ms"] += excess_ms
-                    over["max_ms"] = max(over["max_ms"], excess_ms)
-    for r in spans:
         it, dur = r.get("iteration"), r["t_end_ns"] - r["t_start_ns"]
         if r["name"] in COMPUTE_SPANS and it is not None:
             compute[(r["stage"], r["replica"], it)] += dur
@@ -115,6 +118,7 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
                 compute_pp[(r["stage"], r["replica"], it)] += dur
             if it in used:
                 op_ms[(r["stage"], r["replica"], r["name"])].append(dur / 1e6)
+                _count_overrun(over, r, holds.get((r["stage"], r["replica"]), {}))
         elif r["name"] not in ("SETUP", "GPU_WAIT", "IDLE") and it in used:
             c = comm[r["name"]]
             c["count"] += 1

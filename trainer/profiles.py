@@ -39,6 +39,12 @@ class StageCost:
     params: int = 0          # the stage's blocks' parameters
     optimizer_ms: float = 0.0   # the estimated optimizer step (module docstring)
 
+    @property
+    def gradient_bytes(self) -> int:
+        """The stage's gradients in bf16, what its data-parallel all-reduce carries (before
+        dividing by the run's scale)."""
+        return self.params * 2
+
 
 ADAM_BYTES_PER_PARAM = 30         # HBM bytes moved per parameter by a mixed-precision Adam step
 H200_HBM_BYTES_PER_S = 4.8e12
