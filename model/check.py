@@ -3,7 +3,9 @@
 One job: compare. `compare(prediction, metrics)` takes model.predict's figures and a system's
 metrics block (real time) and returns {"predicted", "measured", "error", "within_target"};
 `summary_line` says it in one line for the run's summary. Targets (issue: every shipped
-scenario and system): iteration time within 10 %, bubble fraction within 0.05 absolute.
+scenario and system): iteration time within 10 %, bubble fraction within 0.05 absolute. A
++bubbletea system adds `bubbletea`: GPU utilization with prefill, requests/s, TTFT, misses and
+the unused bubble's causes, predicted (model.bubbletea) next to measured, without a target.
 """
 
 from __future__ import annotations
@@ -33,11 +35,32 @@ def compare(pred: Prediction, metrics: dict[str, Any]) -> dict[str, Any]:
              "gpu_utilization_abs": pred.gpu_utilization - measured["gpu_utilization"],
              "wan_utilization_abs": {k: pred.wan_utilization.get(k, 0.0) - v
                                      for k, v in measured["wan_utilization"].items()}}
-    return {"predicted": predicted, "measured": measured, "error": error,
-            "targets": {"iteration_time_rel": ITERATION_REL_TARGET,
-                        "bubble_fraction_abs": BUBBLE_ABS_TARGET},
-            "within_target": abs(it_err) <= ITERATION_REL_TARGET
-            and abs(error["bubble_fraction_abs"]) <= BUBBLE_ABS_TARGET}
+    out = {"predicted": predicted, "measured": measured, "error": error,
+           "targets": {"iteration_time_rel": ITERATION_REL_TARGET,
+                       "bubble_fraction_abs": BUBBLE_ABS_TARGET},
+           "within_target": abs(it_err) <= ITERATION_REL_TARGET
+           and abs(error["bubble_fraction_abs"]) <= BUBBLE_ABS_TARGET}
+    if pred.bubbletea is not None and metrics.get("bubbletea"):
+        out["bubbletea"] = compare_bubbletea(pred.bubbletea, metrics["bubbletea"])
+    return out
+
+
+def compare_bubbletea(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, Any]:
+    """BubbleTea's figures, predicted (model.bubbletea) next to measured (prefill.metrics);
+    no target: reported."""
+    def figures(b: dict[str, Any]) -> dict[str, Any]:
+        pf = b["prefill"]
+        return {"gpu_utilization": b["gpu_utilization"], "training_only": b["training_only"],
+                "prefill_share": b["prefill_share"], "requests_per_s": pf["requests_per_s"],
+                "prompt_tokens_per_s": pf["prompt_tokens_per_s"],
+                "ttft_p50_ms": pf["ttft_ms"]["p50"], "ttft_p99_ms": pf["ttft_ms"]["p99"],
+                "deadline_misses": pf["deadline_misses"],
+                "unused_by_cause": b["unused_bubble"]["share_by_cause"]}
+    p, m = figures(pred), figures(meas)
+    return {"predicted": p, "measured": m,
+            "error": {"gpu_utilization_abs": p["gpu_utilization"] - m["gpu_utilization"],
+                      "requests_per_s_rel": (p["requests_per_s"] / m["requests_per_s"] - 1.0
+                                             if m["requests_per_s"] else None)}}
 
 
 def summary_line(check: dict[str, Any]) -> str:
@@ -47,4 +70,12 @@ def summary_line(check: dict[str, Any]) -> str:
             f"{m['iteration_time_s']:.3f} s measured ({e['iteration_time_rel']:+.1%}), bubble "
             f"{p['bubble_fraction']:.3f} vs {m['bubble_fraction']:.3f} "
             f"({e['bubble_fraction_abs']:+.3f}), GPU utilization {p['gpu_utilization']:.3f} vs "
-            f"{m['gpu_utilization']:.3f}{flag}")
+            f"{m['gpu_utilization']:.3f}{flag}" + _bubbletea_line(check.get("bubbletea")))
+
+
+def _bubbletea_line(bt: dict[str, Any] | None) -> str:
+    if bt is None:
+        return ""
+    p, m = bt["predicted"], bt["measured"]
+    return (f"; with BubbleTea {p['gpu_utilization']:.3f} vs {m['gpu_utilization']:.3f}, "
+            f"{p['requests_per_s']:.1f} vs {m['requests_per_s']:.1f} requests/s")

@@ -2,7 +2,8 @@
 without building anything (no root, no network, no torch).
 
 One job: format model.predict's predictions for the scenario's systems as a table or one JSON
-document; per system the speedup against the first system listed (baseline when present).
+document; per system the speedup against the first system listed (baseline when present), and
+for a +bubbletea system a line of BubbleTea's predicted figures (model.bubbletea).
 With --plan N: the N fastest stage-to-DC assignments instead (model.planner).
 """
 
@@ -52,4 +53,21 @@ def predict_command(path: str, systems: Sequence[str] | None = None,
         out.append(f"{p.system:<24} {p.iteration_time_s:>11.3f} "
                    f"{base / p.iteration_time_s:>7.2f}x {p.bubble_fraction:>7.3f} "
                    f"{p.gpu_utilization:>8.3f}  {wan}")
+    for p in rows:
+        if p.bubbletea is not None:
+            out.append(bubbletea_text(p.system, p.bubbletea))
     return "\n".join(out)
+
+
+def bubbletea_text(system: str, bt: dict) -> str:
+    """One line of model.bubbletea's figures."""
+    pf, load = bt["prefill"], bt["load"]
+    ttft = pf["ttft_ms"]
+    causes = sorted(bt["unused_bubble"]["share_by_cause"].items(), key=lambda kv: -kv[1])
+    return (f"{system}: GPU utilization {bt['gpu_utilization']:.3f} (training "
+            f"{bt['training_only']:.3f} + prefill {bt['prefill_share']:.3f}), "
+            f"{pf['requests_per_s']:.1f} requests/s served of "
+            f"{load.get('offered_per_s', 0.0):.1f} offered, TTFT p50/p99 "
+            + ("-" if ttft["p50"] is None else f"{ttft['p50']:.0f}/{ttft['p99']:.0f} ms")
+            + f", deadline misses {pf['deadline_misses']}, unused bubble: "
+            + ", ".join(f"{c} {v:.0%}" for c, v in causes[:3] if v > 0))

@@ -66,6 +66,7 @@ class Prediction:
     wan_utilization: dict[str, float]         # link direction -> busy share (training bytes)
     allreduce_ms: list[float]
     iterations: int
+    bubbletea: dict[str, Any] | None = None   # +bubbletea systems: model.bubbletea's figures
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -127,6 +128,14 @@ def replica_classes(stage_dcs: tuple[tuple[str, ...], ...]) -> list[tuple[int, i
     return [(rs[0], len(rs)) for rs in groups.values()]
 
 
+def simulated_replicas(placement: "Placement") -> list[tuple[int, int]]:
+    """(first replica, how many it stands for) of each replica the model simulates: alike ones
+    folded above FOLD_ABOVE_REPLICAS (module docstring), else every one alone."""
+    if placement.replicas > FOLD_ABOVE_REPLICAS:
+        return replica_classes(placement.stage_dcs)
+    return [(r, 1) for r in range(placement.replicas)]
+
+
 def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> PipelineModel:
     """model.pipeline's inputs for `system` running cfg on scenario (module docstring)."""
     from trainer.profiles import stage_costs
@@ -134,12 +143,11 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> Pipelin
         raise ValueError("the model needs compute: profile (measured op times are not known "
                          "before a run)")
     placement = place_for_system(scenario, cfg, system)
-    P, D = cfg.stages, cfg.replicas
+    P = cfg.stages
     costs = stage_costs(cfg.profile, P)
     buffers = [int(c.gradient_bytes / scenario.scale) for c in costs]
     payloads = message_payload_bytes(cfg, scenario.scale)
-    classes = (replica_classes(placement.stage_dcs) if D > FOLD_ABOVE_REPLICAS
-               else [(r, 1) for r in range(D)])
+    classes = simulated_replicas(placement)
     fwd, bwd = {}, {}
     for s in range(P - 1):
         for c, (r, _) in enumerate(classes):
@@ -193,7 +201,10 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
             iterations: int | None = None) -> Prediction:
     """Simulate `iterations` (default: the run's) and read the figures as a run's metrics."""
     from trainer.metrics import metrics_from_records
+    from prefill.metrics import filled_iterations
     n = max(3, iterations or cfg.iterations)
+    while system.fill_bubbles and len(filled_iterations(n)) < 2:
+        n += 1              # BubbleTea's window: from its first notices, two iterations or more
     model = build(scenario, cfg, system)
     result = simulate(model, n)
     plan = {"config": dict(cfg.to_dict(), replicas=model.replicas), "workers": [
@@ -216,4 +227,34 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                       pipeline_bubble_fraction=m["pipeline_bubble_fraction"],
                       per_stage_bubble=[1.0 - u for u in per_stage_util],
                       wan_utilization=wan, allreduce_ms=list(model.allreduce_ms),
-                      iterations=n)
+                      iterations=n,
+                      bubbletea=_bubbletea(scenario, cfg, system, result)
+                      if system.fill_bubbles else None)
+
+
+def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
+               result: SimResult) -> dict[str, Any]:
+    """model.bubbletea's figures for the simulated run, every GPU its own host (folded
+    replicas copied), under the load a run would replay (same requests, same DC split)."""
+    from model.bubbletea import predict_bubbletea
+    from testbed.bubbletea import check, hosts_by_dc, make_requests
+    placement = place_for_system(scenario, cfg, system)
+    bt = check(scenario, placement, system.name)
+    load = make_requests(bt, cfg.compute, {dc: len(hs)
+                                           for dc, hs in hosts_by_dc(placement).items()})
+    classes = simulated_replicas(placement)
+    offsets = [sum(n for _, n in classes[:c]) for c in range(len(classes))]
+    spans, host_dc = [], {}
+    for span in as_spans(result):
+        s, c = span["stage"], span["replica"]
+        first, n = classes[c]
+        for i in range(n):
+            r = offsets[c] + i
+            host = f"s{s}r{r}"
+            spans.append(dict(span, replica=r, host=host))
+            host_dc[host] = placement.stage_dcs[s][first]
+    rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
+    m = predict_bubbletea(spans, host_dc, rows, placement.replicas > 1, bt, load)
+    keep = ("gpu_utilization", "training_only", "prefill_share", "per_stage", "window_s",
+            "iterations", "iteration_time_s", "prefill", "unused_bubble", "load")
+    return {k: m[k] for k in keep}

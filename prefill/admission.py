@@ -128,6 +128,46 @@ class Admission:
         return out
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Choice:
+    request: Pending | None
+    chunk: tuple[int, int] | None     # tokens [start, end) of request; None: all of it
+    not_after_ns: int                 # the prefill must end by then
+    reason: str                       # "fit", else why nothing went in (Pick.reason)
+    first_chunk: bool = False         # request's first chunk: it now stays with the host
+
+
+def choose(queue: Admission, partial: Pending | None, pick_at_ns: int, bubble_end_ns: int,
+           chunk_ns: Callable[[int, int], tuple[int, int]], min_tokens: int,
+           chunking: bool) -> Choice:
+    """What a host's bubble takes next (the controller's rule; the model uses it too): the
+    request whose prefix the host holds (`partial`: its next chunk, as long as fits); else a
+    whole request (Admission.pick); else, with chunking, a first chunk (take_for_chunk).
+    chunk_ns(start, end) is a chunk's (hold, guard)."""
+    def cost(done: int, end: int) -> int:
+        return sum(chunk_ns(done, end))
+
+    if partial is not None:
+        end = chunk_end(partial.done_tokens, partial.target_tokens, bubble_end_ns - pick_at_ns,
+                        cost, min_tokens)
+        if end is None:
+            return Choice(request=None, chunk=None, not_after_ns=0, reason="none_fitted")
+        chunk = (partial.done_tokens, end)
+        return Choice(request=partial, chunk=chunk, reason="fit",
+                      not_after_ns=bubble_end_ns - chunk_ns(*chunk)[1])
+    pick = queue.pick(pick_at_ns, bubble_end_ns)
+    if pick.request is not None:
+        return Choice(request=pick.request, chunk=None, not_after_ns=pick.not_after_ns,
+                      reason="fit")
+    got = queue.take_for_chunk(pick_at_ns, bubble_end_ns, cost, min_tokens) if chunking \
+        else None
+    if got is None:
+        return Choice(request=None, chunk=None, not_after_ns=0, reason=pick.reason)
+    r, end = got
+    return Choice(request=r, chunk=(0, end), first_chunk=True, reason="fit",
+                  not_after_ns=bubble_end_ns - chunk_ns(0, end)[1])
+
+
 def chunk_end(done: int, target: int, room_ns: int, cost_ns: Callable[[int, int], int],
               min_tokens: int, upto: int | None = None) -> int | None:
     """The largest end in (done, upto] (upto: target by default) whose chunk [done, end) costs

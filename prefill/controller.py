@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefill.admission import Admission, Pending, chunk_end, make_pending
+from prefill.admission import Admission, Pending, choose, make_pending
 from prefill.config import BubbleTeaConfig
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
@@ -253,35 +253,15 @@ class Controller:
         T = self.spec.time_scale
         return int(ms * T * 1e6), int(self.cfg.guard_for_ms(ms) * T * 1e6)
 
-    def chunk_cost_ns(self, done: int, end: int) -> int:
-        """A chunk's predicted hold plus its guard, dilated."""
-        return sum(self.chunk_ns(done, end))
-
     def _choose(self, host: str, pick_at: int, bubble_end: int
                 ) -> tuple[Pending | None, tuple[int, int] | None, int, str]:
         """(request, chunk or None for all of it, not_after_ns, reason if none). Under self.cv.
         The host's chunked request first; then a whole request; then a first chunk."""
-        r = self.partial[host]
-        chunk = None
-        if r is not None:
-            end = chunk_end(r.done_tokens, r.target_tokens, bubble_end - pick_at,
-                            self.chunk_cost_ns, self.profile.min_chunk_tokens)
-            if end is None:
-                return None, None, 0, "none_fitted"
-            chunk = (r.done_tokens, end)
-        else:
-            pick = self.queue.pick(pick_at, bubble_end)
-            if pick.request is not None:
-                return pick.request, None, pick.not_after_ns, "fit"
-            got = self.queue.take_for_chunk(pick_at, bubble_end, self.chunk_cost_ns,
-                                            self.profile.min_chunk_tokens) \
-                if self.chunking else None
-            if got is None:
-                return None, None, 0, pick.reason
-            r, end = got
-            chunk = (0, end)
-            self.partial[host] = r
-        return r, chunk, bubble_end - self.chunk_ns(*chunk)[1], "fit"
+        c = choose(self.queue, self.partial[host], pick_at, bubble_end, self.chunk_ns,
+                   self.profile.min_chunk_tokens, self.chunking)
+        if c.first_chunk:
+            self.partial[host] = c.request
+        return c.request, c.chunk, c.not_after_ns, c.reason
 
     def host_agent(self, server: Endpoint) -> None:
         """Fill `server.host`'s bubbles until stopped: one prefill in flight, and with

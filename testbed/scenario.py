@@ -67,8 +67,16 @@ REAL_TCP_WMEM_MAX_BYTES = 2 * REAL_TCP_RMEM_MAX_BYTES
 # skb length / truesize, for full-size segments); measured 0.73-0.755 on this kernel over veth.
 RCV_WINDOW_FRACTION = 0.73
 MIN_TCP_BUFFER_BYTES = 4096
-# K TCP connections per cross-DC transfer: "auto" (testbed.systems.auto_connections) or 1..16.
+# K TCP connections per cross-DC transfer: "auto" (testbed.systems.auto_connections) or 1..16:
+# the emulator's limit (each connection is a sender thread on this 2-core machine). A
+# `predict_only` scenario may use up to MAX_CONNECTIONS_PREDICT_ONLY: the model has no threads,
+# and a 100 Gbit/s, 80 ms path needs about 230 windows of Linux's default buffer to fill.
 MAX_CONNECTIONS = 16
+MAX_CONNECTIONS_PREDICT_ONLY = 4096
+
+
+def max_connections(predict_only: bool) -> int:
+    return MAX_CONNECTIONS_PREDICT_ONLY if predict_only else MAX_CONNECTIONS
 
 
 def scaled_tcp_rmem_max_bytes(scale: float) -> int:
@@ -204,7 +212,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     routing = _choice(top.get("routing", "direct"), "routing", ROUTING_POLICIES)
     congestion_control = _choice(top.get("congestion_control", "cubic"), "congestion_control",
                                  CONGESTION_CONTROLS)
-    connections = _parse_connections(top.get("connections", "auto"))
+    connections = _parse_connections(top.get("connections", "auto"),
+                                     max_connections(predict_only))
     systems = top.get("systems", ["baseline"])
     if isinstance(systems, str):
         systems = [systems]
@@ -236,13 +245,14 @@ def is_system_name(name: Any) -> bool:
     return name.removesuffix(BUBBLETEA_SUFFIX) in SYSTEMS
 
 
-def _parse_connections(value: Any) -> int | str:
+def _parse_connections(value: Any, cap: int = MAX_CONNECTIONS) -> int | str:
     if value == "auto":
         return "auto"
-    if (isinstance(value, bool) or not isinstance(value, int)
-            or not 1 <= value <= MAX_CONNECTIONS):
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
         raise ScenarioError("connections", f"{value!r} is not a connection count",
-                            f"use auto or an integer from 1 to {MAX_CONNECTIONS}")
+                            f"use auto or an integer from 1 to {cap}"
+                            + ("" if cap > MAX_CONNECTIONS else
+                               " (more only in a predict_only scenario)"))
     return value
 
 

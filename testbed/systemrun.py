@@ -122,10 +122,6 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                       for x in r.get("io_realtime", [])}),
         wall_s=round(run.wall_s, 3),
         timings_s={k: round(v, 3) for k, v in net.timings_s.items()})
-    if cfg.compute == "profile":
-        from model.check import compare
-        from model.predict import predict
-        metrics["model"] = compare(predict(scenario, cfg, system, cfg.iterations), metrics)
     metrics["wan_warnings"] = (wanstats.warnings({k: v for k, v in wan_links.items()
                                                   if "packets" in v}, scenario.wan)
                                + temporal.warnings(shared))
@@ -141,6 +137,10 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         extra = [r for r in records if r["name"] == "PREFILL"]
         filled = metrics["bubbletea"]["iterations"]    # draw one the prefills could fill
         shown_iteration = filled[len(filled) // 2]
+    if cfg.compute == "profile":    # after the bubbletea block: compared too
+        from model.check import compare
+        from model.predict import predict
+        metrics["model"] = compare(predict(scenario, cfg, system, cfg.iterations), metrics)
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                 title=f"{scenario.name} {system.name}",
                                                 extra_spans=extra, iteration=shown_iteration))

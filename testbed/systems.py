@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from testbed.errors import ScenarioError
 from testbed.routing import Path, dc_paths
 from testbed.scenario import (BUBBLETEA_SUFFIX, MAX_CONNECTIONS, RCV_WINDOW_FRACTION,
-                              scaled_tcp_rmem_max_bytes)
+                              max_connections, scaled_tcp_rmem_max_bytes)
 
 if TYPE_CHECKING:
     from testbed.scenario import Scenario
@@ -100,15 +100,16 @@ def window_bytes(scale: float) -> float:
     return scaled_tcp_rmem_max_bytes(scale) * RCV_WINDOW_FRACTION
 
 
-def auto_connections(link_rate_mbit: float, rtt_ms: float, window_bytes: float) -> int:
-    """K = ceil(rate x RTT / window), clamped to 1..MAX_CONNECTIONS: the fewest window-limited
-    connections that together fill a path of this bottleneck rate and round-trip time."""
+def auto_connections(link_rate_mbit: float, rtt_ms: float, window_bytes: float,
+                     cap: int = MAX_CONNECTIONS) -> int:
+    """K = ceil(rate x RTT / window), clamped to 1..cap: the fewest window-limited connections
+    that together fill a path of this bottleneck rate and round-trip time."""
     if window_bytes <= 0:
         raise ValueError(f"window_bytes must be > 0, got {window_bytes}")
     bdp_bytes = link_rate_mbit * 1e6 / 8 * rtt_ms / 1e3
     # round off float noise before ceil (e.g. exactly 2 windows must give 2, not 3)
     k = math.ceil(round(bdp_bytes / window_bytes, 9))
-    return max(1, min(MAX_CONNECTIONS, k))
+    return max(1, min(cap, k))
 
 
 def path_between(scenario: "Scenario", src_dc: str, dst_dc: str) -> Path:
@@ -139,7 +140,8 @@ def scenario_connections(scenario: "Scenario", src_dc: str, dst_dc: str) -> int:
     if scenario.connections != "auto":
         return int(scenario.connections)
     return auto_connections(path_rate_mbit(scenario, src_dc, dst_dc),
-                            path_rtt_ms(scenario, src_dc, dst_dc), window_bytes(scenario.scale))
+                            path_rtt_ms(scenario, src_dc, dst_dc), window_bytes(scenario.scale),
+                            max_connections(scenario.predict_only))
 
 
 def connections_for(scenario: "Scenario", system: System, src_dc: str, dst_dc: str) -> int:

@@ -238,3 +238,23 @@ def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
     bad = tmp_path / "big.yaml"
     bad.write_text(json.dumps(big))
     assert main(["validate", str(bad)]) == 2          # over 99 hosts without predict_only
+
+
+def test_predict_only_scenarios_may_use_more_connections(tmp_path, capsys):
+    """16 connections is the emulator's limit (sender threads on 2 cores), not the model's."""
+    from run_testbed import main
+    from testbed.systems import scenario_connections
+    doc = {"name": "wide", "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
+           "wan": [{"between": ["a", "b"], "delay_ms": 80, "rate_mbit": 100000}],
+           "connections": 200}
+    path = tmp_path / "wide.yaml"
+    path.write_text(json.dumps(doc))
+    assert main(["validate", str(path)]) == 2
+    assert "connections" in capsys.readouterr().err
+    path.write_text(json.dumps(dict(doc, predict_only=True)))
+    assert load_scenario(path).connections == 200
+    path.write_text(json.dumps(dict(doc, predict_only=True, connections="auto")))
+    # 100 Gbit/s x 160 ms over Linux's default window: more than 16 windows, fewer than 4096
+    assert 16 < scenario_connections(load_scenario(path), "a", "b") < 4096
+    path.write_text(json.dumps(dict(doc, connections="auto")))
+    assert scenario_connections(load_scenario(path), "a", "b") == 16
