@@ -16,7 +16,8 @@ Inputs, each from the module that decides it in a run:
   over the WAN, model.transfer over the routed path (testbed.routing) at the lower of the path's
   rate and the sending DC's host-link rate, K = testbed.systems.connections_for, window =
   testbed.systems.window_bytes(scale); a message whose connections sat idle longer than the RTO
-  (RTT + Linux's 200 ms minimum) is sent in slow start from 10 segments;
+  (RTT + Linux's 200 ms minimum) is sent in slow start from 10 segments (unless the scenario
+  sets tcp_slow_start_after_idle: false, as WAN-tuned hosts do);
 - the all-reduce: a ring (reduce-scatter, all-gather), 2 (D-1) steps of a 1/D chunk to the next replica, each step
   as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
   DCs model.transfer over one connection (gloo's pair), in slow start for the first step (the
@@ -89,7 +90,8 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
                     connections=connections_for(scenario, system, src, dst))
     return Route(links=tuple(f"{a}->{b}" for a, b in zip(path.dcs, path.dcs[1:])),
                  solo_ms=transfer_ms(payload, spec), one_way_ms=path.delay_ms,
-                 wire_bytes=wire, solo_idle_ms=transfer_ms(payload, spec, slow_start=True),
+                 wire_bytes=wire, solo_idle_ms=transfer_ms(payload, spec, slow_start=True)
+                 if scenario.tcp_slow_start_after_idle else None,
                  rto_ms=spec.rtt_ms + RTO_MIN_MS)
 
 
@@ -114,7 +116,7 @@ def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") 
         return transfer_ms(chunk, spec, slow_start=first)
 
     hops = {(dcs[r], dcs[(r + 1) % D]) for r in range(D)}      # every step: the same hops
-    first = max(hop_ms(a, b, True) for a, b in hops)
+    first = max(hop_ms(a, b, scenario.tcp_slow_start_after_idle) for a, b in hops)
     later = max(hop_ms(a, b, False) for a, b in hops)
     return first + (2 * (D - 1) - 1) * later
 

@@ -135,18 +135,21 @@ def route_congestion_controls(ipr: IPRoute) -> set[str]:
     return out
 
 
-def host_tcp_sysctls(scale: float, time_scale: float = 1.0) -> dict[str, str]:
+def host_tcp_sysctls(scale: float, time_scale: float = 1.0,
+                     slow_start_after_idle: bool = True) -> dict[str, str]:
     """Per-host TCP settings. Buffer limits of a real server, scaled down with the WAN (so one
     flow stays window-limited as it would be on the real link); at scale 1 the real server's
     own. With time_scale T, the minimum retransmission timeout is T times Linux's 200 ms, so
     RTOs, and the idle restart that counts them (slow start after idle), keep their ratio to
-    the dilated RTT; the other kernel timers are not dilated (README: what each scaling keeps)."""
+    the dilated RTT; the other kernel timers are not dilated (README: what each scaling keeps).
+    Slow start after idle as the scenario says (Linux's default: on)."""
     rmem = scaled_tcp_rmem_max_bytes(scale)
     wmem = max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_WMEM_MAX_BYTES / scale))
     out = {
         "net.ipv4.tcp_rmem": f"{min(4096, rmem)} {min(131072, rmem)} {rmem}",
         "net.ipv4.tcp_wmem": f"{min(4096, wmem)} {min(16384, wmem)} {wmem}",
     }  # net.core.[rw]mem_max are machine-wide (read-only in a namespace): left alone
+    out["net.ipv4.tcp_slow_start_after_idle"] = "1" if slow_start_after_idle else "0"
     if time_scale != 1.0:
         out["net.ipv4.tcp_rto_min_us"] = str(int(LINUX_TCP_RTO_MIN_US * time_scale))
     return out
@@ -379,7 +382,8 @@ class Network:
                                   oif=ipr.link_lookup(ifname=route.intf)[0])
 
     def _configure_hosts(self) -> None:
-        sysctls = host_tcp_sysctls(self.scenario.scale, self.scenario.time_scale)
+        sysctls = host_tcp_sysctls(self.scenario.scale, self.scenario.time_scale,
+                                   self.scenario.tcp_slow_start_after_idle)
         cc = self.scenario.congestion_control
         routes: set[str] = set()
         for h in self.plan.hosts:

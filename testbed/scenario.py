@@ -129,6 +129,10 @@ class Scenario:
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
     predict_only: bool = False        # for the model (`predict`) only: too big to emulate
+    # Linux's net.ipv4.tcp_slow_start_after_idle in every host (default on, as Linux): a
+    # connection idle longer than its RTO restarts from the initial window. WAN-tuned hosts
+    # turn it off; the model follows the same setting.
+    tcp_slow_start_after_idle: bool = True
 
     def check_emulable(self) -> None:
         """ScenarioError unless this scenario may be built (run, calibrate)."""
@@ -186,7 +190,7 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     top = _mapping(data, "scenario")
     _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
                           "congestion_control", "connections", "systems", "training",
-                          "bubbletea", "predict_only"})
+                          "bubbletea", "predict_only", "tcp_slow_start_after_idle"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
@@ -228,6 +232,10 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     training = top.get("training")
     if training is not None and not isinstance(training, dict):
         raise ScenarioError("training", "must be a mapping", "see topologies/two_dc.yaml")
+    slow_start = top.get("tcp_slow_start_after_idle", True)
+    if not isinstance(slow_start, bool):
+        raise ScenarioError("tcp_slow_start_after_idle", f"{slow_start!r} is not true or false",
+                            "use true (Linux's default) or false (a WAN-tuned host)")
     bubbletea = None
     if "bubbletea" in top:
         from prefill.config import BubbleTeaConfig
@@ -235,7 +243,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
                     backend=backend, routing=routing, congestion_control=congestion_control,
                     connections=connections, systems=tuple(systems), training=training,
-                    bubbletea=bubbletea, path=path, raw=top, predict_only=predict_only)
+                    bubbletea=bubbletea, path=path, raw=top, predict_only=predict_only,
+                    tcp_slow_start_after_idle=slow_start)
 
 
 def is_system_name(name: Any) -> bool:

@@ -258,3 +258,24 @@ def test_predict_only_scenarios_may_use_more_connections(tmp_path, capsys):
     assert 16 < scenario_connections(load_scenario(path), "a", "b") < 4096
     path.write_text(json.dumps(dict(doc, connections="auto")))
     assert scenario_connections(load_scenario(path), "a", "b") == 16
+
+
+def test_slow_start_after_idle_off_in_the_scenario_and_the_model(tmp_path, capsys):
+    from run_testbed import main
+    from model.predict import build
+    sc = load_scenario(REPO / "topologies" / "paper" / "gpt70b_3dc.yaml")
+    cfg = load_training(sc)
+    tuned = dataclasses.replace(sc, tcp_slow_start_after_idle=False)
+    atlas = get_system("atlas")
+    wan = [r for r in build(tuned, cfg, atlas).forward_routes.values() if r.links]
+    assert wan and all(r.solo_idle_ms is None for r in wan)
+    default = [r for r in build(sc, cfg, atlas).forward_routes.values() if r.links]
+    assert all(r.solo_idle_ms >= r.solo_ms for r in default)
+    assert any(r.solo_idle_ms > r.solo_ms for r in default)
+    assert (predict(tuned, cfg, atlas).iteration_time_s
+            <= predict(sc, cfg, atlas).iteration_time_s)
+    doc = dict(json.loads(json.dumps(sc.raw)), tcp_slow_start_after_idle="no")
+    path = tmp_path / "bad.yaml"
+    path.write_text(json.dumps(doc))
+    assert main(["validate", str(path)]) == 2
+    assert "tcp_slow_start_after_idle" in capsys.readouterr().err

@@ -444,3 +444,21 @@ def test_forced_netem_backend(tmp_path, leftovers):
         assert str(exc).startswith("backend: netem was asked for but this kernel has no netem")
         assert not leftovers.new_since(before), "something was built before the refusal"
     leftovers.assert_nothing_new(before, "after a forced netem backend")
+
+
+def test_host_tcp_settings_follow_the_scenario(tmp_path):
+    """Every host gets the scenario's TCP settings in its own namespace: buffers scaled with
+    the WAN, and tcp_slow_start_after_idle off when the scenario says so (on: Linux's default,
+    and the machine's own setting is left alone)."""
+    def read(net, host: str, key: str) -> str:
+        return net.run(host, ["cat", f"/proc/sys/net/ipv4/{key}"], timeout_s=10,
+                       name=key).strip()
+
+    machine = Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").read_text().strip()
+    with build(tmp_path, dict(two_dc("s"), scale=10, tcp_slow_start_after_idle=False)) as net:
+        for host in ("sa-h1", "sb-h1"):
+            assert read(net, host, "tcp_slow_start_after_idle") == "0"
+            assert read(net, host, "tcp_rmem").split()[-1] == str(6291456 // 10)
+    assert Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").read_text().strip() == machine
+    with build(tmp_path / "on", two_dc("s")) as net:
+        assert read(net, "sa-h1", "tcp_slow_start_after_idle") == "1"
