@@ -21,13 +21,19 @@ figures come from). Each part is the run's own code or rule:
 Not modelled: training slowdown (a prefill never overruns here: its time is its prediction;
 runs measure +0-3 %), KV transfer and the decode servers (no KV messages on the network), the
 prefill side's own CPU, the server's cutting of a late chunk.
-Folded replicas (model.predict) are unfolded here: every GPU takes part in admission.
+Folded replicas (model.predict, above its FOLD_ABOVE_REPLICAS): one simulated GPU stands for
+its alike ones and gets their share of the load, a fraction `share` = simulated / real GPUs
+(thin_load: a Poisson load at share x its rate; a replayed trace keeps every request whose
+running share crosses a whole number, so its bursts keep their timing). Its figures count as many
+times as the GPUs it stands for, and rates and counts are divided by `share` (unthin). Pooling
+across the GPUs a simulated one stands for is lost: each sees only its share of the queue.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from prefill.admission import Admission, Pending, choose, make_pending
@@ -196,3 +202,56 @@ def predict_bubbletea(spans: Sequence[dict], host_dc: dict[str, str],
     records = fill(bubbles, host_dc, load["per_dc"], cfg, profile, end_ns)
     return bubbletea_metrics(spans, records, time_scale=1.0,
                              load={k: v for k, v in load.items() if k != "per_dc"})
+
+
+def thin_load(cfg: "BubbleTeaConfig", compute: str, host_dc: dict[str, str],
+              gpus: dict[str, int]) -> tuple[dict[str, Any], float]:
+    """(testbed.bubbletea.make_requests' load for the simulated hosts, share = simulated /
+    real GPUs) (module docstring)."""
+    from testbed.bubbletea import make_requests
+    simulated = Counter(host_dc.values())
+    share = sum(simulated.values()) / sum(gpus.values())
+    gen = cfg
+    if share < 1 and cfg.load.kind == "poisson":
+        gen = replace(cfg, load=replace(cfg.load, poisson_per_s=cfg.load.poisson_per_s * share))
+    load = make_requests(gen, compute, {dc: simulated[dc] for dc in gpus if simulated[dc]})
+    if share < 1:
+        if cfg.load.kind == "poisson":
+            load["offered_per_s"] /= share
+        else:
+            for dc, reqs in load["per_dc"].items():
+                kept, credit = [], 0.0
+                for q in reqs:
+                    credit += share
+                    if credit >= 1.0:
+                        credit -= 1.0
+                        kept.append(q)
+                load["per_dc"][dc] = kept
+    return load, share
+
+
+def unthin(m: dict[str, Any], weight: dict[str, int], share: float) -> dict[str, Any]:
+    """prefill.metrics' figures of the simulated hosts as those of every GPU (module
+    docstring): means weighted by the GPUs each host stands for, rates and counts / share."""
+    hosts = m["per_host"]
+    w = [weight[h["host"]] for h in hosts]
+
+    def mean(key: str, stage: int | None = None) -> float:
+        pairs = [(x, h[key]) for x, h in zip(w, hosts) if stage is None or h["stage"] == stage]
+        return sum(x * v for x, v in pairs) / sum(x for x, _ in pairs)
+
+    out = dict(m, gpu_utilization=mean("gpu_utilization"), training_only=mean("training"),
+               prefill_share=mean("prefill"),
+               per_stage=[dict(st, gpu_utilization=mean("gpu_utilization", st["stage"]),
+                               training_only=mean("training", st["stage"]))
+                          for st in m["per_stage"]],
+               simulated={"gpus": sum(w), "hosts": len(hosts), "load_share": share})
+    if share < 1:
+        pf = dict(m["prefill"])
+        for key in ("requests_per_s", "prompt_tokens_per_s"):
+            pf[key] /= share
+        for key in ("prefills", "in_window", "deadline_misses", "decoded"):
+            pf[key] = round(pf[key] / share)
+        pf["outcomes"] = {k: round(v / share) for k, v in pf["outcomes"].items()}
+        out["prefill"] = pf
+    return out

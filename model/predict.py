@@ -22,7 +22,11 @@ Inputs, each from the module that decides it in a run:
   as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
   DCs model.transfer over one connection (gloo's pair), in slow start for the first step (the
   connection sat idle since the last iteration's all-reduce);
-- WAN sharing: the system's (concurrent: fair; temporal: one message at a time per link).
+- WAN sharing: the system's (concurrent: fair; temporal: one message at a time per link). The
+  stages' all-reduces over the WAN share their links too, as a bound: a stage's all-reduce lasts
+  at least all stages' all-reduce bits over the busiest WAN link its ring uses / that link's
+  rate (as if all ran at once: in 1F1B the stages finish their backward passes close together,
+  the first stage last). They do not contend with the pipeline's messages.
 Above FOLD_ABOVE_REPLICAS replicas, replicas whose stages sit in the same DCs are simulated as
 one with a weight (model.pipeline), which makes the run time independent of D. It is exact for
 fair sharing of alike flows. Under temporal sharing it is pessimistic: the folded pipeline waits
@@ -156,10 +160,19 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> Pipelin
             a, b = placement.stage_dcs[s][r], placement.stage_dcs[s + 1][r]
             fwd[(s, c)] = _route(scenario, system, a, b, payloads[s])
             bwd[(s, c)] = _route(scenario, system, b, a, payloads[s])
-    allreduce = [allreduce_ms(buffers[s], placement.stage_dcs[s], scenario) for s in range(P)]
     rates = {}
     for w in scenario.wan:
         rates[f"{w.a}->{w.b}"] = rates[f"{w.b}->{w.a}"] = w.rate_mbit
+    stage_bits = _allreduce_wan_bits(scenario, placement, buffers)
+    link_bits: dict[str, float] = {}
+    for bits in stage_bits:
+        for link, b in bits.items():
+            link_bits[link] = link_bits.get(link, 0.0) + b
+    # the stages' WAN all-reduces share their links: each lasts at least as long as all of
+    # them take over the busiest link it uses (module docstring)
+    allreduce = [max(allreduce_ms(buffers[s], placement.stage_dcs[s], scenario),
+                     max((link_bits[k] / (rates[k] * 1e3) for k in stage_bits[s]), default=0.0))
+                 for s in range(P)]
     return PipelineModel(table=schedule_table(cfg.schedule, P, cfg.micro_batches),
                          replicas=len(classes), weights=[n for _, n in classes],
                          forward_ms=[c.forward_ms for c in costs],
@@ -167,17 +180,19 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> Pipelin
                          opt_ms=[c.optimizer_ms for c in costs], allreduce_ms=allreduce,
                          forward_routes=fwd, backward_routes=bwd, link_rate_mbit=rates,
                          sharing=system.wan_sharing,
-                         allreduce_link_bits=_allreduce_wan_bits(scenario, placement, buffers))
+                         allreduce_link_bits=link_bits)
 
 
 def _allreduce_wan_bits(scenario: "Scenario", placement: "Placement", buffers: list[int]
-                       ) -> dict[str, float]:
-    """Wire bits per iteration that the stages' ring all-reduces put on each WAN link
+                       ) -> list[dict[str, float]]:
+    """Per stage, the wire bits per iteration its ring all-reduce puts on each WAN link
     direction: 2 (D-1)/D of the buffer from each replica to the next, where they differ in DC
     (as testbed.linkuse counts a run's)."""
-    out: dict[str, float] = {}
+    stages: list[dict[str, float]] = []
     D = placement.replicas
     for s, buffer in enumerate(buffers):
+        out: dict[str, float] = {}
+        stages.append(out)
         dcs = placement.stage_dcs[s]
         for r in range(D):
             a, b = dcs[r], dcs[(r + 1) % D]
@@ -188,7 +203,7 @@ def _allreduce_wan_bits(scenario: "Scenario", placement: "Placement", buffers: l
                 key = f"{x}->{y}"
                 out[key] = out.get(key, 0.0) + (buffer * 2 * (D - 1) / D
                                                 * WIRE_BYTES_PER_PAYLOAD_BYTE * 8)
-    return out
+    return stages
 
 
 def as_spans(result: SimResult) -> list[dict]:
@@ -203,10 +218,10 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
             iterations: int | None = None) -> Prediction:
     """Simulate `iterations` (default: the run's) and read the figures as a run's metrics."""
     from trainer.metrics import metrics_from_records
-    from prefill.metrics import filled_iterations
+    from trainer.bubbles import MIN_HISTORY, WARMUP_ITERATIONS
     n = max(3, iterations or cfg.iterations)
-    while system.fill_bubbles and len(filled_iterations(n)) < 2:
-        n += 1              # BubbleTea's window: from its first notices, two iterations or more
+    if system.fill_bubbles:   # BubbleTea's window: from its first notices, two iterations or more
+        n = max(n, WARMUP_ITERATIONS + MIN_HISTORY + 2)
     model = build(scenario, cfg, system)
     result = simulate(model, n)
     plan = {"config": dict(cfg.to_dict(), replicas=model.replicas), "workers": [
@@ -236,27 +251,32 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
 
 def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                result: SimResult) -> dict[str, Any]:
-    """model.bubbletea's figures for the simulated run, every GPU its own host (folded
-    replicas copied), under the load a run would replay (same requests, same DC split)."""
-    from model.bubbletea import predict_bubbletea
-    from testbed.bubbletea import check, hosts_by_dc, make_requests
+    """model.bubbletea's figures for the simulated run under the load a run would replay (same
+    requests, same DC split). Unfolded, every GPU is its own host; folded (above
+    FOLD_ABOVE_REPLICAS), each simulated replica stands for its alike GPUs with their share of
+    the load (model.bubbletea.thin_load), and its figures count that many times."""
+    from model.bubbletea import predict_bubbletea, thin_load, unthin
+    from testbed.bubbletea import check, hosts_by_dc
     placement = place_for_system(scenario, cfg, system)
     bt = check(scenario, placement, system.name)
-    load = make_requests(bt, cfg.compute, {dc: len(hs)
-                                           for dc, hs in hosts_by_dc(placement).items()})
     classes = simulated_replicas(placement)
+    folded = any(n > 1 for _, n in classes)
     offsets = [sum(n for _, n in classes[:c]) for c in range(len(classes))]
-    spans, host_dc = [], {}
+    spans, host_dc, weight = [], {}, {}
     for span in as_spans(result):
         s, c = span["stage"], span["replica"]
         first, n = classes[c]
-        for i in range(n):
-            r = offsets[c] + i
+        for i in range(1 if folded else n):
+            r = c if folded else offsets[c] + i
             host = f"s{s}r{r}"
             spans.append(dict(span, replica=r, host=host))
             host_dc[host] = placement.stage_dcs[s][first]
+            weight[host] = n if folded else 1
+    gpus = {dc: len(hs) for dc, hs in hosts_by_dc(placement).items()}
+    load, share = thin_load(bt, cfg.compute, host_dc, gpus)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
     m = predict_bubbletea(spans, host_dc, rows, placement.replicas > 1, bt, load)
+    m = unthin(m, weight, share)
     keep = ("gpu_utilization", "training_only", "prefill_share", "per_stage", "window_s",
-            "iterations", "iteration_time_s", "prefill", "unused_bubble", "load")
+            "iterations", "iteration_time_s", "prefill", "unused_bubble", "load", "simulated")
     return {k: m[k] for k in keep}

@@ -149,7 +149,7 @@ def _load(data: Any, where: str) -> LoadConfig:
                               "poisson_per_s", "lengths", "seed"})
     poisson = data.get("poisson_per_s")
     if poisson is not None:
-        poisson = _num(poisson, f"{where}.poisson_per_s", 1e-3, 1e5)
+        poisson = _num(poisson, f"{where}.poisson_per_s", 1e-3, 1e7)
         for key in ("rate_multiplier", "start_s"):
             if key in data:
                 raise ScenarioError(f"{where}.{key}", "applies to trace replay only",

@@ -263,9 +263,10 @@ def test_predict_only_scenarios_may_use_more_connections(tmp_path, capsys):
 def test_slow_start_after_idle_off_in_the_scenario_and_the_model(tmp_path, capsys):
     from run_testbed import main
     from model.predict import build
-    sc = load_scenario(REPO / "topologies" / "paper" / "gpt70b_3dc.yaml")
-    cfg = load_training(sc)
-    tuned = dataclasses.replace(sc, tcp_slow_start_after_idle=False)
+    tuned = load_scenario(REPO / "topologies" / "paper" / "gpt70b_3dc.yaml")
+    assert not tuned.tcp_slow_start_after_idle          # its hosts are WAN-tuned
+    cfg = load_training(tuned)
+    sc = dataclasses.replace(tuned, tcp_slow_start_after_idle=True)
     atlas = get_system("atlas")
     wan = [r for r in build(tuned, cfg, atlas).forward_routes.values() if r.links]
     assert wan and all(r.solo_idle_ms is None for r in wan)
@@ -274,8 +275,18 @@ def test_slow_start_after_idle_off_in_the_scenario_and_the_model(tmp_path, capsy
     assert any(r.solo_idle_ms > r.solo_ms for r in default)
     assert (predict(tuned, cfg, atlas).iteration_time_s
             <= predict(sc, cfg, atlas).iteration_time_s)
-    doc = dict(json.loads(json.dumps(sc.raw)), tcp_slow_start_after_idle="no")
+    doc = dict(json.loads(json.dumps(tuned.raw)), tcp_slow_start_after_idle="no")
     path = tmp_path / "bad.yaml"
     path.write_text(json.dumps(doc))
     assert main(["validate", str(path)]) == 2
     assert "tcp_slow_start_after_idle" in capsys.readouterr().err
+
+
+def test_paper_whatif_bench_prints_both_tables(capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("whatif", REPO / "bench" / "bench_paper_whatif.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| gpt70b_3dc") == 4 and ">= 17x over baseline" in out and ">= 94 %" in out

@@ -134,3 +134,19 @@ def test_a_bubbletea_run_is_checked_against_the_model():
     assert bt["error"]["gpu_utilization_abs"] == pytest.approx(
         bt["predicted"]["gpu_utilization"] - bt["measured"]["gpu_utilization"])
     assert "with BubbleTea" in summary_line(check)
+
+
+def test_folded_replicas_take_their_share_of_the_load(monkeypatch):
+    """atlas_bubbletea's two replicas of a stage sit in one DC: folded, one simulated GPU per
+    stage takes half the requests; its figures stay those of the two GPUs simulated apart."""
+    import model.predict as mp
+    sc = load_scenario(REPO / "topologies" / "atlas_bubbletea.yaml")
+    cfg = load_training(sc)
+    apart = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea
+    monkeypatch.setattr(mp, "FOLD_ABOVE_REPLICAS", 1)
+    folded = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea
+    assert folded["simulated"] == {"gpus": 6, "hosts": 3, "load_share": 0.5}
+    assert apart["simulated"]["hosts"] == 6
+    assert folded["gpu_utilization"] == pytest.approx(apart["gpu_utilization"], abs=0.05)
+    assert folded["prefill"]["requests_per_s"] == pytest.approx(
+        apart["prefill"]["requests_per_s"], rel=0.15)
