@@ -7,7 +7,11 @@
     sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
     python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
     python run_testbed.py predict topologies/atlas_paper.yaml [--json] [--systems a,b] [--plan N]
+    python run_testbed.py list                                 # the shipped scenarios
+    python run_testbed.py show topologies/two_dc.yaml [--json] # every setting, resolved
     sudo python run_testbed.py cleanup                         # remove what a killed run left
+
+validate, plan, predict, list and show need neither root nor Mininet nor torch.
 
 CLI only: parse flags, load the scenario, call the job, print one line on error. Exit codes:
 0 ok, 1 the run failed, 2 bad input (scenario or flags), 130 interrupted (after cleaning up).
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from testbed.errors import ScenarioError, TestbedError
 
-COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "cleanup")
+COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "list", "show", "cleanup")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--plan", type=int, metavar="N", default=None,
                       help="instead: the N fastest assignments of stages to DCs (Atlas's "
                            "connections and sharing)")
+    sub.add_parser("list", help="the scenarios under topologies/, one line each (no root)")
+    show = sub.add_parser("show", help="a scenario with every setting resolved: DCs, hosts, "
+                          "links, routes, training and each system's placement (no root)")
+    show.add_argument("scenario")
+    show.add_argument("--json", action="store_true", help="print one JSON document")
     sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
     return parser
 
@@ -83,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
             done = cleanup()
             print("\n".join(done) if done else "nothing to clean up")
             return 0
+        if args.command == "list":
+            from testbed.catalog import list_text
+            print(list_text())
+            return 0
+        if args.command == "show":
+            from testbed.show import show_command
+            print(show_command(args.scenario, as_json=args.json))
+            return 0
         if args.command == "plan":
             from testbed.planview import plan_command
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
@@ -95,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                                   plan_top=args.plan))
             return 0
         if args.command == "validate":
-            from testbed.jobs import load_run
+            from testbed.runcheck import load_run
             from testbed.scenario import load_scenario
             for path in args.scenario:
                 scenario = load_scenario(path)
@@ -117,13 +134,18 @@ def main(argv: list[str] | None = None) -> int:
                     rtt_ms = p.delay_ms + paths[(p.dst, p.src)].delay_ms
                     print(f"    {p.describe()}, RTT {rtt_ms:g} ms")
             return 0
+        # bad input is refused before anything that needs root, Mininet or torch is imported
         if args.command == "calibrate":
+            from testbed.scenario import load_scenario
+            load_scenario(args.scenario).check_emulable()
             from testbed.jobs import calibrate_job
             path = calibrate_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  seconds=args.seconds, streams=args.streams)
         else:
-            from testbed.jobs import run_job
+            from testbed.runcheck import load_run
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            load_run(args.scenario, systems=systems, iterations=args.iterations)
+            from testbed.jobs import run_job
             path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                            systems=systems, iterations=args.iterations)
     except ScenarioError as exc:

@@ -7,22 +7,17 @@ One job per function; the work itself lives in testbed.calibrate and trainer/.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import yaml
 
-from testbed import bubbletea, report
+from testbed import report
 from testbed.calibrate import Settings, calibrate, paths_table, table
 from testbed.errors import ScenarioError
 from testbed.machine import CpuTimes
 from testbed.network import Network, check_environment
-from testbed.placement import place_for_system
 from testbed.results import new_run_dir, provenance, write_json, write_text
+from testbed.runcheck import load_run
 from testbed.scenario import Scenario, load_scenario
 from testbed.systems import get_system
-
-if TYPE_CHECKING:
-    from trainer.config import TrainConfig
 
 
 def _prepare(scenario: Scenario, out_dir: Path) -> Path:
@@ -65,35 +60,6 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
         print(line)
     report.steal_note(doc["wan_warnings"], doc["cpu"], indent="")
     return run_dir / "calibration.json"
-
-
-def load_run(scenario_path: str, *, systems: list[str] | None = None,
-             iterations: int | None = None) -> tuple[Scenario, "TrainConfig", list[str]]:
-    """Everything `run` checks before building anything (also what `validate` checks):
-    the scenario, its training section against its hosts, the systems asked for, and that
-    each system can be placed on the scenario's hosts."""
-    from trainer.config import TrainConfig, validate_against_hosts
-
-    scenario = load_scenario(scenario_path)
-    scenario.check_emulable()
-    if scenario.training is None:
-        raise ScenarioError("training", f"{scenario_path} has no training section",
-                            "add one (see topologies/two_dc.yaml) or use the calibrate command")
-    training = dict(scenario.training)
-    if iterations is not None:
-        training["iterations"] = iterations
-    cfg = TrainConfig.from_dict(training)
-    validate_against_hosts(cfg, len(scenario.host_names()), scenario.host_names())
-    field = "--systems" if systems else "systems"
-    systems = list(systems or scenario.systems)
-    for i, name in enumerate(systems):
-        system = get_system(name, f"{field}[{i}]")   # testbed.systems: what `run` can train
-        placement = place_for_system(scenario, cfg, system)
-        if system.fill_bubbles:
-            bubbletea.check(scenario, placement, name)
-    if len(set(systems)) != len(systems):
-        raise ScenarioError(field, f"{','.join(systems)} names a system twice", "name each once")
-    return scenario, cfg, systems
 
 
 def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,

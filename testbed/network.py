@@ -41,7 +41,8 @@ from testbed.procs import HostProcess, stop_all
 from testbed.registry import Registry
 from testbed.scenario import (MIN_TCP_BUFFER_BYTES, MTU_BYTES, REAL_TCP_WMEM_MAX_BYTES,
                               Scenario, scaled_tcp_rmem_max_bytes)
-from testbed.topo import Plan, ScenarioTopo, make_plan
+from testbed.minitopo import ScenarioTopo
+from testbed.topo import Plan, make_plan
 from traffic.tcpcc import set_congestion_control
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

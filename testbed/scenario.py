@@ -133,6 +133,7 @@ class Scenario:
     # connection idle longer than its RTO restarts from the initial window. WAN-tuned hosts
     # turn it off; the model follows the same setting.
     tcp_slow_start_after_idle: bool = True
+    description: str = ""             # one line for `list` and `show`
 
     def check_emulable(self) -> None:
         """ScenarioError unless this scenario may be built (run, calibrate)."""
@@ -190,7 +191,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     top = _mapping(data, "scenario")
     _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
                           "congestion_control", "connections", "systems", "training",
-                          "bubbletea", "predict_only", "tcp_slow_start_after_idle"})
+                          "bubbletea", "predict_only", "tcp_slow_start_after_idle",
+                          "description"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
@@ -232,6 +234,11 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     training = top.get("training")
     if training is not None and not isinstance(training, dict):
         raise ScenarioError("training", "must be a mapping", "see topologies/two_dc.yaml")
+    description = top.get("description", "")
+    if not isinstance(description, str) or "\n" in description.strip() \
+            or len(description) > 300:
+        raise ScenarioError("description", "must be one line of at most 300 characters",
+                            "shorten it; longer notes go in YAML comments")
     slow_start = top.get("tcp_slow_start_after_idle", True)
     if not isinstance(slow_start, bool):
         raise ScenarioError("tcp_slow_start_after_idle", f"{slow_start!r} is not true or false",
@@ -244,7 +251,7 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
                     backend=backend, routing=routing, congestion_control=congestion_control,
                     connections=connections, systems=tuple(systems), training=training,
                     bubbletea=bubbletea, path=path, raw=top, predict_only=predict_only,
-                    tcp_slow_start_after_idle=slow_start)
+                    tcp_slow_start_after_idle=slow_start, description=description.strip())
 
 
 def is_system_name(name: Any) -> bool:

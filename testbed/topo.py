@@ -1,4 +1,5 @@
-"""Scenario -> an addressing and routing plan (pure), and that plan -> a Mininet Topo.
+"""Scenario -> an addressing and routing plan. Pure: no Mininet (testbed.minitopo makes the plan
+a Mininet Topo).
 
 One job: decide names, interfaces, addresses and routes; build nothing. `testbed.network` turns
 the Topo into namespaces and applies the routes and shaping.
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-
-from mininet.topo import Topo
 
 from testbed.routing import edges_of, next_hops
 from testbed.scenario import Scenario, WanLink
@@ -134,26 +133,3 @@ def _routes(scenario: Scenario, wan: list[WanPlan], gateways: dict[str, str],
             via, intf = link_to[(dc.name, hops[(dc.name, dst.name)])]
             routes.append(Route(gateway=gateways[dc.name], dst=subnets[dst.name], via=via, intf=intf))
     return routes
-
-
-class ScenarioTopo(Topo):
-    """Mininet Topo of a Plan: only nodes and links with their addresses (Mininet's build())."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        super().__init__()
-
-    def build(self) -> None:  # noqa: D102 - Mininet's hook
-        plan = self.plan
-        for d, dc in enumerate(plan.scenario.dcs):
-            bridge = self.addSwitch(plan.bridges[dc.name], dpid=f"{d + 1:016x}")
-            gw = self.addHost(plan.gateways[dc.name], ip=f"{plan.gateway_ips[dc.name]}/24")
-            self.addLink(gw, bridge, intfName1=f"{gw}-eth0", intfName2=f"{bridge}-eth1")
-            for i, h in enumerate(plan.hosts_in(dc.name), start=2):
-                self.addHost(h.name, ip=f"{h.ip}/24",
-                             defaultRoute=f"via {plan.gateway_ips[dc.name]}")
-                self.addLink(h.name, bridge, intfName1=h.intf, intfName2=f"{bridge}-eth{i}")
-        for w in plan.wan:
-            self.addLink(w.end_a.gateway, w.end_b.gateway,
-                         intfName1=w.end_a.intf, intfName2=w.end_b.intf,
-                         params1={"ip": f"{w.end_a.ip}/30"}, params2={"ip": f"{w.end_b.ip}/30"})

@@ -266,7 +266,7 @@ def test_timeline_marks_an_overlap(tmp_path):
 
 def test_run_refuses_bubbletea_without_decode_hosts_or_section(tmp_path):
     import yaml
-    from testbed.jobs import load_run
+    from testbed.runcheck import load_run
     training = {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
                           "vocab_size": 64}, "stages": 2, "micro_batches": 2}
     doc = {"name": "bt", "dcs": [{"name": "a", "hosts": 1, "decode_hosts": 1},

@@ -223,7 +223,7 @@ def test_folding_alike_replicas(system, monkeypatch):
 def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
     from run_testbed import main
     from testbed.errors import ScenarioError
-    from testbed.jobs import load_run
+    from testbed.runcheck import load_run
     paper = sorted((REPO / "topologies" / "paper").glob("*.yaml"))
     assert paper
     for path in paper:

@@ -1,0 +1,45 @@
+"""Everything `run` checks before it builds anything, and all that `validate` checks. Pure: no
+root, no kernel, no Mininet, no torch (so `validate` runs with only the scenario's packages).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from testbed import bubbletea
+from testbed.errors import ScenarioError
+from testbed.placement import place_for_system
+from testbed.scenario import Scenario, load_scenario
+from testbed.systems import get_system
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+
+
+def load_run(scenario_path: str, *, systems: list[str] | None = None,
+             iterations: int | None = None) -> tuple[Scenario, "TrainConfig", list[str]]:
+    """Everything `run` checks before building anything (also what `validate` checks):
+    the scenario, its training section against its hosts, the systems asked for, and that
+    each system can be placed on the scenario's hosts."""
+    from trainer.config import TrainConfig, validate_against_hosts
+
+    scenario = load_scenario(scenario_path)
+    scenario.check_emulable()
+    if scenario.training is None:
+        raise ScenarioError("training", f"{scenario_path} has no training section",
+                            "add one (see topologies/two_dc.yaml) or use the calibrate command")
+    training = dict(scenario.training)
+    if iterations is not None:
+        training["iterations"] = iterations
+    cfg = TrainConfig.from_dict(training)
+    validate_against_hosts(cfg, len(scenario.host_names()), scenario.host_names())
+    field = "--systems" if systems else "systems"
+    systems = list(systems or scenario.systems)
+    for i, name in enumerate(systems):
+        system = get_system(name, f"{field}[{i}]")   # testbed.systems: what `run` can train
+        placement = place_for_system(scenario, cfg, system)
+        if system.fill_bubbles:
+            bubbletea.check(scenario, placement, name)
+    if len(set(systems)) != len(systems):
+        raise ScenarioError(field, f"{','.join(systems)} names a system twice", "name each once")
+    return scenario, cfg, systems

@@ -1,0 +1,84 @@
+"""The commands that need neither root nor Mininet nor torch (validate, plan, predict, list,
+show), run as a user would, in a Python where importing mininet, pyroute2, torch, scapy or
+matplotlib fails; every command's --help; bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BLOCKED = ("mininet", "pyroute2", "torch", "scapy", "matplotlib")
+RUNNER = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {BLOCKED!r}:
+            raise ImportError("not installed here: " + name)
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, {str(REPO)!r})
+import run_testbed
+sys.exit(run_testbed.main(sys.argv[1:]))
+"""
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", RUNNER, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args", [
+    ["validate", "topologies/two_dc.yaml", "topologies/atlas_bubbletea.yaml",
+     "topologies/paper/gpt70b_3dc.yaml"],
+    ["plan", "topologies/atlas_paper.yaml", "--systems", "atlas"],
+    ["predict", "topologies/atlas_bubbletea.yaml"],
+    ["list"],
+    ["show", "topologies/atlas_bubbletea.yaml"],
+], ids=lambda a: a[0])
+def test_needs_no_mininet_nor_torch(args):
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() and not proc.stderr
+
+
+def test_list_names_every_shipped_scenario():
+    out = cli("list").stdout
+    for path in sorted((REPO / "topologies").rglob("*.yaml")):
+        assert str(path.relative_to(REPO)) in out
+    assert "model only" in out and "network only" in out and "network + training" in out
+
+
+def test_show_resolves_settings_and_placements():
+    doc = json.loads(cli("show", "topologies/atlas_paper.yaml", "--json").stdout)
+    assert doc["settings"]["window_bytes_per_connection"] > 0
+    assert {d["name"] for d in doc["dcs"]} == {"eu", "us", "asia"}
+    assert doc["systems"]["atlas"]["stage_dcs"] == ["us x2", "us x2", "eu x2"]
+    assert len(doc["routes"]) == 6 and all(r["connections"] >= 1 for r in doc["routes"])
+    text = cli("show", "topologies/atlas_paper.yaml").stdout
+    assert "stage 2: eu x2" in text and "routes (direct)" in text
+
+
+@pytest.mark.parametrize("command", ["run", "calibrate", "validate", "plan", "predict", "list",
+                                     "show", "cleanup"])
+def test_every_command_has_help(command):
+    proc = cli(command, "--help")
+    assert proc.returncode == 0 and "usage: run_testbed.py " + command in proc.stdout
+
+
+@pytest.mark.parametrize("args,field", [
+    (["show", "nope.yaml"], "scenario"),
+    (["show"], "required"),
+    (["frobnicate"], "frobnicate"),                 # run's shorthand: no such scenario
+    (["run", "topologies/two_dc.yaml", "--systems", "warp"], "systems[0]"),
+    (["calibrate", "topologies/paper/gpt7b_2dc.yaml"], "predict_only"),
+    (["predict", "topologies/two_dc.yaml", "--systems", "warp"], "systems[0]"),
+])
+def test_bad_input_one_line_exit_2(args, field):
+    proc = cli(*args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], proc.stderr
