@@ -7,11 +7,14 @@
     sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
     python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
     python run_testbed.py predict topologies/atlas_paper.yaml [--json] [--systems a,b] [--plan N]
+    python run_testbed.py reproduce results/RUN... [--out DIR] # tables and figures from results
     python run_testbed.py list                                 # the shipped scenarios
     python run_testbed.py show topologies/two_dc.yaml [--json] # every setting, resolved
     sudo python run_testbed.py cleanup                         # remove what a killed run left
 
-validate, plan, predict, list and show need neither root nor Mininet nor torch.
+A scenario with a `sweep:` section runs once per point (testbed/sweep.py): `run -q` prints one
+line per point, `run --resume SWEEP_DIR` runs only the points not done yet.
+validate, plan, predict, list, show and reproduce need neither root nor Mininet nor torch.
 
 CLI only: parse flags, load the scenario, call the job, print one line on error. Exit codes:
 0 ok, 1 the run failed, 2 bad input (scenario or flags), 130 interrupted (after cleaning up).
@@ -25,7 +28,8 @@ from pathlib import Path
 
 from testbed.errors import ScenarioError, TestbedError
 
-COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "list", "show", "cleanup")
+COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "list", "show", "reproduce",
+            "cleanup")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated, each on a fresh network: baseline, multitcp, temporal, "
                           "atlas, dp-across-dcs (default: the scenario's systems)")
     run.add_argument("--iterations", type=int, default=None, help="override training.iterations")
+    run.add_argument("--resume", default=None, metavar="SWEEP_DIR",
+                     help="a sweep's results folder: run only its points not done yet (same "
+                          "scenario and flags)")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no progress bar and no per-iteration lines (for CI logs)")
     _common(run)
     cal = sub.add_parser("calibrate", help="measure every WAN link (ping, iperf3) against its config")
     cal.add_argument("scenario")
@@ -64,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "links, routes, training and each system's placement (no root)")
     show.add_argument("scenario")
     show.add_argument("--json", action="store_true", help="print one JSON document")
+    rep = sub.add_parser("reproduce", help="rebuild the paper-style tables and figures from "
+                         "saved results folders (no root, no network, no torch)")
+    rep.add_argument("results", nargs="+", metavar="RESULTS",
+                     help="run folders (with metrics.json) or sweep folders (with index.json)")
+    rep.add_argument("--out", default="reproduced",
+                     help="where the tables (Markdown, CSV) and figures (PNG) go (default "
+                          "reproduced/; its files are replaced)")
+    rep.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
     sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
     return parser
 
@@ -100,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
             from testbed.show import show_command
             print(show_command(args.scenario, as_json=args.json))
             return 0
+        if args.command == "reproduce":
+            from testbed.reproduce import reproduce
+            text, written = reproduce(args.results, Path(args.out),
+                                      figures=not args.no_figures)
+            print(text.rstrip())
+            print(f"results: {Path(args.out)} ({len(written)} files)")
+            return 0
         if args.command == "plan":
             from testbed.planview import plan_command
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
@@ -122,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
                     cfg = load_training(scenario)
                     what = (f"predict only: {sum(dc.hosts for dc in scenario.dcs)} hosts, "
                             f"training P={cfg.stages} D={cfg.replicas}")
+                elif scenario.sweep:
+                    from testbed.sweep import check_points, expand
+                    points = expand(dict(scenario.raw))
+                    check_points(points)          # what `run` checks, for every point
+                    what = f"sweep of {len(points)} points over {', '.join(scenario.sweep)}"
                 elif scenario.training is not None:
                     _, cfg, systems = load_run(path)  # exactly what `run` checks
                     what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
@@ -143,11 +172,22 @@ def main(argv: list[str] | None = None) -> int:
                                  seconds=args.seconds, streams=args.streams)
         else:
             from testbed.runcheck import load_run
+            from testbed.scenario import load_scenario
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
             load_run(args.scenario, systems=systems, iterations=args.iterations)
-            from testbed.jobs import run_job
-            path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
-                           systems=systems, iterations=args.iterations)
+            if load_scenario(args.scenario).sweep:
+                from testbed.sweeprun import sweep_job
+                path = sweep_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
+                                 systems=systems, iterations=args.iterations,
+                                 resume=None if args.resume is None else Path(args.resume),
+                                 quiet=args.quiet)
+            else:
+                if args.resume is not None:
+                    raise ScenarioError("--resume", f"{args.scenario} has no sweep",
+                                        "use --resume with a scenario that has a sweep: section")
+                from testbed.jobs import run_job
+                path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
+                               systems=systems, iterations=args.iterations, quiet=args.quiet)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

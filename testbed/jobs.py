@@ -7,6 +7,7 @@ One job per function; the work itself lives in testbed.calibrate and trainer/.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 import yaml
 
 from testbed import report
@@ -18,6 +19,9 @@ from testbed.results import new_run_dir, provenance, write_json, write_text
 from testbed.runcheck import load_run
 from testbed.scenario import Scenario, load_scenario
 from testbed.systems import get_system
+
+if TYPE_CHECKING:
+    from testbed.progress import Progress
 
 
 def _prepare(scenario: Scenario, out_dir: Path) -> Path:
@@ -63,49 +67,63 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
 
 
 def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
-            systems: list[str] | None = None, iterations: int | None = None) -> Path:
+            systems: list[str] | None = None, iterations: int | None = None,
+            progress: "Progress | None" = None, quiet: bool = False) -> Path:
     """Train once per system, each on a fresh network (testbed.systemrun); write metrics.json
-    with one block per system and, when baseline ran, each system's speedup over it."""
+    with one block per system and, when baseline ran, each system's speedup over it.
+    progress: a sweep's (testbed.progress), else one of this run's own (none when quiet)."""
+    from testbed.progress import Progress
+    from testbed.reproduce import SCHEMA_VERSION
     from testbed.systemrun import run_system, summary_lines
 
     scenario, cfg, systems = load_run(scenario_path, systems=systems, iterations=iterations)
     run_dir = _prepare(scenario, out_dir)
-    doc = {"scenario": scenario.name, "compute": cfg.compute, "schedule": cfg.schedule,
-           "scale": scenario.scale, "time_scale": scenario.time_scale,
-           "routing": scenario.routing, "congestion_control": scenario.congestion_control,
-           "connections": scenario.connections, "run_dir": str(run_dir), "systems": {}}
-    for name in systems:
-        print(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
-              f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}", flush=True)
-        metrics = run_system(scenario, cfg, get_system(name), run_dir, backend=backend,
-                             progress=lambda line: print("  " + line, flush=True))
-        doc["systems"][name] = metrics
-        doc["backend"] = metrics["network"]["backend"]
-        for line in summary_lines(metrics, cfg):
-            print("  " + line, flush=True)
-        report.steal_note(metrics["wan_warnings"], metrics["cpu"], indent="  ")
-    # The run's environment: the machine's, and the network each system ran on (the first's
-    # record as "network"; every system's folder has its own env.json too).
-    write_json(run_dir / "env.json", dict(
-        provenance(), network=next(iter(doc["systems"].values()))["network"],
-        networks={n: m["network"] for n, m in doc["systems"].items()}))
-    if "baseline" in doc["systems"]:
-        base = doc["systems"]["baseline"]["iteration_time_s"]
-        for name, m in doc["systems"].items():
-            m["speedup_vs_baseline"] = round(base / m["iteration_time_s"], 3)
-        print("speedup vs baseline: " + ", ".join(
-            f"{n} {m['speedup_vs_baseline']:.2f}x" for n, m in doc["systems"].items()), flush=True)
-    for name, m in doc["systems"].items():   # X+bubbletea against X, when both ran
-        other = doc["systems"].get(get_system(name).without_bubbles)
-        if "bubbletea" in m and other is not None:
-            bt = m["bubbletea"]
-            its = [i for i in bt["iterations"] if i < len(other["iteration_walls_s"])]
-            without_s = sum(other["iteration_walls_s"][i] for i in its) / max(1, len(its))
-            bt["iteration_time_without_s"] = without_s
-            bt["training_slowdown"] = round(bt["iteration_time_s"] / without_s - 1.0, 4)
-            bt["gpu_utilization_without"] = other["gpu_utilization"]
-            print(f"{name}: iterations {its[0]}-{its[-1]} took {bt['iteration_time_s']:.3f} s vs "
-                  f"{without_s:.3f} s without BubbleTea ({bt['training_slowdown']:+.1%}); "
-                  f"GPU utilization {bt['gpu_utilization']:.1%} vs "
-                  f"{other['gpu_utilization']:.1%}", flush=True)
-    return write_json(run_dir / "metrics.json", doc)
+    own = progress is None
+    if progress is None:
+        progress = Progress(len(systems) * cfg.iterations, quiet=quiet)
+    try:
+        say = progress.line
+        doc = {"schema_version": SCHEMA_VERSION,
+               "scenario": scenario.name, "compute": cfg.compute, "schedule": cfg.schedule,
+               "scale": scenario.scale, "time_scale": scenario.time_scale,
+               "routing": scenario.routing, "congestion_control": scenario.congestion_control,
+               "connections": scenario.connections, "run_dir": str(run_dir), "systems": {}}
+        for name in systems:
+            progress.where(f"{scenario.name} {name}")
+            say(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
+                f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}")
+            metrics = run_system(scenario, cfg, get_system(name), run_dir, backend=backend,
+                                 progress=lambda line: say("  " + line))
+            doc["systems"][name] = metrics
+            doc["backend"] = metrics["network"]["backend"]
+            for line in summary_lines(metrics, cfg):
+                say("  " + line)
+            report.steal_note(metrics["wan_warnings"], metrics["cpu"], indent="  ", say=say)
+        # The run's environment: the machine's, and the network each system ran on (the first's
+        # record as "network"; every system's folder has its own env.json too).
+        write_json(run_dir / "env.json", dict(
+            provenance(), network=next(iter(doc["systems"].values()))["network"],
+            networks={n: m["network"] for n, m in doc["systems"].items()}))
+        if "baseline" in doc["systems"]:
+            base = doc["systems"]["baseline"]["iteration_time_s"]
+            for name, m in doc["systems"].items():
+                m["speedup_vs_baseline"] = round(base / m["iteration_time_s"], 3)
+            say("speedup vs baseline: " + ", ".join(
+                f"{n} {m['speedup_vs_baseline']:.2f}x" for n, m in doc["systems"].items()))
+        for name, m in doc["systems"].items():   # X+bubbletea against X, when both ran
+            other = doc["systems"].get(get_system(name).without_bubbles)
+            if "bubbletea" in m and other is not None:
+                bt = m["bubbletea"]
+                its = [i for i in bt["iterations"] if i < len(other["iteration_walls_s"])]
+                without_s = sum(other["iteration_walls_s"][i] for i in its) / max(1, len(its))
+                bt["iteration_time_without_s"] = without_s
+                bt["training_slowdown"] = round(bt["iteration_time_s"] / without_s - 1.0, 4)
+                bt["gpu_utilization_without"] = other["gpu_utilization"]
+                say(f"{name}: iterations {its[0]}-{its[-1]} took {bt['iteration_time_s']:.3f} s vs "
+                    f"{without_s:.3f} s without BubbleTea ({bt['training_slowdown']:+.1%}); "
+                    f"GPU utilization {bt['gpu_utilization']:.1%} vs "
+                    f"{other['gpu_utilization']:.1%}")
+        return write_json(run_dir / "metrics.json", doc)
+    finally:
+        if own:
+            progress.close()

@@ -8,7 +8,7 @@ scaling, congestion control, real-time status); `announce` writes env.json and p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from testbed import wanstats
 from testbed.results import provenance, write_json
@@ -38,12 +38,14 @@ def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:
     return record
 
 
-def steal_note(warnings: list[str], cpu: dict[str, float], indent: str) -> None:
+def steal_note(warnings: list[str], cpu: dict[str, float], indent: str,
+               say: Callable[[str], None] | None = None) -> None:
     """Beside late-release warnings, the CPU share this VM's host took (their usual cause)."""
     if warnings and cpu["steal_pct"] > 0:
-        print(f"{indent}note: this VM's host took {cpu['steal_pct']:g}% of the CPU time (steal) "
-              "meanwhile; its stalls delay every process in the guest, the real-time delay "
-              "lines included", flush=True)
+        (say or (lambda line: print(line, flush=True)))(
+            f"{indent}note: this VM's host took {cpu['steal_pct']:g}% of the CPU time (steal) "
+            "meanwhile; its stalls delay every process in the guest, the real-time delay "
+            "lines included")
 
 
 def wan_summary(stats: dict[str, dict], cpu: dict[str, float]) -> str:

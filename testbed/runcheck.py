@@ -20,14 +20,26 @@ def load_run(scenario_path: str, *, systems: list[str] | None = None,
              iterations: int | None = None) -> tuple[Scenario, "TrainConfig", list[str]]:
     """Everything `run` checks before building anything (also what `validate` checks):
     the scenario, its training section against its hosts, the systems asked for, and that
-    each system can be placed on the scenario's hosts."""
+    each system can be placed on the scenario's hosts. A scenario with a sweep: its first
+    point (testbed.sweep; `validate` checks them all)."""
+    scenario = load_scenario(scenario_path)
+    if scenario.sweep:
+        from testbed.scenario import parse_scenario
+        from testbed.sweep import expand
+        scenario = parse_scenario(expand(dict(scenario.raw))[0].doc, path=scenario.path)
+    return check_run(scenario, systems=systems, iterations=iterations)
+
+
+def check_run(scenario: Scenario, *, systems: list[str] | None = None,
+              iterations: int | None = None) -> tuple[Scenario, "TrainConfig", list[str]]:
+    """load_run's checks of a loaded scenario."""
     from trainer.config import TrainConfig, validate_against_hosts
 
-    scenario = load_scenario(scenario_path)
     scenario.check_emulable()
     if scenario.training is None:
-        raise ScenarioError("training", f"{scenario_path} has no training section",
-                            "add one (see topologies/two_dc.yaml) or use the calibrate command")
+        raise ScenarioError("training", f"{scenario.path or scenario.name} has no training "
+                            "section", "add one (see topologies/two_dc.yaml) or use the "
+                            "calibrate command")
     training = dict(scenario.training)
     if iterations is not None:
         training["iterations"] = iterations

@@ -134,6 +134,7 @@ class Scenario:
     # turn it off; the model follows the same setting.
     tcp_slow_start_after_idle: bool = True
     description: str = ""             # one line for `list` and `show`
+    sweep: dict[str, Any] | None = None   # testbed.sweep: one run per point (raw holds it)
 
     def check_emulable(self) -> None:
         """ScenarioError unless this scenario may be built (run, calibrate)."""
@@ -192,7 +193,7 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
                           "congestion_control", "connections", "systems", "training",
                           "bubbletea", "predict_only", "tcp_slow_start_after_idle",
-                          "description"})
+                          "description", "sweep"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
@@ -239,6 +240,10 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
             or len(description) > 300:
         raise ScenarioError("description", "must be one line of at most 300 characters",
                             "shorten it; longer notes go in YAML comments")
+    sweep = top.get("sweep")
+    if sweep is not None:
+        from testbed.sweep import expand
+        expand(top)              # its shape and paths (each point is checked when it runs)
     slow_start = top.get("tcp_slow_start_after_idle", True)
     if not isinstance(slow_start, bool):
         raise ScenarioError("tcp_slow_start_after_idle", f"{slow_start!r} is not true or false",
@@ -251,7 +256,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
                     backend=backend, routing=routing, congestion_control=congestion_control,
                     connections=connections, systems=tuple(systems), training=training,
                     bubbletea=bubbletea, path=path, raw=top, predict_only=predict_only,
-                    tcp_slow_start_after_idle=slow_start, description=description.strip())
+                    tcp_slow_start_after_idle=slow_start, description=description.strip(),
+                    sweep=sweep)
 
 
 def is_system_name(name: Any) -> bool:

@@ -144,6 +144,11 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                 title=f"{scenario.name} {system.name}",
                                                 extra_spans=extra, iteration=shown_iteration))
+    from testbed.trace import trace_events
+    slot_logs = [r for log in sorted((sys_dir / "slots").glob("*-arbiter.jsonl"))
+                 for r in read_jsonl(log)]
+    metrics["trace_json"] = str(write_json(sys_dir / "trace.json", trace_events(
+        spans, extra or [], slot_logs, time_scale=T, title=f"{scenario.name} {system.name}")))
     write_json(sys_dir / "metrics.json", metrics)   # this system's block, kept if a later fails
     return metrics
 

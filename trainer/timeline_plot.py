@@ -132,6 +132,6 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
     fig.tight_layout(rect=(0, (0.2 * legend_rows + 0.05) / fig.get_figheight(), 1, 1))
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
+    fig.savefig(out_png, dpi=120, metadata={"Software": None})   # same bytes across versions
     plt.close(fig)
     return out_png
