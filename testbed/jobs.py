@@ -123,7 +123,10 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                     f"{without_s:.3f} s without BubbleTea ({bt['training_slowdown']:+.1%}); "
                     f"GPU utilization {bt['gpu_utilization']:.1%} vs "
                     f"{other['gpu_utilization']:.1%}")
-        return write_json(run_dir / "metrics.json", doc)
+        path = write_json(run_dir / "metrics.json", doc)
+        from testbed.reproduce import reproduce
+        reproduce([str(run_dir)], run_dir, figures=False)   # the run's own tables (Markdown, CSV)
+        return path
     finally:
         if own:
             progress.close()

@@ -165,8 +165,11 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
-def reproduce(paths: Sequence[str], out_dir: Path, *, figures: bool = True) -> tuple[str, list[Path]]:
-    """Write the tables and figures (module docstring); return the Markdown and the files."""
+def reproduce(paths: Sequence[str], out_dir: Path, *, figures: bool = True,
+              timelines: bool = True) -> tuple[str, list[Path]]:
+    """Write the tables and figures (module docstring); return the Markdown and the files.
+    A run and a sweep write their own tables (and a sweep its figures, without timelines: each
+    run has its own) into their folders this way."""
     runs = load_runs(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -180,5 +183,5 @@ def reproduce(paths: Sequence[str], out_dir: Path, *, figures: bool = True) -> t
         written.append(_write(out_dir / f"{stem}.csv", csv_text(rows).encode()))
     if figures:
         from testbed.reproduce_plots import figures as draw
-        written += draw(runs, out_dir, _write)
+        written += draw(runs, out_dir, _write, timelines=timelines)
     return text, written

@@ -26,7 +26,8 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def figures(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes], Path]) -> list[Path]:
+def figures(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes], Path], *,
+            timelines: bool = True) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -73,11 +74,12 @@ def figures(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes], Path])
         fig.tight_layout()
         out.append(write(out_dir / "bubbletea_vs_rate.png", _png(fig)))
         plt.close(fig)
-    out += timelines(runs, out_dir, write)
+    if timelines:
+        out += draw_timelines(runs, out_dir, write)
     return out
 
 
-def timelines(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes], Path]) -> list[Path]:
+def draw_timelines(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes], Path]) -> list[Path]:
     from trainer.timeline_plot import plot_timeline
     out = []
     for r in runs:

@@ -71,11 +71,24 @@ def provenance() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "gpus": version(["nvidia-smi", "-L"]) or "none",
         "iperf3": version(["iperf3", "--version"]),
     }
-    for dist in ("pyroute2", "torch", "mininet"):
+    for dist in ("pyroute2", "torch", "mininet", "numpy", "matplotlib", "PyYAML", "scapy",
+                 "tqdm"):
         try:
             info[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             info[dist] = "missing"
     return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -76,6 +76,9 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
         progress.close()
     for line in summary(index):
         progress.say(line)
+    if any(e["status"] == "done" for e in index["points"]):
+        from testbed.reproduce import reproduce
+        reproduce([str(sweep_dir)], sweep_dir, timelines=False)   # the sweep's tables, figures
     failed = [e for e in index["points"] if e["status"] != "done"]
     if failed:
         raise TestbedError(f"{len(failed)} of {len(points)} sweep points failed "

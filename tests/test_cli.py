@@ -38,6 +38,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     ["predict", "topologies/atlas_bubbletea.yaml"],
     ["list"],
     ["show", "topologies/atlas_bubbletea.yaml"],
+    ["reproduce", *[str(p.relative_to(REPO)) for p in
+                    sorted((REPO / "results" / "reference").glob("two_dc-*"))[:1]],
+     "--no-figures", "--out", "/tmp/rep-cli-test"],
 ], ids=lambda a: a[0])
 def test_needs_no_mininet_nor_torch(args):
     proc = cli(*args)
@@ -63,7 +66,7 @@ def test_show_resolves_settings_and_placements():
 
 
 @pytest.mark.parametrize("command", ["run", "calibrate", "validate", "plan", "predict", "list",
-                                     "show", "cleanup"])
+                                     "show", "reproduce", "cleanup"])
 def test_every_command_has_help(command):
     proc = cli(command, "--help")
     assert proc.returncode == 0 and "usage: run_testbed.py " + command in proc.stdout
