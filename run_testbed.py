@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", default=None, metavar="SWEEP_DIR",
                      help="a sweep's results folder: run only its points not done yet (same "
                           "scenario and flags)")
+    run.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                     help="stop a system's training after S seconds (real time; default: 3x "
+                          "the model's predicted time plus 120 s, or 600 s in measured mode)")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="no progress bar and no per-iteration lines (for CI logs)")
     _common(run)
@@ -103,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
         argv.insert(0, "run")  # run_testbed.py SCENARIO
     args = build_parser().parse_args(argv)
+    if args.command in ("run", "calibrate"):
+        from testbed import interrupts
+        interrupts.install()        # a Ctrl-C swallowed by a fork's handler is not lost
     try:
         if args.command == "cleanup":
             from testbed.registry import cleanup
@@ -174,20 +180,24 @@ def main(argv: list[str] | None = None) -> int:
             from testbed.runcheck import load_run
             from testbed.scenario import load_scenario
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            if args.timeout_s is not None and not args.timeout_s > 0:
+                raise ScenarioError("--timeout-s", f"{args.timeout_s:g} is not a duration",
+                                    "give seconds above 0")
             load_run(args.scenario, systems=systems, iterations=args.iterations)
             if load_scenario(args.scenario).sweep:
                 from testbed.sweeprun import sweep_job
                 path = sweep_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  systems=systems, iterations=args.iterations,
                                  resume=None if args.resume is None else Path(args.resume),
-                                 quiet=args.quiet)
+                                 quiet=args.quiet, timeout_s=args.timeout_s)
             else:
                 if args.resume is not None:
                     raise ScenarioError("--resume", f"{args.scenario} has no sweep",
                                         "use --resume with a scenario that has a sweep: section")
                 from testbed.jobs import run_job
                 path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
-                               systems=systems, iterations=args.iterations, quiet=args.quiet)
+                               systems=systems, iterations=args.iterations, quiet=args.quiet,
+                               timeout_s=args.timeout_s)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -14,10 +14,15 @@ class ScenarioError(ValueError):
         msg = f"{field}: {problem}"
         if fix:
             msg += f"; {fix}"
-        super().__init__(msg)
+        super().__init__(_one_line(msg))
 
 
 class TestbedError(RuntimeError):
     """A run could not be built or did not finish (the message says what and why)."""
 
     __test__ = False  # not a pytest test class
+
+
+def _one_line(text: str) -> str:
+    """Control characters (a newline in a field name, say) escaped: an error stays one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)

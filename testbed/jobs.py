@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 import yaml
 
-from testbed import report
+from testbed import interrupts, report
 from testbed.calibrate import Settings, calibrate, paths_table, table
 from testbed.errors import ScenarioError
 from testbed.machine import CpuTimes
@@ -68,7 +68,8 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
 
 def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             systems: list[str] | None = None, iterations: int | None = None,
-            progress: "Progress | None" = None, quiet: bool = False) -> Path:
+            progress: "Progress | None" = None, quiet: bool = False,
+            timeout_s: float | None = None) -> Path:
     """Train once per system, each on a fresh network (testbed.systemrun); write metrics.json
     with one block per system and, when baseline ran, each system's speedup over it.
     progress: a sweep's (testbed.progress), else one of this run's own (none when quiet)."""
@@ -89,11 +90,12 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                "routing": scenario.routing, "congestion_control": scenario.congestion_control,
                "connections": scenario.connections, "run_dir": str(run_dir), "systems": {}}
         for name in systems:
+            interrupts.check()
             progress.where(f"{scenario.name} {name}")
             say(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
                 f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}")
             metrics = run_system(scenario, cfg, get_system(name), run_dir, backend=backend,
-                                 progress=lambda line: say("  " + line))
+                                 progress=lambda line: say("  " + line), timeout_s=timeout_s)
             doc["systems"][name] = metrics
             doc["backend"] = metrics["network"]["backend"]
             for line in summary_lines(metrics, cfg):

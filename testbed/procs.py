@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+from testbed import interrupts
+
 
 class HostProcess:
     """A started process: its host, argv, pid and log file."""
@@ -136,6 +138,7 @@ def wait_all(procs: Sequence[HostProcess], timeout_s: float, poll_s: float = 0.0
     pending = list(procs)
     try:
         while pending:
+            interrupts.check()     # a Ctrl-C swallowed in a fork's handler stops us here
             if on_tick is not None:
                 on_tick()
             for proc in list(pending):

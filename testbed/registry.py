@@ -78,6 +78,12 @@ class Registry:
         self.data["interface_ids"] = ids
         self._write()
 
+    def remove_all(self) -> list[str]:
+        """Remove what this registry lists, as `cleanup` would for a crashed run (for a
+        teardown that Mininet could not finish, e.g. interrupted mid-build). Lines as
+        cleanup's; those starting with "could not" are what is left."""
+        return _remove(self.data, live_interfaces(self.path.parent) - set(self.data["interfaces"]))
+
     def close(self) -> None:
         """The run tore everything down itself: forget it."""
         self.path.unlink(missing_ok=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from testbed import interrupts
 from testbed.errors import ScenarioError, TestbedError
 from testbed.progress import Progress
 from testbed.results import new_run_dir, write_json, write_text
@@ -46,7 +47,8 @@ def sweep_key(doc: dict[str, Any], systems: list[str] | None, iterations: int | 
 
 def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
               systems: list[str] | None = None, iterations: int | None = None,
-              resume: Path | None = None, quiet: bool = False) -> Path:
+              resume: Path | None = None, quiet: bool = False,
+              timeout_s: float | None = None) -> Path:
     from testbed.jobs import run_job
     doc = read_doc(scenario_path)
     points = expand(doc)
@@ -71,7 +73,8 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     try:
         for p in todo:
             _run_point(p, sweep_dir, index, progress, run_job, backend=backend,
-                       systems=systems, iterations=iterations, n=len(points))
+                       systems=systems, iterations=iterations, n=len(points),
+                       timeout_s=timeout_s)
     finally:
         progress.close()
     for line in summary(index):
@@ -89,8 +92,9 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
 
 def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_job, *,
                backend: str | None, systems: list[str] | None, iterations: int | None,
-               n: int) -> None:
+               n: int, timeout_s: float | None = None) -> None:
     entry = index["points"][p.index]
+    interrupts.check()
     (sweep_dir / "points").mkdir(exist_ok=True)
     path = write_text(sweep_dir / "points" / f"{p.label}.yaml",
                       yaml.safe_dump(p.doc, sort_keys=False))
@@ -99,7 +103,8 @@ def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_j
     progress.where(f"point {p.index + 1}/{n} {p.label}")
     try:
         metrics_path = run_job(str(path), out_dir=sweep_dir / "runs", backend=backend,
-                               systems=systems, iterations=iterations, progress=progress)
+                               systems=systems, iterations=iterations, progress=progress,
+                               timeout_s=timeout_s)
     except KeyboardInterrupt:
         entry["status"] = "interrupted"
         write_json(sweep_dir / "index.json", index)

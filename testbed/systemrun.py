@@ -26,6 +26,7 @@ from testbed.network import Network
 from testbed.placement import place_for_system
 from testbed.results import write_json
 from testbed.slotplan import plan_slots
+from testbed.timeouts import timeouts_for
 from testbed.systems import System, connections_for
 
 # SCHED_FIFO of the workers' stage-to-stage I/O threads (below the delay lines' and arbiters'
@@ -41,13 +42,15 @@ if TYPE_CHECKING:
 
 
 def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir: Path, *,
-               backend: str | None, progress: Callable[[str], None]) -> dict:
+               backend: str | None, progress: Callable[[str], None],
+               timeout_s: float | None = None) -> dict:
     from trainer.launch import HostInfo, launch
     from trainer.events import read_jsonl
     from trainer.metrics import congestion_control_in_use, in_real_time, metrics_from_records
     from trainer.timeline_plot import plot_timeline
 
     placement = place_for_system(scenario, cfg, system)
+    limits = timeouts_for(scenario, cfg, system, timeout_s)
     placed = replace(cfg, placement=placement.hosts, placement_dcs=None)
     slots = plan_slots(scenario, placed, placement, system)
     sys_dir = run_dir / system.name
@@ -76,8 +79,8 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                          f" ({prefill.load['refused']} refused, {prefill.load['truncated']} "
                          f"truncated to {prefill.load['context_tokens']} tokens)")
             run = launch(placed, hosts, sys_dir, net, scale=scenario.scale,
-                         progress=progress, time_scale=T, timeout_s=600.0 * T,
-                         connect_timeout_s=60.0 * T,  # also gloo's timeout
+                         progress=progress, time_scale=T, timeout_s=limits.run_s * T,
+                         connect_timeout_s=limits.peer_s * T,  # also gloo's timeout
                          congestion_control=scenario.congestion_control,
                          connections=lambda a, b: connections_for(scenario, system, a, b),
                          gate=None if sharing is None else sharing.gate_for,
@@ -120,7 +123,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                 in_use=congestion_control_in_use(run.spans_path)),
         transport_io_realtime=sorted({x for r in spans if r["name"] == "SETUP"
                                       for x in r.get("io_realtime", [])}),
-        wall_s=round(run.wall_s, 3),
+        wall_s=round(run.wall_s, 3), timeouts=limits.to_dict(),
         timings_s={k: round(v, 3) for k, v in net.timings_s.items()})
     metrics["wan_warnings"] = (wanstats.warnings({k: v for k, v in wan_links.items()
                                                   if "packets" in v}, scenario.wan)

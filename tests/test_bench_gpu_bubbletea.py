@@ -36,7 +36,7 @@ def _numbers(node, path="$"):
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bubbletea_gpu.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--device", "cpu",
-                           "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                           "--iterations", "6", "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "results:" in proc.stdout

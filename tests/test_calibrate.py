@@ -82,7 +82,9 @@ def test_calibrate_triangle_measures_each_link_over_itself(start_child, tmp_path
     # 4 s per iperf3 test, not 2: the goodput is the median of the steady 1 s intervals, and
     # with only 2-4 of them one loss burst on the 10 Mbit/s, 30 ms link could lift it to 1.05x
     # the rate (2 failures in 8 runs, 2026-11-30)
-    child, rc = calibrate(start_child, path, tmp_path / "results", "--seconds", "4")
+    # one flow (--streams 1): calibrate then measures it once per direction, not twice
+    child, rc = calibrate(start_child, path, tmp_path / "results", "--seconds", "4",
+                          "--streams", "1")
     assert rc == 0, child.describe()
     doc = json.loads(results_path(child).read_text())
     assert doc["routing"] == "direct" and doc["congestion_control"]["per_socket"] == "cubic"
