@@ -377,3 +377,33 @@ def test_transport_sockets_run_the_chosen_congestion_control(cc):
 def test_transport_refuses_an_unknown_congestion_control():
     with pytest.raises(OSError, match="cannot use TCP congestion control 'nosuchcc'"):
         Listener("127.0.0.1", 0, congestion_control="nosuchcc")
+
+
+def test_a_failed_send_is_reported_at_once_on_both_sides():
+    """A sender thread that fails (here its slot gate raises) ends the channel at once: this
+    side's recv names the cause, and the peer's recv sees the connection end, both within
+    seconds instead of their 30 s timeouts."""
+    port = free_port()
+    lst = Listener("127.0.0.1", port)
+
+    def broken_gate(wire_bytes: int):
+        raise RuntimeError("the slot arbiter went away")
+
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("ch", connect(
+        "127.0.0.1", port, hello="s0r0", peer="s1r0", timeout_s=5, gate=broken_gate)))
+    t.start()
+    peer = lst.accept("s0r0", timeout_s=5)
+    t.join(5)
+    ch = got["ch"]
+    t0 = time.monotonic()
+    ch.send(KIND_ACT, 0, 0, torch.zeros(4))
+    with pytest.raises(ConnectionError, match="slot arbiter went away"):
+        ch.recv(KIND_GRAD, 0, 0, timeout_s=30)
+    with pytest.raises(ConnectionError):
+        peer.recv(KIND_ACT, 0, 0, timeout_s=30)
+    assert time.monotonic() - t0 < 3
+    with pytest.raises(ConnectionError, match="s1r0"):
+        ch.close(timeout_s=1)
+    peer.close(timeout_s=1)
+    lst.close()

@@ -275,12 +275,30 @@ class Channel:
                     if self._tx_error is None:
                         self._send_message(msg)
                 except Exception as exc:  # noqa: BLE001 - a socket or gate failure ends sending
-                    self._tx_error = exc
+                    if self._tx_error is None:
+                        self._tx_error = exc
+                        self._fail_fast(exc)
                 finally:
                     self._outq.task_done()
         finally:
             for q in self._stripe_qs[1:]:
                 q.put(None)
+
+    def _fail_fast(self, exc: BaseException) -> None:
+        """Sending failed: say so at once on both sides instead of leaving them to their
+        timeouts. This side's recv() raises (naming the peer and the cause), and the sockets are
+        shut down, so the peer's readers see the connection end and its recv() raises too."""
+        with self._cond:
+            if self._rx_error is None:
+                self._rx_error = ConnectionError(f"sending to {self.peer} failed: "
+                                                 f"{type(exc).__name__}: {exc}")
+                self._rx_error.__cause__ = exc
+            self._cond.notify_all()
+        for sock in self.socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _send_message(self, msg: _Outgoing) -> None:
         data = _tensor_bytes(msg.tensor)
