@@ -462,3 +462,23 @@ def test_host_tcp_settings_follow_the_scenario(tmp_path):
     assert Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").read_text().strip() == machine
     with build(tmp_path / "on", two_dc("s")) as net:
         assert read(net, "sa-h1", "tcp_slow_start_after_idle") == "1"
+
+
+def test_hosts_cannot_reach_outside_the_emulated_network(tmp_path):
+    """From a host and from a gateway: the machine's own address and a public address are
+    unreachable (no route out of the emulated network), while the other DC answers."""
+    import subprocess
+    got = subprocess.run(["ip", "-4", "route", "get", "1.1.1.1"], capture_output=True,
+                         text=True).stdout.split()
+    machine_ip = got[got.index("src") + 1] if "src" in got else None
+    with build(tmp_path, two_dc("o")) as net:
+        net.run("oa-h1", ["ping", "-c", "1", "-W", "2", net.host_ip("ob-h1")], timeout_s=10,
+                name="ping-in")
+        for node in ("oa-h1", "oa-gw"):
+            for target in [t for t in ("1.1.1.1", machine_ip) if t]:
+                with pytest.raises(TestbedError):
+                    net.run(node, ["ping", "-c", "1", "-W", "1", target], timeout_s=10,
+                            name=f"ping-out-{target}")
+            routes = net.run(node, ["ip", "-4", "route", "show", "default"], timeout_s=10,
+                             name="routes")
+            assert node.endswith("-h1") or not routes.strip(), routes   # no way out of a gateway
