@@ -1,6 +1,6 @@
 """Progress of a run or a sweep: one tqdm bar over every iteration to train (points x systems x
 iterations), with the sweep point and system in its description and tqdm's elapsed time and
-ETA; the run's own lines printed above it. Quiet: neither (CI logs stay short).
+ETA, on a terminal; the run's own lines printed above it. Quiet: neither (CI logs stay short).
 
 One job: show progress. The trainer reports "iteration k/N: ..." lines (trainer.launch); each
 one advances the bar.
@@ -19,7 +19,9 @@ ITERATION_RE = re.compile(r"^iteration (\d+)/(\d+)")
 class Progress:
     def __init__(self, total_iterations: int, *, quiet: bool = False) -> None:
         self.quiet = quiet
-        self.bar = tqdm(total=total_iterations, unit="it", file=sys.stderr, disable=quiet,
+        # no bar when stderr is not a terminal (CI logs, files): the lines alone
+        self.bar = tqdm(total=total_iterations, unit="it", file=sys.stderr,
+                        disable=quiet or not sys.stderr.isatty(),
                         dynamic_ncols=True, leave=False,
                         bar_format="{desc} {n_fmt}/{total_fmt} iterations "
                                    "[{elapsed} elapsed, {remaining} left]")
