@@ -4,7 +4,8 @@ without building anything (no root, no network, no torch).
 One job: format model.predict's predictions for the scenario's systems as a table or one JSON
 document; per system the speedup against the first system listed (baseline when present), and
 for a +bubbletea system a line of BubbleTea's predicted figures (model.bubbletea).
-With --plan N: the N fastest stage-to-DC assignments instead (model.planner).
+With --plan N: the N fastest stage-to-DC assignments instead (model.planner). A scenario with a
+sweep: every point in turn.
 """
 
 from __future__ import annotations
@@ -20,8 +21,28 @@ from testbed.scenario import load_scenario
 
 def predict_command(path: str, systems: Sequence[str] | None = None,
                     as_json: bool = False, plan_top: int | None = None) -> str:
-    from model.predict import predict
     scenario = load_scenario(path)
+    if not scenario.sweep:
+        return _predict_one(scenario, systems, as_json, plan_top)
+    from testbed.scenario import parse_scenario
+    from testbed.sweep import expand
+    out = []
+    docs = []
+    for point in expand(dict(scenario.raw)):       # a sweep: every point, as `run` would
+        one = parse_scenario(point.doc, path=scenario.path)
+        text = _predict_one(one, systems, as_json, plan_top)
+        if as_json:
+            docs.append(dict(json.loads(text), point=point.index, values=point.values))
+        else:
+            out.append(f"sweep point {point.index} ({json.dumps(point.values)}):\n{text}")
+    if as_json:
+        return json.dumps({"scenario": scenario.name, "points": docs}, indent=1)
+    return "\n\n".join(out)
+
+
+def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
+                 plan_top: int | None) -> str:
+    from model.predict import predict
     cfg = load_training(scenario)
     if cfg.compute != "profile":
         raise ScenarioError("training.compute", "the model needs profile mode (measured op "

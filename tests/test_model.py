@@ -290,3 +290,15 @@ def test_paper_whatif_bench_prints_both_tables(capsys):
     assert mod.main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert out.count("| gpt70b_3dc") == 4 and ">= 17x over baseline" in out and ">= 94 %" in out
+
+
+def test_predict_a_sweep_gives_every_point(capsys):
+    from run_testbed import main
+    path = str(REPO / "topologies" / "sweep_delay.yaml")
+    assert main(["predict", path, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["values"] for p in doc["points"]] == [{"wan.delay_ms": d} for d in (5, 20, 40)]
+    base = [p["systems"][0]["iteration_time_s"] for p in doc["points"]]
+    assert base == sorted(base)                  # baseline: more delay, slower
+    assert main(["predict", path]) == 0
+    assert capsys.readouterr().out.count("sweep point") == 3
