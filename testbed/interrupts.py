@@ -32,6 +32,3 @@ def check() -> None:
     if _pending.is_set():
         raise KeyboardInterrupt("interrupted (Ctrl-C)")
 
-
-def pending() -> bool:
-    return _pending.is_set()

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import yaml
 
 from testbed.errors import ScenarioError
+from testbed.results import write_bytes
 
 SCHEMA_VERSION = 1          # metrics.json's `schema_version` that this code reads
 
@@ -158,13 +159,6 @@ def csv_text(rows: list[list[str]]) -> str:
     return buf.getvalue()
 
 
-def _write(path: Path, data: bytes) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return path
-
-
 def reproduce(paths: Sequence[str], out_dir: Path, *, figures: bool = True,
               timelines: bool = True) -> tuple[str, list[Path]]:
     """Write the tables and figures (module docstring); return the Markdown and the files.
@@ -179,9 +173,9 @@ def reproduce(paths: Sequence[str], out_dir: Path, *, figures: bool = True,
             continue
         md = markdown(rows)
         text += f"{stem}:\n\n{md}\n"
-        written.append(_write(out_dir / f"{stem}.md", md.encode()))
-        written.append(_write(out_dir / f"{stem}.csv", csv_text(rows).encode()))
+        written.append(write_bytes(out_dir / f"{stem}.md", md.encode()))
+        written.append(write_bytes(out_dir / f"{stem}.csv", csv_text(rows).encode()))
     if figures:
         from testbed.reproduce_plots import figures as draw
-        written += draw(runs, out_dir, _write, timelines=timelines)
+        written += draw(runs, out_dir, write_bytes, timelines=timelines)
     return text, written

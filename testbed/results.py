@@ -50,8 +50,13 @@ def write_json(path: Path, doc: Any) -> Path:
 
 
 def write_text(path: Path, text: str) -> Path:
+    return write_bytes(path, text.encode())
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    """path's new content, whole: written to a temporary file beside it, then renamed."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
 

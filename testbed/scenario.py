@@ -198,10 +198,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
                             "use 1-64 letters, digits, '_', '-' or '.'")
-    predict_only = top.get("predict_only", False)
-    if not isinstance(predict_only, bool):
-        raise ScenarioError("predict_only", f"{predict_only!r} is not true or false",
-                            "use true for a scenario only `predict` reads")
+    predict_only = _flag(top.get("predict_only", False), "predict_only",
+                         "use true for a scenario only `predict` reads")
     dcs = _parse_dcs(top.get("dcs"), MAX_HOSTS_PER_DC_PREDICT_ONLY if predict_only
                      else MAX_HOSTS_PER_DC)
     wan = _parse_wan(top.get("wan", []), dcs)
@@ -244,10 +242,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     if sweep is not None:
         from testbed.sweep import expand
         expand(top)              # its shape and paths (each point is checked when it runs)
-    slow_start = top.get("tcp_slow_start_after_idle", True)
-    if not isinstance(slow_start, bool):
-        raise ScenarioError("tcp_slow_start_after_idle", f"{slow_start!r} is not true or false",
-                            "use true (Linux's default) or false (a WAN-tuned host)")
+    slow_start = _flag(top.get("tcp_slow_start_after_idle", True), "tcp_slow_start_after_idle",
+                       "use true (Linux's default) or false (a WAN-tuned host)")
     bubbletea = None
     if "bubbletea" in top:
         from prefill.config import BubbleTeaConfig
@@ -406,6 +402,12 @@ def _no_unknown(d: dict[str, Any], where: str, allowed: set[str]) -> None:
             prefix = f"{where}." if where else ""
             raise ScenarioError(f"{prefix}{key}", "unknown field",
                                 f"use one of {', '.join(sorted(allowed))}")
+
+
+def _flag(value: Any, where: str, fix: str) -> bool:
+    if not isinstance(value, bool):
+        raise ScenarioError(where, f"{value!r} is not true or false", fix)
+    return value
 
 
 def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:

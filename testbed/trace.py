@@ -14,10 +14,8 @@ run's first record.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from trainer.events import read_jsonl
 
 THREADS = {"F": "compute", "B": "compute", "OPT": "compute", "GPU_WAIT": "wait",
            "RECV_F": "recv", "RECV_B": "recv", "SEND_F": "send", "SEND_B": "send",
@@ -89,13 +87,3 @@ def trace_events(spans: Sequence[dict], prefill: Sequence[dict] = (),
             "otherData": {"title": title, "time": "real (emulated / time_scale)",
                           "time_scale": time_scale}}
 
-
-def system_trace(sys_dir: Path, *, time_scale: float = 1.0, title: str = "") -> dict[str, Any]:
-    """The trace document of one system's results folder (its spans, prefill records, slot
-    logs)."""
-    spans = list(read_jsonl(sys_dir / "trainer_spans.jsonl"))
-    prefill_path = sys_dir / "prefill_records.jsonl"
-    prefill = list(read_jsonl(prefill_path)) if prefill_path.exists() else []
-    slots = [s for log in sorted((sys_dir / "slots").glob("*-arbiter.jsonl"))
-             for s in read_jsonl(log)]
-    return trace_events(spans, prefill, slots, time_scale=time_scale, title=title)
