@@ -7,8 +7,8 @@ figures come from). Each part is the run's own code or rule:
 - bubbles: at the end of each compute op a worker announces the gap before its next op as
   trainer.bubbles.BubblePredictor predicts it (the minimum of its last iterations' gaps; none
   while it has too little history, none under MIN_NOTICE_MS, none for the gap that holds the
-  all-reduce unless fill_allreduce: trainer/worker.py's rule). A bubble ends at its predicted
-  end or when the next op starts, whichever is first;
+  all-reduce unless fill_allreduce: BubblePredictor.announced_ns, as the workers announce). A
+  bubble ends at its predicted end or when the next op starts, whichever is first;
 - the load: testbed.bubbletea.make_requests (the same requests, split over the DCs the same
   way), each DC's replay starting at its first bubble notice (prefill/controller.py);
 - admission: prefill.admission.choose at every pick (the host's chunked request first, then a
@@ -36,10 +36,10 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
-from prefill.admission import Admission, Pending, choose, make_pending
+from prefill.admission import Admission, Pending, choose, chunk_hold_ns, make_pending
 from prefill.metrics import bubbletea_metrics
 from prefill.profile import PrefillProfile
-from trainer.bubbles import MIN_NOTICE_MS, BubblePredictor
+from trainer.bubbles import BubblePredictor
 from trainer.events import COMPUTE_SPANS
 
 if TYPE_CHECKING:
@@ -77,9 +77,8 @@ def announced_bubbles(spans: Sequence[dict], rows: Sequence[Sequence[str]], dp: 
         for prev, op in zip(ops, ops[1:]):
             k = len(row) if op["name"] == "OPT" else k_of[f"{op['name']}{op['microbatch']}"]
             gap = op["t_start_ns"] - prev["t_end_ns"]
-            guess = pred.predict_ns(k)
-            if (guess is not None and guess >= MIN_NOTICE_MS * NS_PER_MS
-                    and not (dp and k == len(row) and not fill_allreduce)):
+            guess = pred.announced_ns(k, dp=dp, fill_allreduce=fill_allreduce)
+            if guess is not None:
                 got.append((prev["t_end_ns"], prev["t_end_ns"] + min(guess, gap)))
             pred.observe(op["iteration"], k, gap)
     return out
@@ -120,8 +119,7 @@ def fill(bubbles: dict[str, list[tuple[int, int]]], host_dc: dict[str, str],
     chunking = cfg.chunked_prefill
 
     def chunk_ns(done: int, end: int) -> tuple[int, int]:
-        ms = profile.chunk_ms(done, end)
-        return round(ms * NS_PER_MS), round(cfg.guard_for_ms(ms) * NS_PER_MS)
+        return chunk_hold_ns(profile, cfg, done, end, time_scale=1.0)
 
     def request(r: Pending, outcome: str, **extra: Any) -> None:
         records.append({"name": "REQUEST", "id": r.id, "t_arrival_ns": r.t_arrival_ns,

@@ -30,7 +30,11 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from prefill.config import BubbleTeaConfig
+    from prefill.profile import PrefillProfile
 
 NS_PER_MS = 1_000_000
 # A pick looks at the oldest PICK_WINDOW requests only: under overload the queue grows to
@@ -186,6 +190,15 @@ def chunk_end(done: int, target: int, room_ns: int, cost_ns: Callable[[int, int]
         else:
             hi = mid - 1
     return lo
+
+
+def chunk_hold_ns(profile: "PrefillProfile", cfg: "BubbleTeaConfig", done: int, end: int, *,
+                  time_scale: float) -> tuple[int, int]:
+    """A chunk's predicted hold and its guard (the profile's chunk time, cfg's guard), dilated
+    by time_scale, in ns: what the controller and the model (model.bubbletea) admit by."""
+    ms = profile.chunk_ms(done, end)
+    return (int(ms * time_scale * NS_PER_MS),
+            int(cfg.guard_for_ms(ms) * time_scale * NS_PER_MS))
 
 
 def make_pending(*, id: str, seq: int, t_arrival_ns: int, target_tokens: int,

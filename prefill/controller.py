@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefill.admission import Admission, Pending, choose, make_pending
+from prefill.admission import Admission, Pending, choose, chunk_hold_ns, make_pending
 from prefill.config import BubbleTeaConfig
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
@@ -249,9 +249,7 @@ class Controller:
 
     def chunk_ns(self, done: int, end: int) -> tuple[int, int]:
         """A chunk's predicted hold and its guard, dilated (ns)."""
-        ms = self.profile.chunk_ms(done, end)
-        T = self.spec.time_scale
-        return int(ms * T * 1e6), int(self.cfg.guard_for_ms(ms) * T * 1e6)
+        return chunk_hold_ns(self.profile, self.cfg, done, end, time_scale=self.spec.time_scale)
 
     def _choose(self, host: str, pick_at: int, bubble_end: int
                 ) -> tuple[Pending | None, tuple[int, int] | None, int, str]:

@@ -71,6 +71,15 @@ class BubblePredictor:
             gaps.pop()
         gaps.append((iteration, max(0, int(gap_ns))))
 
+    def announced_ns(self, k: int, *, dp: bool, fill_allreduce: bool) -> int | None:
+        """The gap a worker announces before op k (its bubble notice), or None: no prediction
+        yet, one under MIN_NOTICE_MS, or the gap before OPT while it holds the gradient
+        all-reduce (dp) and that gap is not to be filled (docs/bubbletea/design.md)."""
+        if dp and k == len(self.row) and not fill_allreduce:
+            return None
+        pred = self.predict_ns(k)
+        return None if pred is None or pred < MIN_NOTICE_MS * 1e6 else pred
+
     def predict_ns(self, k: int) -> int | None:
         """Predicted idle gap (ns) before op k; None while op k has no history."""
         self._check(k)

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.bubbles import MIN_NOTICE_MS, OPT, BubblePredictor
+from trainer.bubbles import OPT, BubblePredictor
 from trainer.config import TrainConfig
 from trainer.data import MarkovTokens, global_index
 from trainer.dp import average_gradients, init_stage_group
@@ -238,11 +238,9 @@ class StageWorker:
         next_it, next_k = self.bubbles.next_op(it, k)
         if next_it >= self.cfg.iterations:
             return
-        if (self.dp and next_k == len(self.table_row)
-                and not self.spec.bubble_notify.get("allreduce", False)):
-            return          # the gap before OPT holds the all-reduce (docs/bubbletea/design.md)
-        pred_ns = self.bubbles.predict_ns(next_k)
-        if pred_ns is None or pred_ns < MIN_NOTICE_MS * 1e6:
+        pred_ns = self.bubbles.announced_ns(
+            next_k, dp=self.dp, fill_allreduce=self.spec.bubble_notify.get("allreduce", False))
+        if pred_ns is None:
             return
         t_pred_end_ns = t_idle_ns + pred_ns
         self._send({"host": self.spec.host, "t_idle_ns": t_idle_ns,
