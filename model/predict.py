@@ -142,13 +142,16 @@ def simulated_replicas(placement: "Placement") -> list[tuple[int, int]]:
     return [(r, 1) for r in range(placement.replicas)]
 
 
-def build(scenario: "Scenario", cfg: "TrainConfig", system: "System") -> PipelineModel:
-    """model.pipeline's inputs for `system` running cfg on scenario (module docstring)."""
+def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
+          placement: "Placement | None" = None) -> PipelineModel:
+    """model.pipeline's inputs for `system` running cfg on scenario (module docstring);
+    placement: the system's (testbed.placement), computed here when not given."""
     from trainer.profiles import stage_costs
     if cfg.compute != "profile" or cfg.profile is None:
         raise ValueError("the model needs compute: profile (measured op times are not known "
                          "before a run)")
-    placement = place_for_system(scenario, cfg, system)
+    if placement is None:
+        placement = place_for_system(scenario, cfg, system)
     P = cfg.stages
     costs = stage_costs(cfg.profile, P)
     buffers = [int(c.gradient_bytes / scenario.scale) for c in costs]
@@ -222,7 +225,8 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     n = max(3, iterations or cfg.iterations)
     if system.fill_bubbles:   # BubbleTea's window: from its first notices, two iterations or more
         n = max(n, WARMUP_ITERATIONS + MIN_HISTORY + 2)
-    model = build(scenario, cfg, system)
+    placement = place_for_system(scenario, cfg, system)
+    model = build(scenario, cfg, system, placement)
     result = simulate(model, n)
     plan = {"config": dict(cfg.to_dict(), replicas=model.replicas), "workers": [
         {"stage": s, "replica": r, "host": f"s{s}r{r}", "dc": ""}
@@ -245,19 +249,18 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                       per_stage_bubble=[1.0 - u for u in per_stage_util],
                       wan_utilization=wan, allreduce_ms=list(model.allreduce_ms),
                       iterations=n,
-                      bubbletea=_bubbletea(scenario, cfg, system, result)
+                      bubbletea=_bubbletea(scenario, cfg, system, placement, result)
                       if system.fill_bubbles else None)
 
 
 def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
-               result: SimResult) -> dict[str, Any]:
+               placement: "Placement", result: SimResult) -> dict[str, Any]:
     """model.bubbletea's figures for the simulated run under the load a run would replay (same
     requests, same DC split). Unfolded, every GPU is its own host; folded (above
     FOLD_ABOVE_REPLICAS), each simulated replica stands for its alike GPUs with their share of
     the load (model.bubbletea.thin_load), and its figures count that many times."""
     from model.bubbletea import predict_bubbletea, thin_load, unthin
     from testbed.bubbletea import check, hosts_by_dc
-    placement = place_for_system(scenario, cfg, system)
     bt = check(scenario, placement, system.name)
     classes = simulated_replicas(placement)
     folded = any(n > 1 for _, n in classes)

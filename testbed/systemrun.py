@@ -50,7 +50,12 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     from trainer.timeline_plot import plot_timeline
 
     placement = place_for_system(scenario, cfg, system)
-    limits = timeouts_for(scenario, cfg, system, timeout_s)
+    prediction = None
+    if cfg.compute == "profile":   # the model's, for the limits now and the check at the end
+        from model.predict import predict
+        prediction = predict(scenario, cfg, system, cfg.iterations)
+    limits = timeouts_for(cfg, None if prediction is None else prediction.iteration_time_s,
+                          timeout_s)
     placed = replace(cfg, placement=placement.hosts, placement_dcs=None)
     slots = plan_slots(scenario, placed, placement, system)
     sys_dir = run_dir / system.name
@@ -140,10 +145,9 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         extra = [r for r in records if r["name"] == "PREFILL"]
         filled = metrics["bubbletea"]["iterations"]    # draw one the prefills could fill
         shown_iteration = filled[len(filled) // 2]
-    if cfg.compute == "profile":    # after the bubbletea block: compared too
+    if prediction is not None:    # after the bubbletea block: compared too
         from model.check import compare
-        from model.predict import predict
-        metrics["model"] = compare(predict(scenario, cfg, system, cfg.iterations), metrics)
+        metrics["model"] = compare(prediction, metrics)
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                 title=f"{scenario.name} {system.name}",
                                                 extra_spans=extra, iteration=shown_iteration))

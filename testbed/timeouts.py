@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from testbed.scenario import Scenario
-    from testbed.systems import System
     from trainer.config import TrainConfig
 
 RUN_MARGIN = 3.0
@@ -42,19 +40,17 @@ class Timeouts:
         return asdict(self)
 
 
-def timeouts_for(scenario: "Scenario", cfg: "TrainConfig", system: "System",
+def timeouts_for(cfg: "TrainConfig", predicted_iteration_s: float | None,
                  flag_s: float | None = None) -> Timeouts:
-    predicted = None
-    if cfg.compute == "profile":
-        from model.predict import predict
-        predicted = predict(scenario, cfg, system, 3).iteration_time_s
-    if predicted is None:
+    """The limits for cfg's training (module docstring); predicted_iteration_s: the model's
+    iteration time for the run (None in measured mode)."""
+    if predicted_iteration_s is None:
         run_s, peer_s, source = DEFAULT_RUN_S, DEFAULT_PEER_S, "default (measured mode)"
     else:
-        run_s = max(MIN_RUN_S, RUN_MARGIN * cfg.iterations * predicted + STARTUP_S)
-        peer_s = max(MIN_PEER_S, COLLECTIVE_MARGIN * predicted)
+        run_s = max(MIN_RUN_S, RUN_MARGIN * cfg.iterations * predicted_iteration_s + STARTUP_S)
+        peer_s = max(MIN_PEER_S, COLLECTIVE_MARGIN * predicted_iteration_s)
         source = "model"
     if flag_s is not None:
         run_s, source = flag_s, "flag"
     return Timeouts(run_s=run_s, peer_s=min(peer_s, run_s), source=source,
-                    predicted_iteration_s=predicted)
+                    predicted_iteration_s=predicted_iteration_s)
