@@ -101,9 +101,11 @@ def fill(bubbles: dict[str, list[tuple[int, int]]], host_dc: dict[str, str],
     for host, bs in bubbles.items():
         for a, b in bs:
             push(a, "open", _Bubble(host, host_dc[host], a, b))
-    t0 = {}
-    for t, _, _, b in sorted(heap):
-        t0.setdefault(b.dc, t)
+    t0: dict[str, int] = {}          # each DC's replay starts with its first notice
+    for host, bs in bubbles.items():
+        if bs:
+            dc = host_dc[host]
+            t0[dc] = min(t0.get(dc, bs[0][0]), bs[0][0])
     queues = {dc: Admission() for dc in per_dc}
     arrivals: dict[str, list[Pending]] = {}
     for dc, reqs in per_dc.items():
