@@ -21,7 +21,9 @@ class ScenarioTopo(Topo):
     def build(self) -> None:  # noqa: D102 - Mininet's hook
         plan = self.plan
         for d, dc in enumerate(plan.scenario.dcs):
-            bridge = self.addSwitch(plan.bridges[dc.name], dpid=f"{d + 1:016x}")
+            # In its own namespace, like the hosts: a run makes nothing in the root namespace, so
+            # two runs (even of one scenario) never collide on a name.
+            bridge = self.addSwitch(plan.bridges[dc.name], dpid=f"{d + 1:016x}", inNamespace=True)
             gw = self.addHost(plan.gateways[dc.name], ip=f"{plan.gateway_ips[dc.name]}/24")
             self.addLink(gw, bridge, intfName1=f"{gw}-eth0", intfName2=f"{bridge}-eth1")
             for i, h in enumerate(plan.hosts_in(dc.name), start=2):

@@ -203,7 +203,6 @@ class Network:
     def start(self) -> None:
         t0 = time.monotonic()
         check_environment()
-        self._check_names_free()
         if self.requested_backend not in ("auto", "netem", "delayline"):
             raise ScenarioError(self._backend_field, f"{self.requested_backend!r} is not a "
                                 "backend", "use auto, netem or delayline")
@@ -217,7 +216,6 @@ class Network:
                                 "later) to dilate the minimum RTO", "use time_scale: 1 here")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.run_id)
-        self.registry.add_interfaces(self.plan.root_interfaces())
         self._install_signal_handlers()
         setLogLevel("error")
         self.net = _RecordingMininet(self.registry, topo=ScenarioTopo(self.plan),
@@ -225,7 +223,6 @@ class Network:
                                      autoSetMacs=False, waitConnected=False)
         self.net.build()
         self.net.start()
-        self.registry.stamp_interfaces()  # so cleanup can tell them from a later run's
         self._verify_interfaces()
         self._configure_gateways()
         self._configure_hosts()
@@ -275,16 +272,6 @@ class Network:
                         errors.append(f"mininet stop: {type(exc).__name__}: {exc}; " +
                                       "; ".join(left))
             if self.registry is not None:
-                # Only a network that got past the name check owns these names; a refused one
-                # must not delete the bridges of the run that holds them.
-                for name in self.plan.root_interfaces():
-                    if Path(f"/sys/class/net/{name}").exists():
-                        try:
-                            with IPRoute() as ipr:
-                                ipr.link("del", ifname=name)
-                        except NetlinkError as exc:
-                            if exc.code != errno.ENODEV:
-                                errors.append(f"deleting {name}: {exc}")
                 if errors:
                     print(f"warning: teardown incomplete ({'; '.join(errors)}); "
                           f"run: python run_testbed.py cleanup", file=sys.stderr)
@@ -355,29 +342,40 @@ class Network:
         self.procs = [p for p in self.procs if p.pid != pid]
 
     # ---- building --------------------------------------------------------------------------
-    def _check_names_free(self) -> None:
-        taken = [n for n in self.plan.root_interfaces() if Path(f"/sys/class/net/{n}").exists()]
-        if taken:
-            raise TestbedError(f"interface {taken[0]} already exists (a crashed run?); "
-                               f"run: sudo python run_testbed.py cleanup")
-
     def _ipr(self, node_name: str) -> IPRoute:
         return IPRoute(netns=f"/proc/{self.node(node_name).pid}/ns/net")
 
-    def _verify_interfaces(self) -> None:
-        """Every host and gateway holds the interfaces the plan gave it (read via netlink)."""
+    def _verify_interfaces(self, timeout_s: float = 5.0) -> None:
+        """Every host, gateway and bridge holds the interfaces the plan gave it, and each has
+        its carrier (read via netlink). A veth's carrier follows its peer's state through the
+        kernel's link watch, up to a second later: traffic sent before it is lost (a first
+        ARP went unanswered for 1 s), so wait for it."""
         want: dict[str, set[str]] = {h.name: {h.intf} for h in self.plan.hosts}
         for gw in self.plan.gateways.values():
             want[gw] = {f"{gw}-eth0"}
         for w in self.plan.wan:
             for end in w.ends():
                 want[end.gateway].add(end.intf)
+        for dc in self.plan.scenario.dcs:
+            bridge = self.plan.bridges[dc.name]
+            want[bridge] = {bridge, *self.plan.bridge_ports(dc.name)}
+        deadline = time.monotonic() + timeout_s
         for name, intfs in want.items():
             with self._ipr(name) as ipr:
-                have = {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
-            if not intfs <= have:
-                raise TestbedError(f"{name} lacks {sorted(intfs - have)} after Mininet built it "
-                                   f"(has {sorted(have)}); the build was disturbed, run again")
+                while True:
+                    state = {link.get_attr("IFLA_IFNAME"): link.get_attr("IFLA_OPERSTATE")
+                             for link in ipr.get_links()}
+                    if not intfs <= set(state):
+                        raise TestbedError(f"{name} lacks {sorted(intfs - set(state))} after "
+                                           f"Mininet built it (has {sorted(state)}); the build "
+                                           f"was disturbed, run again")
+                    down = sorted(i for i in intfs if state[i] != "UP")
+                    if not down:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TestbedError(f"{name}: {', '.join(down)} had no carrier "
+                                           f"{timeout_s:g} s after the build")
+                    time.sleep(0.02)
 
     def _configure_gateways(self) -> None:
         for dc, gw in self.plan.gateways.items():
@@ -413,7 +411,7 @@ class Network:
             for i, h in enumerate(self.plan.hosts_in(dc.name), start=2):
                 with self._ipr(h.name) as ipr:
                     shaping.apply(ipr, shaping.plan_link(h.intf, dc.rate_mbit, queue))
-                with IPRoute() as ipr:
+                with self._ipr(self.plan.bridges[dc.name]) as ipr:
                     shaping.apply(ipr, shaping.plan_link(f"{self.plan.bridges[dc.name]}-eth{i}",
                                                          dc.rate_mbit, queue))
 
@@ -588,6 +586,11 @@ class _RecordingMininet(Mininet):
         host = super().addHost(name, cls=cls, **params)
         self._registry.add_pid(host.pid, f"mininet host {name}")
         return host
+
+    def addSwitch(self, name, cls=None, **params):  # noqa: N802 - Mininet's API
+        switch = super().addSwitch(name, cls=cls, **params)
+        self._registry.add_pid(switch.pid, f"mininet bridge {name}")
+        return switch
 
 
 def unused_path(path: Path) -> Path:

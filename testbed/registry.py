@@ -1,15 +1,16 @@
 """What a run created, written down as it is created, so a killed run can be cleaned up.
 
 One job: a small JSON file per run under /run/geotestbed/ (RUNTIME_DIR) listing the processes
-(pid plus kernel start time, so a reused pid is never signalled) and the root-namespace
-interfaces (bridges and their ports) that the run made. Network namespaces need no entry: they
-are held only by the run's processes and vanish with them, taking their veths, qdiscs and
-iptables rules along. `cleanup()` (the `run_testbed.py cleanup` command) reads the files of
-runs whose owner process is gone and removes exactly what they list.
+(pid plus kernel start time, so a reused pid is never signalled) that hold the run's network
+namespaces: Mininet's host and bridge shells, delay lines, workers. The namespaces need no
+entry: they are held only by those processes and vanish with them, taking their veths, bridges,
+qdiscs and iptables rules along. A run makes nothing in the root namespace. `cleanup()` (the
+`run_testbed.py cleanup` command) reads the files of runs whose owner process is gone and ends
+exactly what they list.
 
-Cleanup can never touch a live run: names alone are not proof (a stale registry and a later live
-run may use the same scenario), so once a run has built its interfaces it stamps each with an
-alias (IFLA_IFALIAS `geotestbed:<run id>:<pid>`) and records alias and ifindex. `cleanup` skips
+Interfaces: registry files of earlier versions (whose bridges were in the root namespace) also
+list root-namespace interfaces, each stamped with an alias (IFLA_IFALIAS `geotestbed:<run
+id>:<pid>`) and its ifindex. `cleanup` still removes those, never touching a live run's: it skips
 every name that a live run's registry lists (any registry under RUNTIME_DIR or /run/geotestbed
 whose owner is alive), deletes a recorded interface only if its ifindex and alias are still the
 recorded ones, and one recorded by name only (a run killed mid-build) only if it carries no
@@ -55,27 +56,6 @@ class Registry:
 
     def add_pid(self, pid: int, what: str) -> None:
         self.data["pids"].append({"pid": pid, "start": _start_time(pid), "what": what})
-        self._write()
-
-    def add_interfaces(self, names: list[str]) -> None:
-        self.data["interfaces"].extend(names)
-        self._write()
-
-    @property
-    def alias(self) -> str:
-        return f"{ALIAS_PREFIX}{self.data['run_id']}:{os.getpid()}"
-
-    def stamp_interfaces(self) -> None:
-        """Mark every listed interface that exists as this run's (alias) and record its
-        ifindex, so cleanup can tell it from a later run's interface of the same name."""
-        ids = {}
-        with IPRoute() as ipr:
-            for name in self.data["interfaces"]:
-                found = ipr.link_lookup(ifname=name)
-                if found:
-                    ipr.link("set", index=found[0], ifalias=self.alias)
-                    ids[name] = {"ifindex": found[0], "alias": self.alias}
-        self.data["interface_ids"] = ids
         self._write()
 
     def remove_all(self) -> list[str]:

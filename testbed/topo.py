@@ -7,8 +7,9 @@ the Topo into namespaces and applies the routes and shaping.
     DC d (0-based):  hosts  <dc>-h<i>   10.<d+1>.0.<i>/24   default via the DC gateway
                      decode hosts <dc>-d<i>  10.<d+1>.0.<100+i>/24 (BubbleTea; never train)
                      gateway <dc>-gw    10.<d+1>.0.254/24 on <dc>-gw-eth0 (to the DC bridge)
-                     bridge  <dc>-s     a Linux bridge in the root namespace
+                     bridge  <dc>-s     a Linux bridge in its own namespace
     WAN link k:      <a>-gw-eth<n> 10.254.x.y/30  <->  <b>-gw-eth<m> 10.254.x.y+1/30
+Nothing is made in the root namespace, so two runs, even of one scenario, never collide.
 Routes between DCs: `testbed.routing` (a configured link carries its DC pair's traffic; pairs
 without one take the lowest total one-way delay; or `routing: shortest-delay` for every pair).
 """
@@ -77,13 +78,15 @@ class Plan:
     def hosts_in(self, dc: str) -> list[HostPlan]:
         return [h for h in self.hosts if h.dc == dc]
 
-    def root_interfaces(self) -> list[str]:
-        """Names this plan creates in the root namespace (bridges and their ports)."""
-        names = list(self.bridges.values())
-        for dc in self.scenario.dcs:
-            names += [f"{self.bridges[dc.name]}-eth{i}"
-                      for i in range(1, dc.hosts + dc.decode_hosts + 2)]
-        return names
+    def bridge_ports(self, dc: str) -> list[str]:
+        """The ports of a DC's bridge: eth1 to the gateway, then one per host in plan order."""
+        n = len(self.hosts_in(dc))
+        return [f"{self.bridges[dc]}-eth{i}" for i in range(1, n + 2)]
+
+    def bridge_interfaces(self) -> list[str]:
+        """Every bridge, then every bridge's ports (each in its bridge's namespace)."""
+        return [*self.bridges.values(),
+                *(p for dc in self.scenario.dcs for p in self.bridge_ports(dc.name))]
 
 
 def make_plan(scenario: Scenario) -> Plan:

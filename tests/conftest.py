@@ -4,7 +4,7 @@ Tests that build emulated networks carry `pytest.mark.network`. They are skipped
 'needs root' when not run as root, and an autouse fixture snapshots the machine before and after
 each of them and fails the test if anything new remains:
 
-    - interface names in the root namespace (`ip -br link`): bridges <dc>-s and their ports
+    - interface names in the root namespace (`ip -br link`): a run must make none
     - registry files of the testbed (testbed.registry.RUNTIME_DIR)
     - processes whose command line contains mnexec, iperf3, testbed.delayline, 'bash --norc'
       (Mininet's host shells), trainer.worker (training processes), testbed.arbiter or

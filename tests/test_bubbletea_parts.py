@@ -173,7 +173,7 @@ def test_decode_hosts_are_hosts_that_never_train():
     d = {h.name: (h.ip, h.role) for h in plan.hosts}
     assert d["a-d1"] == ("10.1.0.101", "decode") and d["b-d2"] == ("10.2.0.102", "decode")
     assert d["a-h2"] == ("10.1.0.2", "train")
-    assert "b-s-eth4" in plan.root_interfaces()       # gateway + 1 training + 2 decode
+    assert "b-s-eth4" in plan.bridge_interfaces()       # gateway + 1 training + 2 decode
     with pytest.raises(ScenarioError) as err:
         scenario(dcs=[{"name": "a", "hosts": 2, "decode_hosts": -1},
                       {"name": "b", "hosts": 1}])

@@ -1,11 +1,11 @@
-"""`run_testbed.py cleanup` after a crashed run, and names a running network holds (root).
+"""`run_testbed.py cleanup` after a crashed run, and two networks at once (root).
 
-- a run killed with SIGKILL leaves its bridges, delay lines and registry file; cleanup removes
-  exactly those (an unlisted interface and a live run's network survive it);
-- a second Network with the same scenario while the first runs is refused with a TestbedError
-  that names the taken interface, and the first keeps working;
-- a stale registry listing a live run's names (by name, or with another ifindex and alias)
-  leaves every interface of the live run alone;
+- a run killed with SIGKILL leaves the processes that hold its namespaces (delay lines,
+  iperf3; Mininet's shells end with their owner's pipes) and its registry file; cleanup ends exactly those (an unlisted interface and a live
+  run's network survive it), and the run left nothing in the root namespace;
+- two Networks of one scenario run side by side, each works, and stopping one leaves the other;
+- a stale registry of an earlier version listing a live run's root interfaces (by name, or with
+  another ifindex and alias) leaves every one of them alone;
 - the supervisor's SIGUSR1 during stop() cannot cut the teardown short.
 """
 
@@ -84,22 +84,21 @@ def test_cleanup_after_killed_run(tmp_path, leftovers, start_child, subprocess_e
 
         left = leftovers.new_since(before)
         out = cli("cleanup", env=subprocess_env)  # first, so a failed check leaves nothing
-        assert {"ka-s", "kb-s"} <= set(left.get("interfaces", [])), left
+        assert not left.get("interfaces"), f"a run made root-namespace interfaces: {left}"
         assert [f"crash-run-{child.pid}.json"] == left.get("registry files"), left
         procs = " | ".join(cmd for _, cmd in left.get("processes", []))
         if live.backend == "delayline":
             assert "testbed.delayline" in procs, left
-        assert "iperf3" in procs, left
+        assert "iperf3" in procs, left   # Mininet's shells end with their owner's pipes
 
         assert out.returncode == 0, out
-        assert "deleted interface ka-s" in out.stdout and "deleted interface kb-s" in out.stdout, out
+        assert "ended iperf3 in kb-h1" in out.stdout, out
         assert f"skipped {live.run_id}" in out.stdout, out
         assert "Traceback" not in out.stderr, out
 
         leftovers.assert_nothing_new(before, "after run_testbed.py cleanup")
         assert keepme in leftovers.root_links(), f"cleanup removed {keepme}: {out.stdout}"
         assert live.registry is not None and live.registry.path.exists()
-        assert {"la-s", "lb-s"} <= leftovers.root_links(), out.stdout
         ping_ok(live, "la-h1", "lb-h1")  # the live run still works
         live.check()
 
@@ -110,52 +109,56 @@ def test_cleanup_with_nothing_to_clean(subprocess_env, leftovers):
     assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "nothing to clean up", ""), out
 
 
-def test_second_network_with_the_same_names_is_refused(tmp_path):
+def test_two_networks_of_one_scenario_run_side_by_side(tmp_path, leftovers):
+    """Same names, subnets, NFQUEUE numbers and ports, in separate namespaces: both work at
+    once (each delays by its own link's figures), and ending one leaves the other whole."""
+    before = leftovers.snapshot()
     sc = load_scenario(write_scenario(tmp_path, two_dc("n")))
     with Network(sc, tmp_path / "first") as first:
-        with pytest.raises(TestbedError) as info:
-            with Network(sc, tmp_path / "second"):
-                pass
-        msg = str(info.value)
-        assert "already exists" in msg and any(n in msg for n in first.plan.root_interfaces()), msg
-        assert "\n" not in msg
-
-
-def test_refused_second_network_leaves_the_first_intact(tmp_path, leftovers):
-    sc = load_scenario(write_scenario(tmp_path, two_dc("n")))
-    with Network(sc, tmp_path / "first") as first:
-        with pytest.raises(TestbedError):
-            with Network(sc, tmp_path / "second"):
-                pass
-        missing = set(first.plan.root_interfaces()) - leftovers.root_links()
-        assert not missing, f"the refused second network deleted {sorted(missing)}"
+        with Network(sc, tmp_path / "second") as second:
+            assert first.registry.path != second.registry.path
+            for net in (first, second):
+                ping_ok(net, "na-h1", "nb-h1")
+                if net.backend == "delayline":
+                    assert [q.num for dl in net.delaylines for q in dl.queues] == [1, 2]
+            assert not {"na-s", "nb-s"} & leftovers.root_links()
         ping_ok(first, "na-h1", "nb-h1")
+        first.check()
+    leftovers.assert_nothing_new(before, "after two networks side by side")
 
 
 def test_stale_registry_with_a_live_runs_names_leaves_the_live_run_alone(tmp_path, leftovers,
                                                                           subprocess_env):
-    """A run whose teardown left its registry (a process would not die) used the same scenario
-    as a run that is live now: cleanup removes the stale registry and must not touch one
-    interface of the live run, whether the stale file lists the names only (killed mid-build)
-    or with the ifindex and alias its run recorded."""
-    sc = load_scenario(write_scenario(tmp_path, two_dc("z")))
-    with Network(sc, tmp_path / "live") as live:
-        names = live.plan.root_interfaces()
-        stamped = live.registry.data["interface_ids"]
-        assert set(stamped) == set(names), stamped
+    """Registry files of earlier versions list root-namespace interfaces. One whose teardown
+    left its file (a process would not die) named the same interfaces as a run that is live
+    now: cleanup removes the stale registry and must not touch one interface of the live run,
+    whether the stale file lists the names only (killed mid-build) or with the ifindex and
+    alias its run recorded. The live run's interfaces are made here as an earlier version's
+    run made them: bridges in the root namespace, stamped with the run's alias."""
+    from testbed.registry import ALIAS_PREFIX, Registry, _remove, cleanup, live_interfaces
+    names = ["zz-s", "zz-s2"]
+    live = Registry("livez", leftovers.runtime_dir())
+    live.data["interfaces"] = names
+    alias = f"{ALIAS_PREFIX}livez:{os.getpid()}"
+    stamped = {}
+    try:
         with IPRoute() as ipr:
-            alias = ipr.get_links(ipr.link_lookup(ifname="za-s")[0])[0].get_attr("IFLA_IFALIAS")
-        assert alias == live.registry.alias
+            for name in names:
+                ipr.link("add", ifname=name, kind="bridge")
+                index = ipr.link_lookup(ifname=name)[0]
+                ipr.link("set", index=index, ifalias=alias)
+                stamped[name] = {"ifindex": index, "alias": alias}
+        live.data["interface_ids"] = stamped
+        live._write()
         dead = {"pid": 1, "start": -1}  # an owner that is not alive
         stale_ids = {n: {"ifindex": v["ifindex"] + 100000, "alias": "geotestbed:old:1"}
                      for n, v in stamped.items()}
         for i, extra in enumerate(({}, {"interface_ids": stale_ids})):
             doc = {"run_id": f"old{i}", "owner": dead, "pids": [], "interfaces": names, **extra}
             (leftovers.runtime_dir() / f"old{i}-1.json").write_text(json.dumps(doc))
-        from testbed.registry import _remove, cleanup, live_interfaces
         done = cleanup(leftovers.runtime_dir())
         assert not any(line.startswith("deleted") for line in done), done
-        assert f"skipped {live.run_id}" in " ".join(done), done
+        assert "skipped livez" in " ".join(done), done
         assert not list(leftovers.runtime_dir().glob("old*.json")), done
         # Past the live-registry check (as if the live run's registry were gone), the ifindex
         # and alias still protect every interface.
@@ -166,8 +169,18 @@ def test_stale_registry_with_a_live_runs_names_leaves_the_live_run_alone(tmp_pat
             assert not any(line.startswith("deleted") for line in done), done
             assert all("skipped interface" in line for line in done) and len(done) == len(names), done
         assert set(names) <= leftovers.root_links()
-        ping_ok(live, "za-h1", "zb-h1")
-        live.check()
+        # The dead run's own interfaces (its alias, its ifindex) are removed.
+        own = {"run_id": "livez", "owner": {"pid": os.getpid()}, "pids": [], "interfaces": names,
+               "interface_ids": stamped}
+        done = _remove(own, held=set())
+        assert sorted(done) == [f"deleted interface {n}" for n in names], done
+        assert not set(names) & leftovers.root_links()
+    finally:
+        live.close()
+        with IPRoute() as ipr:
+            for name in names:
+                if ipr.link_lookup(ifname=name):
+                    ipr.link("del", ifname=name)
 
 
 def test_supervisor_signal_during_teardown_cannot_cut_it_short(tmp_path, leftovers, monkeypatch):

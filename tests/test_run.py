@@ -111,3 +111,28 @@ def test_time_scale_runs_slower_and_reports_real_time(tmp_path: Path) -> None:
     # than at T = 4 (divided by 4), so the slow run's mean may be lower; a double division
     # would be 4x lower (CI saw 1.87 vs 1.97 ms)
     assert slow["stages"][0]["forward_ms"] >= 0.8 * plain["stages"][0]["forward_ms"], (plain, slow)
+
+
+def test_a_run_and_a_calibration_of_one_scenario_at_once(tmp_path: Path, leftovers) -> None:
+    """Two jobs on one machine at the same time, same scenario, same results folder: both
+    finish with their own results and correct figures, and both clean up (the leftovers
+    fixture checks the machine after). Each network lives in its own namespaces, so the
+    names, subnets, NFQUEUE numbers and ports they share never meet."""
+    path = scenario(tmp_path, 10, "twice")
+    out = tmp_path / "results"
+    cmds = {"run": [sys.executable, "run_testbed.py", "run", str(path), "--out", str(out), "-q"],
+            "calibrate": [sys.executable, "run_testbed.py", "calibrate", str(path), "--out",
+                          str(out), "--seconds", "2", "--streams", "1"]}
+    procs = {k: subprocess.Popen(c, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for k, c in cmds.items()}
+    outs = {k: p.communicate(timeout=300) for k, p in procs.items()}
+    for k, p in procs.items():
+        assert p.returncode == 0, (k, *outs[k])
+    run_dirs = sorted(x for x in out.iterdir() if x.is_dir())
+    assert len(run_dirs) == 2, run_dirs                  # one folder each, never shared
+    metrics = json.loads(next(out.glob("*/metrics.json")).read_text())
+    calib = json.loads(next(out.glob("*/calibration.json")).read_text())
+    base = metrics["systems"]["baseline"]
+    assert abs(base["model"]["error"]["iteration_time_rel"]) < 0.5, base["model"]  # both loaded
+    link = calib["links"][0]
+    assert abs(link["measured"]["rtt_ms"] - 20) < 5, link        # 2 x delay_ms

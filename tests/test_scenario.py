@@ -316,7 +316,7 @@ def test_plan_three_dc_names_and_addresses():
         ("east-gw", "east-gw-eth2", "10.254.0.5", "europe-gw", "europe-gw-eth1", "10.254.0.6"),
         ("west-gw", "west-gw-eth2", "10.254.0.9", "europe-gw", "europe-gw-eth2", "10.254.0.10"),
     ]
-    assert plan.root_interfaces() == [
+    assert plan.bridge_interfaces() == [
         "east-s", "west-s", "europe-s",
         "east-s-eth1", "east-s-eth2", "east-s-eth3",
         "west-s-eth1", "west-s-eth2", "west-s-eth3",
@@ -434,7 +434,7 @@ def test_routing_field_is_checked():
 
 
 def all_interface_names(plan) -> list[str]:
-    names = list(plan.root_interfaces()) + [h.intf for h in plan.hosts]
+    names = list(plan.bridge_interfaces()) + [h.intf for h in plan.hosts]
     names += [f"{gw}-eth0" for gw in plan.gateways.values()]
     names += [end.intf for w in plan.wan for end in w.ends()]
     return names
