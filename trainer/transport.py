@@ -23,6 +23,11 @@ timing policy (trainer/worker.py decides what to send when).
   (wire_bytes = its frame headers + payload + pad), so a WAN-slot arbiter can hold a message
   until its slot and learns when the last byte went to the kernel. `on_sent` gets one
   SendRecord per message (first stripe write start, last stripe's sendall returned).
+- Shutdown: `close(timeout_s)` drains the queue, half-closes, waits for the peer's half-closes
+  and closes. A message not wholly in the kernel at the deadline (the peer stopped reading) is
+  never cut silently: the sockets are shut down under it (which unblocks its writers) and closed,
+  and close() raises ConnectionError naming the peer, the message, its wire bytes written of its
+  total and the queued messages never sent.
 - Receiving: one reader thread per connection reads frames; stripes are reassembled per
   (kind, iteration, mb) in any order, from any connection: the message buffer is allocated
   once, at its first stripe, each stripe's part overlapping [0, payload) is read straight into
@@ -70,6 +75,7 @@ _DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 _PAD_CHUNK_BYTES = 1 << 20
 _ZEROS = bytes(_PAD_CHUNK_BYTES)
 MAX_CONNECTIONS = 64           # K per channel
+CLOSE_GRACE_S = 1.0            # close(): how long a cut sender gets to see its sockets shut down
 MAX_PAYLOAD_BYTES = 1 << 34    # a header claiming a larger tensor is refused (16 GiB)
 LISTEN_BACKLOG = 64
 
@@ -118,9 +124,22 @@ class _StripeJob:
     offset: int            # in the virtual range [0, payload + pad)
     length: int
     done: threading.Event = field(default_factory=threading.Event)
+    sent: int = 0          # wire bytes (header included) the kernel has taken so far
     t_start_ns: int = 0
     t_end_ns: int = 0
     error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    """The message the sender is on (its stripes' byte counters say how far it got)."""
+
+    msg: _Outgoing
+    jobs: list[_StripeJob]
+    wire_bytes: int
+
+    def sent(self) -> int:
+        return sum(job.sent for job in self.jobs)
 
 
 @dataclass(slots=True)
@@ -141,6 +160,17 @@ class _Assembly:
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def _send_counted(sock: socket.socket, view: memoryview, job: _StripeJob) -> None:
+    """sendall(view), adding to job.sent what each send() handed to the kernel. On a blocking
+    socket a send() is one syscall for the whole rest unless cut short (a signal, or a shutdown:
+    then it returns what it wrote), so this costs no more than sendall and counts exactly."""
+    done = 0
+    while done < len(view):
+        n = sock.send(view[done:])
+        done += n
+        job.sent += n
 
 
 def _recv_exact(sock: socket.socket, buf: memoryview) -> bool:
@@ -219,6 +249,9 @@ class Channel:
         self._rx_error: BaseException | None = None
         self._rx_open = self.connections    # readers still running
         self._tx_error: BaseException | None = None
+        self._inflight: _InFlight | None = None   # the sender's message until it is all sent
+        self._unsent = 0        # messages the sender dropped (after an error, or cut by close)
+        self._cut = False       # close() passed its deadline: the sender starts nothing more
         self._closed = False
         k = self.connections
         self._stripe_qs: list[queue.Queue[_StripeJob | None]] = [queue.Queue() for _ in range(k)]
@@ -272,8 +305,10 @@ class Channel:
                 try:
                     if msg is None:
                         return
-                    if self._tx_error is None:
+                    if self._tx_error is None and not self._cut:
                         self._send_message(msg)
+                    else:
+                        self._unsent += 1
                 except Exception as exc:  # noqa: BLE001 - a socket or gate failure ends sending
                     if self._tx_error is None:
                         self._tx_error = exc
@@ -311,6 +346,7 @@ class Channel:
                                        *shape, offset, length, i, len(plan)),
                            data, offset, length) for i, (offset, length) in enumerate(plan)]
         wire_bytes = len(jobs) * HEADER.size + payload + msg.pad_bytes
+        self._inflight = _InFlight(msg, jobs, wire_bytes)   # kept if it fails: close() says so
         with (self._gate(wire_bytes) if self._gate is not None else contextlib.nullcontext()):
             for i, job in enumerate(jobs[1:], start=1):
                 self._stripe_qs[i].put(job)
@@ -321,6 +357,7 @@ class Channel:
             if failed:
                 i, err = failed[0]
                 raise ConnectionError(f"{self._conn(i)}: {err}") from err
+        self._inflight = None
         if self._on_sent is not None:
             self._on_sent(SendRecord(msg.kind, msg.iteration, msg.microbatch, payload,
                                      msg.pad_bytes, msg.t_enqueue_ns,
@@ -339,15 +376,15 @@ class Channel:
         sock = self.socks[i]
         try:
             job.t_start_ns = time.time_ns()
-            sock.sendall(job.header)
+            _send_counted(sock, memoryview(job.header), job)
             end = job.offset + job.length
             payload = len(job.data)
             if job.offset < payload:
-                sock.sendall(job.data[job.offset:min(end, payload)])
+                _send_counted(sock, job.data[job.offset:min(end, payload)], job)
             left = end - max(job.offset, payload)
             while left > 0:
                 n = min(left, _PAD_CHUNK_BYTES)
-                sock.sendall(memoryview(_ZEROS)[:n])
+                _send_counted(sock, memoryview(_ZEROS)[:n], job)
                 left -= n
             job.t_end_ns = time.time_ns()
         except BaseException as exc:  # noqa: BLE001 - reported by the sender thread
@@ -480,31 +517,75 @@ class Channel:
     # -- shutdown -------------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:
         """Drain sends, half-close every connection, wait for the peer's half-closes, then close
-        the sockets. A second call does nothing."""
+        the sockets. A second call does nothing. Raises ConnectionError when sending failed, or
+        when at the deadline a message was not wholly in the kernel (the peer stopped reading):
+        the sockets are then shut down under it and closed, and the error names the message,
+        its wire bytes written of its total and the queued messages never sent."""
         if self._closed:
             return
         self._closed = True
         deadline = time.monotonic() + timeout_s
+        cut: str | None = None
         try:
             self._outq.put(None)
             self._sender.join(timeout_s)
-            for t in self._writers:
-                t.join(max(0.0, deadline - time.monotonic()))
-            # After a receive error the other readers may wait forever for their peer's data.
-            how = socket.SHUT_RDWR if self._rx_error is not None else socket.SHUT_WR
-            for sock in self.socks:
-                try:
-                    sock.shutdown(how)
-                except OSError:
-                    pass
-            for t in self._readers:
-                t.join(max(0.0, deadline - time.monotonic()))
+            if self._sender.is_alive() and self._tx_error is None:
+                cut = self._cut_sender(timeout_s)
+            else:
+                self._finish_close(deadline)
         finally:
             for sock in self.socks:
                 sock.close()
+        if cut is not None:
+            raise ConnectionError(cut) from self._tx_error
         if self._tx_error is not None:
             raise ConnectionError(f"sending to {self.peer} failed: "
                                   f"{self._tx_error}") from self._tx_error
+
+    def _finish_close(self, deadline: float) -> None:
+        """Every message is in the kernel: half-close, and wait for the peer's half-closes."""
+        for t in self._writers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        # After a receive error the other readers may wait forever for their peer's data.
+        how = socket.SHUT_RDWR if self._rx_error is not None else socket.SHUT_WR
+        for sock in self.socks:
+            try:
+                sock.shutdown(how)
+            except OSError:
+                pass
+        for t in self._readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def _cut_sender(self, timeout_s: float) -> str | None:
+        """The deadline passed with the sender still busy: stop it from starting another
+        message, shut the sockets down (a blocked send() returns what it wrote, then fails),
+        give the I/O threads CLOSE_GRACE_S to end, and say what was not sent (None: nothing)."""
+        self._cut = True
+        for sock in self.socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        grace = time.monotonic() + CLOSE_GRACE_S
+        for t in (self._sender, *self._writers):
+            t.join(max(0.0, grace - time.monotonic()))
+        inflight = self._inflight
+        unsent = self._unsent
+        if self._sender.is_alive():    # stuck (in its gate, say): what it has not taken yet
+            unsent += max(0, self._outq.qsize() - 1)    # less the None close() queued
+        if inflight is None and unsent == 0:
+            return None
+        what = f"close({timeout_s:g} s) cut sending to {self.peer}: "
+        if inflight is not None:
+            msg = inflight.msg
+            done = sum(job.done.is_set() and job.error is None for job in inflight.jobs)
+            what += (f"message {KIND_NAMES.get(msg.kind, msg.kind)}{msg.microbatch} of "
+                     f"iteration {msg.iteration} (micro-batch {msg.microbatch}) had "
+                     f"{inflight.sent()} of its {inflight.wire_bytes} wire bytes written "
+                     f"({done} of {len(inflight.jobs)} stripes whole); ")
+        else:
+            what += "no message half-sent; "
+        return what + f"{unsent} queued message{'s' * (unsent != 1)} never sent"
 
 
 # ---------------------------------------------------------------------------------------------
