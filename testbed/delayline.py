@@ -2,9 +2,10 @@
 
 One job: hold each packet that the kernel queues to us for the link's delay (plus jitter, minus
 loss), hand it back, and count what happened. It runs inside a gateway's network namespace as its
-own process (`python -m testbed.delayline --queue NUM:DELAY_MS:JITTER_MS:LOSS_PCT:MAXLEN ...
-[--stats PATH] [--no-realtime]`), prints `READY rt=<status> <queues>` once every queue is bound,
-and exits on SIGTERM. `testbed.network` starts and supervises it and installs the iptables rules
+own process (`python -m testbed.delayline --queue NUM:DELAY_MS:JITTER_MS:LOSS_PCT:MAXLEN[:nogso]
+... [--stats PATH] [--control PATH] [--no-realtime]`), prints `READY rt=<status> <queues>` once
+every queue is bound, and exits on SIGTERM. SIGUSR2 applies new figures from the control file
+(faults mid-run: testbed.faultrun; see DelayLine.control). `testbed.network` starts and supervises it and installs the iptables rules
 (`-i <wan-if> -j NFQUEUE --queue-num NUM`) only after READY; HTB on the sending gateway sets the
 rate (`testbed.shaping`). The scheduling itself (due times, loss, which ids to release, the
 wake-up lead, the counters) is `testbed.delaysched`; this module is the netlink I/O around it.
@@ -126,17 +127,20 @@ class QueueSpec:
     jitter_ms: float = 0.0
     loss_pct: float = 0.0
     maxlen: int = 4096
+    gso: bool = True     # take GSO packets whole (only while loss_pct is 0)
 
     @classmethod
     def parse(cls, text: str) -> "QueueSpec":
         parts = text.split(":")
-        if len(parts) != 5:
-            raise ValueError(f"--queue {text!r}: expected NUM:DELAY_MS:JITTER_MS:LOSS_PCT:MAXLEN")
+        if len(parts) not in (5, 6) or (len(parts) == 6 and parts[5] != "nogso"):
+            raise ValueError(f"--queue {text!r}: expected "
+                             "NUM:DELAY_MS:JITTER_MS:LOSS_PCT:MAXLEN[:nogso]")
         return cls(num=int(parts[0]), delay_ms=float(parts[1]), jitter_ms=float(parts[2]),
-                   loss_pct=float(parts[3]), maxlen=int(parts[4]))
+                   loss_pct=float(parts[3]), maxlen=int(parts[4]), gso=len(parts) == 5)
 
     def format(self) -> str:
-        return f"{self.num}:{self.delay_ms:g}:{self.jitter_ms:g}:{self.loss_pct:g}:{self.maxlen}"
+        return (f"{self.num}:{self.delay_ms:g}:{self.jitter_ms:g}:{self.loss_pct:g}:{self.maxlen}"
+                + ("" if self.gso else ":nogso"))
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -184,7 +188,8 @@ def _read_text(path: str) -> str:
 class DelayLine:
     """One netlink socket per queue (so drops are per link direction) and its QueueSchedule."""
 
-    def __init__(self, specs: list[QueueSpec], seed: int = 1, stats_path: str | None = None) -> None:
+    def __init__(self, specs: list[QueueSpec], seed: int = 1, stats_path: str | None = None,
+                 control_path: str | None = None) -> None:
         self.specs = {s.num: s for s in specs}
         rng = random.Random(seed)
         self.scheds = {s.num: QueueSchedule(s.delay_ms, s.jitter_ms, s.loss_pct, rng) for s in specs}
@@ -202,6 +207,10 @@ class DelayLine:
         self.wake_fd: int | None = None   # the read end of signal.set_wakeup_fd's pipe
         self.stop = False                  # set by SIGTERM/SIGINT
         self.report_wanted = False         # set by SIGUSR1
+        self.control_wanted = False        # set by SIGUSR2: read control_path (control())
+        self.control_path = control_path
+        self.changes: list[dict] = []      # each control applied: seq, applied, first packets
+        self.watch_first: dict[int, dict] = {}   # queue -> its change awaiting a first packet
         self.stats_path = stats_path
         self.rt_status = "off"
         self.report_seq = 0
@@ -217,7 +226,7 @@ class DelayLine:
             self._config(sock, num, _attr(NFQA_CFG_PARAMS, struct.pack("!IB", COPY_RANGE_BYTES,
                                                                         NFQNL_COPY_PACKET)))
             self._config(sock, num, _attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", spec.maxlen)))
-            if spec.loss_pct == 0:
+            if spec.loss_pct == 0 and spec.gso:
                 flags = struct.pack("!I", NFQA_CFG_F_GSO)
                 self._config(sock, num, _attr(NFQA_CFG_FLAGS, flags) + _attr(NFQA_CFG_MASK, flags))
         self._kernel_counters()  # the baseline of the first report
@@ -278,6 +287,8 @@ class DelayLine:
             off += (alen + 3) & ~3
         if packet_id is None:
             return
+        if self.watch_first and num in self.watch_first:   # the first packet since a change
+            self.watch_first.pop(num)["first_packet"][str(num)] = arrival
         if not self.scheds[num].on_packet(packet_id, arrival, nbytes, now):
             self._verdict(num, NFQNL_MSG_VERDICT, NF_DROP, packet_id)
 
@@ -336,6 +347,9 @@ class DelayLine:
             if self.report_wanted:
                 self.report_wanted = False
                 self.write_report()
+            if self.control_wanted:
+                self.control_wanted = False
+                self.control()
             woke_by_timer = False
             if next_due is None:
                 events = poller.poll(200)
@@ -360,6 +374,44 @@ class DelayLine:
                 # The lead is learnt on the deadline this sleep aimed at, measured once its
                 # verdict is sent (see delaysched.LeadControl).
                 self.lead.update(time.time() - aimed_at)
+
+    # ---- control ---------------------------------------------------------------------------------
+    def control(self) -> None:
+        """Apply the control file (SIGUSR2): {"seq": N, "queues": {"<num>": {delay_ms,
+        jitter_ms, loss_pct}}} (each figure optional). A packet that arrives from now on gets
+        the new figures; packets already held keep their due times, and due times still never
+        go backwards (a lower delay lets packets through only as the ones before them leave).
+        Acknowledged in <control>.ack: {"seq": N, "applied": time}; the arrival stamp of each
+        queue's first packet since is in every report's "changes"."""
+        if not self.control_path:
+            return
+        try:
+            with open(self.control_path) as f:
+                doc = json.load(f)
+            change = {"seq": int(doc["seq"]), "applied": time.time(), "queues": {},
+                      "first_packet": {}}
+            for key, figures in doc["queues"].items():
+                num = int(key)
+                sched = self.scheds[num]
+                if "delay_ms" in figures:
+                    sched.delay_s = float(figures["delay_ms"]) / 1e3
+                if "jitter_ms" in figures:
+                    sched.jitter_s = float(figures["jitter_ms"]) / 1e3
+                if "loss_pct" in figures:
+                    sched.loss_pct = float(figures["loss_pct"])
+                change["queues"][key] = {"delay_ms": sched.delay_s * 1e3,
+                                         "jitter_ms": sched.jitter_s * 1e3,
+                                         "loss_pct": sched.loss_pct}
+                self.watch_first[num] = change
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"delayline: control file {self.control_path}: {exc!r}; ignored",
+                  file=sys.stderr, flush=True)
+            return
+        self.changes.append(change)
+        tmp = f"{self.control_path}.ack.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"seq": change["seq"], "applied": change["applied"]}, f)
+        os.replace(tmp, f"{self.control_path}.ack")
 
     # ---- accounting ----------------------------------------------------------------------------
     def _kernel_counters(self) -> dict[int, tuple[int, int, int] | None]:
@@ -400,7 +452,8 @@ class DelayLine:
         self.report_seq += 1
         doc = {"seq": self.report_seq, "final": final, "pid": os.getpid(), "rt": self.rt_status,
                "start": self.interval_start, "end": now,
-               "interval_s": round(now - self.interval_start, 6), "queues": queues}
+               "interval_s": round(now - self.interval_start, 6), "queues": queues,
+               "changes": self.changes}
         self.interval_start = now
         return doc
 
@@ -487,14 +540,20 @@ def main(argv: list[str] | None = None) -> int:
                         "counters since the last report to PATH (JSON)")
     parser.add_argument("--no-realtime", action="store_true",
                         help="stay at normal priority (default: SCHED_FIFO 50)")
+    parser.add_argument("--control", metavar="PATH", help="on SIGUSR2, apply the new figures "
+                        "in PATH (JSON; DelayLine.control) and acknowledge in PATH.ack")
     args = parser.parse_args(argv)
-    line = DelayLine(args.queue, seed=args.seed, stats_path=args.stats)
+    line = DelayLine(args.queue, seed=args.seed, stats_path=args.stats,
+                     control_path=args.control)
 
     def on_stop(signum, frame):  # noqa: ARG001
         line.stop = True
 
     def on_report(signum, frame):  # noqa: ARG001
         line.report_wanted = True
+
+    def on_control(signum, frame):  # noqa: ARG001
+        line.control_wanted = True
 
     def on_rttime(signum, frame):  # noqa: ARG001 - RLIMIT_RTTIME's soft limit: never block again?
         set_normal_priority()
@@ -510,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
     signal.signal(signal.SIGUSR1, on_report)
+    signal.signal(signal.SIGUSR2, on_control)
     signal.signal(signal.SIGXCPU, on_rttime)
     _set_timer_slack_ns(1000)
     line.rt_status = "off" if args.no_realtime else set_realtime(RT_PRIORITY)

@@ -6,6 +6,7 @@ One job per function; the work itself lives in testbed.calibrate and trainer/.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,7 +77,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     progress: a sweep's (testbed.progress), else one of this run's own (none when quiet)."""
     from testbed.progress import Progress
     from testbed.reproduce import SCHEMA_VERSION
-    from testbed.systemrun import run_system, summary_lines
+    from testbed.systemrun import RunIncomplete, run_system, summary_lines
 
     scenario, cfg, systems = load_run(scenario_path, systems=systems, iterations=iterations)
     run_dir = _prepare(scenario, out_dir)
@@ -89,14 +90,30 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                "scenario": scenario.name, "compute": cfg.compute, "schedule": cfg.schedule,
                "scale": scenario.scale, "time_scale": scenario.time_scale,
                "routing": scenario.routing, "congestion_control": scenario.congestion_control,
-               "connections": scenario.connections, "run_dir": str(run_dir), "systems": {}}
+               "connections": scenario.connections, "run_dir": str(run_dir), "complete": True,
+               "systems": {}}
         for name in systems:
             interrupts.check()
             progress.where(f"{scenario.name} {name}")
             say(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
                 f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}")
-            metrics = run_system(scenario, cfg, get_system(name), run_dir, backend=backend,
-                                 progress=lambda line: say("  " + line), timeout_s=timeout_s)
+            try:
+                metrics = run_system(scenario, cfg, get_system(name), run_dir, backend=backend,
+                                     progress=lambda line: say("  " + line),
+                                     timeout_s=timeout_s)
+            except (RunIncomplete, KeyboardInterrupt) as exc:
+                # the systems that finished, and this one's partial block, marked incomplete
+                written = run_dir / name / "metrics.json"
+                doc["systems"][name] = getattr(exc, "partial", None) or (
+                    json.loads(written.read_text()) if written.exists() else
+                    {"system": name, "complete": False})
+                doc.update(complete=False, stopped_at=name,
+                           error=str(exc) or "interrupted (Ctrl-C or SIGTERM)")
+                write_json(run_dir / "metrics.json", doc)
+                if isinstance(exc, RunIncomplete):
+                    raise RunIncomplete(f"{exc} (partial results: {run_dir / 'metrics.json'})",
+                                        exc.partial) from exc
+                raise
             doc["systems"][name] = metrics
             doc["backend"] = metrics["network"]["backend"]
             for line in summary_lines(metrics, cfg):

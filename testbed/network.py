@@ -60,6 +60,7 @@ class DelayLineProc:
     links: tuple[str, ...]     # "a->b" per queue, for error messages and wan_stats()
     proc: HostProcess
     stats_path: Path           # where it writes its counters on SIGUSR1 (testbed.wanstats)
+    control_path: Path         # new figures it applies on SIGUSR2 (testbed.faultrun)
 
 
 def probe_netem(ipr: IPRoute) -> bool:
@@ -452,6 +453,7 @@ class Network:
 
     def _start_delaylines(self) -> None:
         per_gw: dict[str, list[tuple[QueueSpec, str, str]]] = {}
+        lossy = {f.link for f in self.scenario.faults if f.kind == "loss"}
         for w in self.plan.wan:
             link = w.link
             # NFQUEUE holds what is in flight on the link (rate x (delay + jitter)); counted in
@@ -461,15 +463,17 @@ class Network:
             # a->b is delayed as it enters b's gateway, and b->a as it enters a's.
             for k, (src, dst) in enumerate(((w.end_a, w.end_b), (w.end_b, w.end_a))):
                 spec = QueueSpec(num=2 * w.index + k + 1, delay_ms=link.delay_ms,
-                                 jitter_ms=link.jitter_ms, loss_pct=link.loss_pct, maxlen=maxlen)
+                                 jitter_ms=link.jitter_ms, loss_pct=link.loss_pct, maxlen=maxlen,
+                                 gso=link.between not in lossy)
                 name = f"{src.gateway.removesuffix('-gw')}->{dst.gateway.removesuffix('-gw')}"
                 per_gw.setdefault(dst.gateway, []).append((spec, dst.intf, name))
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         for gw, items in per_gw.items():
             # Each delay line draws its own jitter and loss (seeded by its first queue number).
             stats_path = unused_path(self.run_dir / "logs" / f"{gw}-delayline-stats.json")
+            control_path = unused_path(self.run_dir / "logs" / f"{gw}-delayline-control.json")
             argv = [sys.executable, "-m", "testbed.delayline", "--seed", str(items[0][0].num),
-                    "--stats", str(stats_path)]
+                    "--stats", str(stats_path), "--control", str(control_path)]
             if not self.realtime:
                 argv.append("--no-realtime")
             for spec, _intf, _name in items:
@@ -479,7 +483,8 @@ class Network:
             # Listed at once, so stop() ends it even if a later step of start() fails.
             self.delaylines.append(DelayLineProc(gateway=gw, queues=tuple(s for s, _, _ in items),
                                                  links=tuple(n for _, _, n in items), proc=proc,
-                                                 stats_path=stats_path))
+                                                 stats_path=stats_path,
+                                                 control_path=control_path))
         for dl, items in zip(self.delaylines, per_gw.values()):
             self.realtime_status[dl.gateway] = _wait_ready(dl.proc, timeout_s=10)
             for spec, intf, _name in items:

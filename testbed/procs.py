@@ -78,7 +78,12 @@ class HostProcess:
         return text[-tail_chars:]
 
     def describe(self) -> str:
-        return f"{Path(self.argv[0]).name} in {self.host} (pid {self.pid})"
+        """'<program> in <host> (pid N)'; a Python module run with -m is named by its module
+        (trainer.worker, prefill.server), behind any wrapper such as nice."""
+        name = Path(self.argv[0]).name
+        if "-m" in self.argv[:-1]:
+            name = self.argv[self.argv.index("-m") + 1]
+        return f"{name} in {self.host} (pid {self.pid})"
 
     def _exited(self, rc: int) -> None:
         if self._on_exit is not None:

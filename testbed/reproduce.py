@@ -21,7 +21,7 @@ import csv
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -89,6 +89,13 @@ def load_runs(paths: Sequence[str]) -> list[Run]:
     return runs
 
 
+def finished_only(runs: Sequence[Run]) -> list[Run]:
+    """The runs with only the systems that finished (a run stopped by a fault or Ctrl-C has a
+    partial block, `complete: false`, that no figure can use)."""
+    return [replace(r, metrics=dict(r.metrics, systems={
+        n: m for n, m in r.metrics["systems"].items() if m.get("complete", True)})) for r in runs]
+
+
 def _json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -110,8 +117,12 @@ def training_rows(runs: Sequence[Run]) -> list[list[str]]:
              "bubble", "model bubble", "GPU util"]]
     for run in runs:
         systems = run.metrics["systems"]
-        base = systems.get("baseline", {}).get("iteration_time_s")
+        base = systems.get("baseline", {}).get("iteration_time_s")   # None if it stopped
         for name, m in systems.items():
+            if not m.get("complete", True):     # stopped early (a fault, Ctrl-C): no figures
+                rows.append([run.name, _point(run), name, f"stopped after {m.get('iterations_done', 0)}"
+                             f" of {m.get('iterations_planned', '?')} iterations"] + ["-"] * 6)
+                continue
             pred = (m.get("model") or {}).get("predicted") or {}
             err = (m.get("model") or {}).get("error") or {}
             rows.append([run.name, _point(run), name, _f(m["iteration_time_s"], ".3f"),
@@ -131,7 +142,7 @@ def bubbletea_rows(runs: Sequence[Run]) -> list[list[str]]:
     for run in runs:
         for name, m in run.metrics["systems"].items():
             bt = m.get("bubbletea")
-            if bt is None:
+            if bt is None or not m.get("complete", True):
                 continue
             pf = bt["prefill"]
             model = ((m.get("model") or {}).get("bubbletea") or {}).get("predicted") or {}
@@ -177,5 +188,5 @@ def reproduce(paths: Sequence[str], out_dir: Path, *, figures: bool = True,
         written.append(write_bytes(out_dir / f"{stem}.csv", csv_text(rows).encode()))
     if figures:
         from testbed.reproduce_plots import figures as draw
-        written += draw(runs, out_dir, write_bytes, timelines=timelines)
+        written += draw(finished_only(runs), out_dir, write_bytes, timelines=timelines)
     return text, written

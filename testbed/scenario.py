@@ -23,6 +23,10 @@ Form (every WAN link: one-way delay per direction, rate per direction):
     systems: [baseline]        # optional: see SYSTEMS (testbed.systems describes each);
                                # "<system>+bubbletea" adds prefill in the bubbles
     bubbletea: {...}           # optional: prefill load and admission (prefill.config)
+    faults: [...]              # optional: link down, delay/rate/loss changes, crashes at given
+                               # times (testbed.faults; applied by testbed.faultrun)
+    cross_traffic: [...]       # optional: other tenants' iperf3 TCP/UDP on WAN links
+                               # (traffic.cross; tenant hosts <dc>-x1)
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from testbed.routing import ROUTING_POLICIES
 
 if TYPE_CHECKING:
     from prefill.config import BubbleTeaConfig
+    from testbed.faults import Fault
+    from traffic.cross import CrossFlow
 
 BACKENDS = ("auto", "netem", "delayline")
 # Every name testbed.systems.SYSTEMS describes; each may also be named with BUBBLETEA_SUFFIX,
@@ -135,6 +141,8 @@ class Scenario:
     tcp_slow_start_after_idle: bool = True
     description: str = ""             # one line for `list` and `show`
     sweep: dict[str, Any] | None = None   # testbed.sweep: one run per point (raw holds it)
+    faults: "tuple[Fault, ...]" = ()      # testbed.faults, in time order
+    cross_traffic: "tuple[CrossFlow, ...]" = ()   # traffic.cross
 
     def check_emulable(self) -> None:
         """ScenarioError unless this scenario may be built (run, calibrate)."""
@@ -152,6 +160,11 @@ class Scenario:
     def host_names(self) -> list[str]:
         """The training hosts (one GPU each), in scenario order."""
         return [f"{dc.name}-h{i}" for dc in self.dcs for i in range(1, dc.hosts + 1)]
+
+    def tenant_dcs(self) -> list[str]:
+        """DCs that send or receive cross-traffic: each gets a tenant host <dc>-x1."""
+        used = {x for f in self.cross_traffic for x in (f.src, f.dst)}
+        return [dc.name for dc in self.dcs if dc.name in used]
 
     def decode_host_names(self, dc: str | None = None) -> list[str]:
         """BubbleTea's decode hosts (of one DC, or all)."""
@@ -193,7 +206,7 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
                           "congestion_control", "connections", "systems", "training",
                           "bubbletea", "predict_only", "tcp_slow_start_after_idle",
-                          "description", "sweep"})
+                          "description", "sweep", "faults", "cross_traffic"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ScenarioError("name", f"{name!r} is not a valid name",
@@ -244,6 +257,14 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
         expand(top)              # its shape and paths (each point is checked when it runs)
     slow_start = _flag(top.get("tcp_slow_start_after_idle", True), "tcp_slow_start_after_idle",
                        "use true (Linux's default) or false (a WAN-tuned host)")
+    faults: tuple = ()
+    if "faults" in top:
+        from testbed.faults import parse_faults
+        faults = parse_faults(top["faults"], dcs, wan)
+    cross: tuple = ()
+    if "cross_traffic" in top:
+        from traffic.cross import parse_cross_traffic
+        cross = parse_cross_traffic(top["cross_traffic"], dcs, wan, CONGESTION_CONTROLS)
     bubbletea = None
     if "bubbletea" in top:
         from prefill.config import BubbleTeaConfig
@@ -253,7 +274,7 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
                     connections=connections, systems=tuple(systems), training=training,
                     bubbletea=bubbletea, path=path, raw=top, predict_only=predict_only,
                     tcp_slow_start_after_idle=slow_start, description=description.strip(),
-                    sweep=sweep)
+                    sweep=sweep, faults=faults, cross_traffic=cross)
 
 
 def is_system_name(name: Any) -> bool:

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Callable
 
 from testbed import bubbletea, linkuse, report, temporal, wanstats
 from testbed.allreduce import allreduce_report
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, TestbedError
+from testbed.faultrun import FaultRunner, after_fault
+from testbed.faultplot import plot_faults
 from testbed.machine import CpuTimes
 from testbed.network import Network
 from testbed.placement import place_for_system
-from testbed.results import write_json
+from testbed.results import write_json, write_text
 from testbed.slotplan import plan_slots
 from testbed.timeouts import timeouts_for
 from testbed.systems import System, connections_for
@@ -63,44 +65,63 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     write_json(sys_dir / "placement.json", placement.to_dict())
     write_json(sys_dir / "slot_plan.json", slots.to_dict())
     T = scenario.time_scale
-    with Network(scenario, sys_dir, backend=backend,
-                 run_id=f"{run_dir.name}-{system.name}") as net:
-        record = report.announce(net, sys_dir, indent="  ")
-        if system.temporal and net.backend != "delayline":
-            # the temporal tree replaces the link's HTB leaf, where netem would hold the delay
-            raise ScenarioError("backend", f"{system.name} (temporal WAN sharing) runs on the "
-                                "delayline backend only", "set backend: delayline")
-        hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts
-                 if h.role == "train"]
-        net.wan_stats()  # start this system's interval of WAN packet counts
-        cpu_before = CpuTimes.now()
-        sharing = temporal.start(net, slots, placement, sys_dir) if system.temporal else None
-        prefill = None
-        try:
-            if system.fill_bubbles:
-                prefill = bubbletea.start(net, scenario, cfg, placement, sys_dir, system.name)
-                progress(f"bubbletea: {prefill.load['kept']} requests over "
-                         f"{', '.join(f'{dc} {len(r)}' for dc, r in prefill.load['per_dc'].items())}"
-                         f" ({prefill.load['refused']} refused, {prefill.load['truncated']} "
-                         f"truncated to {prefill.load['context_tokens']} tokens)")
-            run = launch(placed, hosts, sys_dir, net, scale=scenario.scale,
-                         progress=progress, time_scale=T, timeout_s=limits.run_s * T,
-                         connect_timeout_s=limits.peer_s * T,  # also gloo's timeout
-                         congestion_control=scenario.congestion_control,
-                         connections=lambda a, b: connections_for(scenario, system, a, b),
-                         gate=None if sharing is None else sharing.gate_for,
-                         io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
-                         gpu_share=None if prefill is None else prefill.gpu_share)
-        finally:
-            if sharing is not None:
-                sharing.stop()
-            crashed = prefill.crashed() if prefill is not None else []
-            prefill_cpu = prefill.cpu_seconds() if prefill is not None else {}
-            if prefill is not None:
-                prefill.stop()
-        shared = sharing.results() if sharing is not None else {}
-        net.check()
-        wan_links = net.wan_stats()
+    runner = None
+    try:
+        with Network(scenario, sys_dir, backend=backend,
+                     run_id=f"{run_dir.name}-{system.name}") as net:
+            record = report.announce(net, sys_dir, indent="  ")
+            if system.temporal and net.backend != "delayline":
+                # the temporal tree replaces the link's HTB leaf, where netem would hold the delay
+                raise ScenarioError("backend", f"{system.name} (temporal WAN sharing) runs on "
+                                    "the delayline backend only", "set backend: delayline")
+            hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts
+                     if h.role == "train"]
+            net.wan_stats()  # start this system's interval of WAN packet counts
+            cpu_before = CpuTimes.now()
+            sharing = temporal.start(net, slots, placement, sys_dir) if system.temporal else None
+            prefill = None
+            try:
+                if system.fill_bubbles:
+                    prefill = bubbletea.start(net, scenario, cfg, placement, sys_dir, system.name)
+                    progress(f"bubbletea: {prefill.load['kept']} requests over "
+                             f"{', '.join(f'{dc} {len(r)}' for dc, r in prefill.load['per_dc'].items())}"
+                             f" ({prefill.load['refused']} refused, {prefill.load['truncated']} "
+                             f"truncated to {prefill.load['context_tokens']} tokens)")
+                if scenario.faults:
+                    runner = FaultRunner(net, scenario.faults, T).start()
+                    progress(f"faults: {len(runner.events)} events, the first at "
+                             f"{runner.events[0].at_s:g} s")
+                run = launch(placed, hosts, sys_dir, net, scale=scenario.scale,
+                             progress=progress, time_scale=T, timeout_s=limits.run_s * T,
+                             connect_timeout_s=limits.peer_s * T,  # also gloo's timeout
+                             congestion_control=scenario.congestion_control,
+                             connections=lambda a, b: connections_for(scenario, system, a, b),
+                             gate=None if sharing is None else sharing.gate_for,
+                             io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
+                             gpu_share=None if prefill is None else prefill.gpu_share)
+            finally:
+                if runner is not None:
+                    runner.stop()
+                if sharing is not None:
+                    sharing.stop()
+                crashed = prefill.crashed() if prefill is not None else []
+                prefill_cpu = prefill.cpu_seconds() if prefill is not None else {}
+                if prefill is not None:
+                    prefill.stop()
+            shared = sharing.results() if sharing is not None else {}
+            net.check()
+            wan_links = net.wan_stats()
+    except (TestbedError, KeyboardInterrupt) as exc:
+        # Partial results, written and marked incomplete, before the error goes on.
+        why = "interrupted (Ctrl-C or SIGTERM)" if isinstance(exc, KeyboardInterrupt) else \
+            after_fault(runner, str(exc))
+        partial = partial_metrics(sys_dir, system.name, cfg, why,
+                                  None if runner is None else runner.results())
+        write_json(sys_dir / "metrics.json", partial)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise RunIncomplete(why, partial) from exc
+    faults = None if runner is None else runner.results()
     spans = list(read_jsonl(run.spans_path))   # read once: the metrics and the links' use
     metrics = metrics_from_records(spans, list(read_jsonl(run.loss_path)),
                                    json.loads(run.plan_path.read_text()))
@@ -128,7 +149,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                 in_use=congestion_control_in_use(run.spans_path)),
         transport_io_realtime=sorted({x for r in spans if r["name"] == "SETUP"
                                       for x in r.get("io_realtime", [])}),
-        wall_s=round(run.wall_s, 3), timeouts=limits.to_dict(),
+        wall_s=round(run.wall_s, 3), timeouts=limits.to_dict(), complete=True,
         timings_s={k: round(v, 3) for k, v in net.timings_s.items()})
     metrics["wan_warnings"] = (wanstats.warnings({k: v for k, v in wan_links.items()
                                                   if "packets" in v}, scenario.wan)
@@ -145,6 +166,10 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         extra = [r for r in records if r["name"] == "PREFILL"]
         filled = metrics["bubbletea"]["iterations"]    # draw one the prefills could fill
         shown_iteration = filled[len(filled) // 2]
+    if faults is not None:
+        metrics["faults"] = faults
+        metrics["faults"]["plot_png"] = str(plot_faults(faults, sys_dir / "faults.png",
+                                                        f"{scenario.name} {system.name}"))
     if prediction is not None:    # after the bubbletea block: compared too
         from model.check import compare
         metrics["model"] = compare(prediction, metrics)
@@ -158,6 +183,63 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         spans, extra or [], slot_logs, time_scale=T, title=f"{scenario.name} {system.name}")))
     write_json(sys_dir / "metrics.json", metrics)   # this system's block, kept if a later fails
     return metrics
+
+
+class RunIncomplete(TestbedError):
+    """A system's run stopped before the end; .partial is its metrics block (complete: false),
+    already written to <system>/metrics.json."""
+
+    def __init__(self, message: str, partial: dict) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+def partial_metrics(sys_dir: Path, system: str, cfg: "TrainConfig", error: str,
+                    faults: dict | None) -> dict:
+    """What a run that stopped early leaves: the iterations the last stage finished and their
+    loss, the trainers' spans merged (for a look in trace viewers), the faults applied."""
+    last = sorted(sys_dir.glob(f"loss/*s{cfg.stages - 1}r*.jsonl"))
+    losses: dict[int, float] = {}
+    for path in last:
+        for r in _whole_records(path):
+            if "iteration" in r and "loss" in r:
+                losses.setdefault(int(r["iteration"]), float(r["loss"]))
+    spans = [r for path in sorted(sys_dir.glob("spans/*.jsonl")) for r in _whole_records(path)]
+    if spans:
+        spans.sort(key=lambda r: (r.get("t_start_ns", 0), r.get("stage", 0), r.get("replica", 0)))
+        write_text(sys_dir / "trainer_spans.jsonl", "".join(json.dumps(r) + "\n" for r in spans))
+    out = {"system": system, "complete": False, "error": error,
+           "iterations_done": len(losses), "iterations_planned": cfg.iterations,
+           "loss": [losses[i] for i in sorted(losses)]}
+    if faults is not None:
+        out["faults"] = faults
+        out["faults"]["plot_png"] = str(plot_faults(faults, sys_dir / "faults.png", system))
+    return out
+
+
+def fault_lines(faults: dict | None) -> list[str]:
+    """One line per fault event: when it was due, applied and seen on the wire."""
+    out = []
+    for ev in (faults or {}).get("events", []):
+        if ev.get("error"):
+            out.append(f"fault {ev['what']}: not applied: {ev['error']}")
+            continue
+        took = ev.get("took_effect_s")
+        out.append(f"fault {ev['what']}: applied at {ev['applied_s']:.3f} s, on the wire at "
+                   + ("n/a" if took is None else f"{took:.3f} s") +
+                   (f" ({ev['note']})" if ev.get("note") else ""))
+    return out
+
+
+def _whole_records(path: Path) -> list[dict]:
+    """A JSONL file's records, leaving out a line its killed writer left half written."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def _pct(v: float | None) -> str:
@@ -198,6 +280,7 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
         if bt["crashed"]:
             lines.append("warning: BubbleTea processes died during training (training went "
                          "on): " + "; ".join(bt["crashed"]))
+    lines += fault_lines(metrics.get("faults"))
     if metrics.get("model"):
         from model.check import summary_line
         lines.append(summary_line(metrics["model"]))

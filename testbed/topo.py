@@ -6,6 +6,7 @@ the Topo into namespaces and applies the routes and shaping.
 
     DC d (0-based):  hosts  <dc>-h<i>   10.<d+1>.0.<i>/24   default via the DC gateway
                      decode hosts <dc>-d<i>  10.<d+1>.0.<100+i>/24 (BubbleTea; never train)
+                     tenant host <dc>-x1  10.<d+1>.0.201/24 (cross-traffic; never trains)
                      gateway <dc>-gw    10.<d+1>.0.254/24 on <dc>-gw-eth0 (to the DC bridge)
                      bridge  <dc>-s     a Linux bridge in its own namespace
     WAN link k:      <a>-gw-eth<n> 10.254.x.y/30  <->  <b>-gw-eth<m> 10.254.x.y+1/30
@@ -30,6 +31,7 @@ class HostPlan:
     ip: str        # without prefix length
     intf: str
     role: str = "train"   # "train" (one GPU, runs a stage) | "decode" (BubbleTea decode server)
+    #                       | "tenant" (another tenant's cross-traffic, traffic.cross)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,6 +106,10 @@ def make_plan(scenario: Scenario) -> Plan:
             name = f"{dc.name}-d{i}"
             hosts.append(HostPlan(name=name, dc=dc.name, ip=f"10.{d + 1}.0.{100 + i}",
                                   intf=f"{name}-eth0", role="decode"))
+        if dc.name in scenario.tenant_dcs():
+            name = f"{dc.name}-x1"
+            hosts.append(HostPlan(name=name, dc=dc.name, ip=f"10.{d + 1}.0.201",
+                                  intf=f"{name}-eth0", role="tenant"))
     next_port = {dc.name: 1 for dc in scenario.dcs}
     wan: list[WanPlan] = []
     base = int(ipaddress.IPv4Address("10.254.0.0"))

@@ -3,10 +3,10 @@
 One run of baseline and baseline+bubbletea on two DCs (one training host and one decode host
 each, 20 ms apart), profile mode, a request load far above what the bubbles take and a short
 time-to-first-token deadline, with one prefill server made to crash mid-prefill (holding its GPU
-lock). Checked from the records:
+lock) and one decode server killed by the scenario's faults. Checked from the records:
 - training finished every iteration with the same losses as without BubbleTea;
 - no prefill overlapped a training op on its host (the timeline), and the results name the
-  crashed server, while the other host kept serving;
+  crashed servers, while the other host kept serving;
 - every decoded continuation equals a plain greedy generation of the same prompt by the same
   model (the KV cache went over the emulated network to the decode host);
 - every admitted prefill fitted the bubble it was admitted into, by the controller's own numbers;
@@ -50,7 +50,9 @@ def scenario(tmp_path: Path) -> Path:
                         "stages": 2, "replicas": 1, "micro_batches": 4, "micro_batch_size": 2,
                         "schedule": "gpipe", "iterations": 7, "seed": 0, "compute": "profile",
                         "profile": {"file": "h200-transformer.json", "width": 2048,
-                                    "seq": 2048, "micro_batch": 2, "n_layer": 8}}}
+                                    "seq": 2048, "micro_batch": 2, "n_layer": 8}},
+           # a decode server killed mid-run (the scenario's faults; baseline runs none)
+           "faults": [{"kind": "crash", "process": "decode", "host": "we-d1", "at_s": 4}]}
     path = tmp_path / "bt.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -79,7 +81,12 @@ def test_training_goes_on_unchanged_and_the_crash_is_reported(result):
     assert bt["loss"] == pytest.approx(base["loss"], abs=1e-6)
     assert bt["iterations"] == 7
     crashed = bt["bubbletea"]["crashed"]
-    assert len(crashed) == 1 and "we-h1" in crashed[0], crashed
+    assert len(crashed) == 2, crashed
+    assert {c.split(" (pid")[0] for c in crashed} == {"prefill.server in we-h1",
+                                                      "prefill.decode_server in we-d1"}
+    kill = bt["faults"]["events"][0]
+    assert kill["fault"] == "faults[0]" and kill["took_effect_s"] - kill["applied_s"] < 0.5
+    assert "no decode process on we-d1" in base["faults"]["events"][0]["error"]
     assert "BubbleTea processes died" in stdout
     served = Counter(r["host"] for r in records if r["name"] == "PREFILL")
     assert served["we-h1"] == 2 and served["ea-h1"] > served["we-h1"], served

@@ -1,0 +1,44 @@
+"""faults.png: what the wire carried on each faulted link, with the faults marked.
+
+One job: draw testbed.faultrun's results (matplotlib, Agg): one line per link direction (Mbit/s
+in configured units, sampled every faultrun.SAMPLE_S), a dashed line where each fault was
+applied, a dotted one where it took effect on the wire, and the cross-traffic's goodput when
+the results have it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from testbed.results import write_bytes
+
+
+def plot_faults(faults: dict[str, Any], path: Path, title: str) -> Path:
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for key, series in sorted(faults.get("wire_mbit", {}).items()):
+        if series:
+            ax.plot([t for t, _ in series], [v for _, v in series], lw=1, label=f"wire {key}")
+    for i, ev in enumerate(faults.get("events", [])):
+        color = f"C{(i + 3) % 10}"
+        if ev.get("applied_s") is not None:
+            ax.axvline(ev["applied_s"], color=color, ls="--", lw=1,
+                       label=("restore " if ev["restore"] else "") + ev["fault"])
+        if ev.get("took_effect_s") is not None and ev["took_effect_s"] != ev.get("applied_s"):
+            ax.axvline(ev["took_effect_s"], color=color, ls=":", lw=1)
+    ax.set_xlabel("seconds after the trainers started (configured time)")
+    ax.set_ylabel("Mbit/s")
+    ax.set_title(f"{title}: faults (dashed: applied, dotted: took effect on the wire)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return write_bytes(path, buf.getvalue())

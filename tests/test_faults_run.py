@@ -1,0 +1,163 @@
+"""Faults applied to a live network (testbed.faultrun), seen on the wire (root, `network`).
+
+One network, two DCs 5 ms apart; a ping every 20 ms from a-h1 to b-h1 while the runner
+raises the delay to 25 ms, cuts the link, then lowers the rate. Each fault must show in the
+pings at its time (RTT 10 -> 50 ms; replies lost while cut; back after) and in the records
+(applied within 50 ms of its time; took effect on the wire), and the kernel must hold the
+new rate.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from testbed import shaping
+from testbed.faultrun import FaultRunner
+from testbed.network import Network
+from testbed.scenario import parse_scenario
+from tests.scenarios import two_dc
+
+pytestmark = pytest.mark.network
+
+FAULTS = [{"kind": "delay", "link": ["fa", "fb"], "at_s": 1.0, "delay_ms": 25, "for_s": 1.0},
+          {"kind": "link_down", "link": ["fa", "fb"], "at_s": 2.5, "for_s": 1.0},
+          {"kind": "rate", "link": ["fa", "fb"], "at_s": 4.0, "rate_mbit": 5}]
+
+
+def pings(output: str, t0: float) -> dict[int, tuple[float, float]]:
+    """icmp_seq -> (send time after t0, RTT ms), from `ping -D` replies."""
+    out = {}
+    for m in re.finditer(r"^\[(\d+\.\d+)\].*icmp_seq=(\d+).*time=([\d.]+) ms", output, re.M):
+        rtt = float(m.group(3))
+        out[int(m.group(2))] = (float(m.group(1)) - rtt / 1e3 - t0, rtt)
+    return out
+
+
+def test_faults_take_effect_on_the_wire_at_their_times(tmp_path):
+    sc = parse_scenario(dict(two_dc("f"), faults=FAULTS))
+    with Network(sc, tmp_path / "run") as net:
+        if net.backend != "delayline":
+            pytest.skip(f"backend is {net.backend}: the delay changes go to netem")
+        ping = net.spawn("fa-h1", ["ping", "-D", "-n", "-i", "0.02", "-c", "260", "-W", "2",
+                                   net.host_ip("fb-h1")], tmp_path / "ping.log")
+        runner = FaultRunner(net, sc.faults).start()
+        try:
+            ping.wait(30)
+        finally:
+            runner.stop()
+        with net._ipr("fa-gw") as ipr:
+            rate = shaping.read_back(ipr, "fa-gw-eth1")["rate_bps"]
+        replies = pings(ping.output(1 << 20), runner.t0)
+    res = runner.results()
+    assert rate == 5_000_000
+    events = res["events"]
+    assert [(e["fault"], e["restore"]) for e in events] == [
+        ("faults[0]", False), ("faults[0]", True), ("faults[1]", False), ("faults[1]", True),
+        ("faults[2]", False)]
+    for e in events:
+        assert "error" not in e, e
+        assert 0 <= e["applied_s"] - e["at_s"] < 0.05, e
+        assert e["took_effect_s"] is not None and e["took_effect_s"] - e["applied_s"] < 0.5, e
+
+    def rtts(lo: float, hi: float) -> list[float]:
+        return [rtt for t, rtt in replies.values() if lo < t < hi]
+
+    before, slow, between, cut, after = (rtts(0.2, 0.95), rtts(1.1, 1.9), rtts(2.1, 2.45),
+                                         rtts(2.55, 3.45), rtts(3.6, 3.95))
+    assert before and max(before) < 15, before          # 2 x 5 ms
+    assert slow and min(slow) > 45 and max(slow) < 60, slow     # 2 x 25 ms
+    assert between and max(between) < 15, between
+    assert not cut, f"replies to pings sent while the link was cut: {cut}"
+    assert after and max(after) < 15, after
+    # the wire samples cover the faults, per direction
+    assert set(res["wire_mbit"]) == {"fa->fb", "fb->fa"}
+    assert res["wire_mbit"]["fa->fb"][-1][0] > 4.0
+
+
+# ---- training through faults (run_testbed.py run) ------------------------------------------
+REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def training(tmp_path, name: str, faults: list, iterations: int = 25):
+    import yaml
+    doc = {"name": name, "scale": 100,
+           "dcs": [{"name": "east", "hosts": 1}, {"name": "west", "hosts": 1}],
+           "wan": [{"between": ["east", "west"], "delay_ms": 10, "rate_mbit": 100}],
+           "training": {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
+                                  "vocab_size": 64},
+                        "stages": 2, "replicas": 1, "micro_batches": 2, "micro_batch_size": 2,
+                        "schedule": "gpipe", "iterations": iterations, "seed": 0,
+                        "compute": "profile",
+                        "profile": {"file": "h200-transformer.json", "width": 2048,
+                                    "seq": 2048, "micro_batch": 1, "n_layer": 8}}}
+    if faults:
+        doc["faults"] = faults
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_cli(path, out):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "run_testbed.py", "run", str(path), "--out", str(out),
+                           "-q"], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def metrics_of(out) -> dict:
+    import json
+    return json.loads(next(out.glob("*/metrics.json")).read_text())
+
+
+def test_training_rides_through_link_faults_with_the_same_losses(tmp_path):
+    """A cut of 1 s, a delay change, a rate trace and a loss burst while training: TCP rides
+    through each, so training ends with exactly the losses of a run without faults, slower;
+    and the results record every fault."""
+    faults = [{"kind": "link_down", "link": ["east", "west"], "at_s": 3, "for_s": 1},
+              {"kind": "delay", "link": ["east", "west"], "at_s": 4.5, "delay_ms": 30,
+               "for_s": 1},
+              {"kind": "rate_trace", "link": ["east", "west"], "at_s": 6,
+               "steps": [[0, 10], [1, 100]]},
+              {"kind": "loss", "link": ["east", "west"], "at_s": 7.5, "loss_pct": 20,
+               "for_s": 0.5}]
+    calm, rough = tmp_path / "calm", tmp_path / "rough"
+    for path, out in ((training(tmp_path, "calm", []), calm),
+                      (training(tmp_path, "rough", faults), rough)):
+        proc = run_cli(path, out)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    a, b = metrics_of(calm)["systems"]["baseline"], metrics_of(rough)["systems"]["baseline"]
+    assert b["complete"] and b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+    assert b["wall_s"] > a["wall_s"] + 1.0, (a["wall_s"], b["wall_s"])   # the cut cost time
+    events = b["faults"]["events"]
+    assert len(events) == 8 and not [e for e in events if e.get("error")], events
+    # each fault shows on the wire; a restore may not before the next change (TCP's backoff
+    # after the cut: its next retransmission may come later), and then says so
+    assert all(e["took_effect_s"] is not None for e in events if not e["restore"]), events
+    assert all(e["took_effect_s"] is not None or "no packet" in e["note"] for e in events)
+    assert __import__("pathlib").Path(b["faults"]["plot_png"]).stat().st_size > 10_000
+    assert "faults" not in a
+
+
+def test_a_trainer_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path):
+    faults = [{"kind": "crash", "process": "trainer", "host": "west-h1", "at_s": 4}]
+    out = tmp_path / "results"
+    proc = run_cli(training(tmp_path, "crash", faults, iterations=60), out)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    first = proc.stderr.strip().splitlines()[0]
+    assert first.startswith("error: stopped after the scenario's fault faults[0] (crash "
+                            "trainer on west-h1 at 4 s)"), proc.stderr
+    assert "west-h1" in first and "exited with -9" in first, first
+    doc = metrics_of(out)
+    assert doc["complete"] is False and doc["stopped_at"] == "baseline"
+    part = doc["systems"]["baseline"]
+    assert part["complete"] is False and 0 < part["iterations_done"] < 60, part
+    assert len(part["loss"]) == part["iterations_done"]
+    crash = part["faults"]["events"][0]
+    assert crash["took_effect_s"] - crash["applied_s"] < 0.5, crash
+    # the paper tables still build from it, with the stopped system marked
+    from testbed.reproduce import reproduce
+    text, _ = reproduce([str(next(out.iterdir()))], tmp_path / "tables")
+    assert f"stopped after {part['iterations_done']} of 60 iterations" in text, text
