@@ -1,4 +1,4 @@
-"""faults.png: what the wire carried on each faulted link, with the faults marked.
+"""wire.png: what the wire carried on each link with faults or cross-traffic, faults marked.
 
 One job: draw testbed.faultrun's results (matplotlib, Agg): one line per link direction (Mbit/s
 in configured units, sampled every faultrun.SAMPLE_S), a dashed line where each fault was
@@ -14,7 +14,8 @@ from typing import Any
 from testbed.results import write_bytes
 
 
-def plot_faults(faults: dict[str, Any], path: Path, title: str) -> Path:
+def plot_faults(faults: dict[str, Any], path: Path, title: str,
+                cross: list[dict[str, Any]] = ()) -> Path:
     import io
 
     import matplotlib
@@ -25,6 +26,11 @@ def plot_faults(faults: dict[str, Any], path: Path, title: str) -> Path:
     for key, series in sorted(faults.get("wire_mbit", {}).items()):
         if series:
             ax.plot([t for t, _ in series], [v for _, v in series], lw=1, label=f"wire {key}")
+    for entry in cross:
+        pts = entry.get("intervals_mbit") or []
+        if pts:
+            ax.step([t for t, _ in pts], [v for _, v in pts], where="post", lw=1.5, ls="-.",
+                    label=f"cross {entry['label']} goodput")
     for i, ev in enumerate(faults.get("events", [])):
         color = f"C{(i + 3) % 10}"
         if ev.get("applied_s") is not None:
@@ -34,8 +40,9 @@ def plot_faults(faults: dict[str, Any], path: Path, title: str) -> Path:
             ax.axvline(ev["took_effect_s"], color=color, ls=":", lw=1)
     ax.set_xlabel("seconds after the trainers started (configured time)")
     ax.set_ylabel("Mbit/s")
-    ax.set_title(f"{title}: faults (dashed: applied, dotted: took effect on the wire)",
-                 fontsize=9)
+    ax.set_title(f"{title}: the wire" + (" and cross-traffic" if cross else "")
+                 + (" (faults dashed: applied, dotted: took effect)"
+                    if faults.get("events") else ""), fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     buf = io.BytesIO()

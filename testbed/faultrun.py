@@ -74,13 +74,15 @@ class FaultRunner:
     """`runner.start()` before training, `runner.stop()` after it (also on failure), then
     `runner.results()` once the network is down (the delay lines' final reports are in)."""
 
-    def __init__(self, net: "Network", faults: tuple[Fault, ...], time_scale: float = 1.0) -> None:
+    def __init__(self, net: "Network", faults: tuple[Fault, ...], time_scale: float = 1.0,
+                 sample_links: tuple[tuple[str, str], ...] = ()) -> None:
+        """sample_links: more WAN links (as in the wan section) whose wire to sample."""
         self.net = net
         self.T = time_scale
         self.events = events_of(faults)
         self.records: list[dict[str, Any]] = []
         self.samples: dict[str, list[tuple[float, float]]] = {}   # "a->b": (t_s, Mbit/s)
-        self._links = {f.link for f in faults if f.link is not None}
+        self._links = {f.link for f in faults if f.link is not None} | set(sample_links)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._iprs: dict[str, IPRoute] = {}         # the fault thread's, per gateway
@@ -138,7 +140,8 @@ class FaultRunner:
                               for k, s in self.samples.items()}}
 
     # ---- the fault thread ---------------------------------------------------------------------
-    def _now_s(self) -> float:
+    def now_s(self) -> float:
+        """Configured seconds since start()."""
         return (time.monotonic() - self._mono0) / self.T
 
     def _apply_all(self) -> None:
@@ -172,7 +175,7 @@ class FaultRunner:
             rate = configured.rate_mbit if ev.restore else f.rate_mbit
             for end in w.ends():
                 _set_rate(self._iprs[end.gateway], *self._shaped[end.intf], rate)
-            rec["applied_s"] = round(self._now_s(), 4)
+            rec["applied_s"] = round(self.now_s(), 4)
             rec["took_effect_s"] = rec["applied_s"]   # the kernel's (read back just below)
             for end in w.ends():
                 _check_rate(self._iprs[end.gateway], end.intf, rate)
@@ -195,7 +198,7 @@ class FaultRunner:
         if self.net.backend == "netem":
             for end in w.ends():
                 _set_netem(self._iprs[end.gateway], end.intf, w, figures)
-            return round(self._now_s(), 4), None
+            return round(self.now_s(), 4), None
         self._seq += 1
         seq = self._seq
         nums = {2 * w.index + 1, 2 * w.index + 2}
@@ -236,11 +239,11 @@ class FaultRunner:
             return
         for p in procs:
             os.kill(p.pid, signal.SIGKILL)
-        rec["applied_s"] = round(self._now_s(), 4)
+        rec["applied_s"] = round(self.now_s(), 4)
         rec["pids"] = [p.pid for p in procs]
         while any(p.popen.poll() is None for p in procs) and not self._stop.is_set():
             time.sleep(0.005)
-        rec["took_effect_s"] = round(self._now_s(), 4)
+        rec["took_effect_s"] = round(self.now_s(), 4)
 
     def _processes(self, process: str, host: str) -> list["HostProcess"]:
         if process == "delayline":
@@ -264,7 +267,7 @@ class FaultRunner:
                     sent = _tx_bytes(self._sample_iprs[end.gateway], end.intf)
                 except Exception:  # noqa: BLE001 - the network is going down
                     return
-                now = self._now_s()
+                now = self.now_s()
                 if key in last:
                     t, b = last[key]
                     mbit = (sent - b) * 8 / 1e6 / max(1e-9, (now - t) * self.T) * self.T

@@ -23,6 +23,8 @@ from testbed.allreduce import allreduce_report
 from testbed.errors import ScenarioError, TestbedError
 from testbed.faultrun import FaultRunner, after_fault
 from testbed.faultplot import plot_faults
+from traffic.cross import CrossTraffic
+from traffic.cross import summary_lines as cross_summary
 from testbed.machine import CpuTimes
 from testbed.network import Network
 from testbed.placement import place_for_system
@@ -65,7 +67,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     write_json(sys_dir / "placement.json", placement.to_dict())
     write_json(sys_dir / "slot_plan.json", slots.to_dict())
     T = scenario.time_scale
-    runner = None
+    runner = cross = None
     try:
         with Network(scenario, sys_dir, backend=backend,
                      run_id=f"{run_dir.name}-{system.name}") as net:
@@ -87,10 +89,16 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                              f"{', '.join(f'{dc} {len(r)}' for dc, r in prefill.load['per_dc'].items())}"
                              f" ({prefill.load['refused']} refused, {prefill.load['truncated']} "
                              f"truncated to {prefill.load['context_tokens']} tokens)")
-                if scenario.faults:
-                    runner = FaultRunner(net, scenario.faults, T).start()
-                    progress(f"faults: {len(runner.events)} events, the first at "
-                             f"{runner.events[0].at_s:g} s")
+                if scenario.faults or scenario.cross_traffic:
+                    runner = FaultRunner(net, scenario.faults, T,
+                                         sample_links=cross_links(scenario)).start()
+                    if scenario.faults:
+                        progress(f"faults: {len(runner.events)} events, the first at "
+                                 f"{runner.events[0].at_s:g} s")
+                if scenario.cross_traffic:
+                    cross = CrossTraffic(net, scenario.cross_traffic, sys_dir / "logs", T,
+                                         scenario.congestion_control).start()
+                    progress(f"cross-traffic: {len(scenario.cross_traffic)} tenants")
                 run = launch(placed, hosts, sys_dir, net, scale=scenario.scale,
                              progress=progress, time_scale=T, timeout_s=limits.run_s * T,
                              connect_timeout_s=limits.peer_s * T,  # also gloo's timeout
@@ -100,6 +108,8 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                              io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
                              gpu_share=None if prefill is None else prefill.gpu_share)
             finally:
+                if cross is not None:
+                    cross.stop()
                 if runner is not None:
                     runner.stop()
                 if sharing is not None:
@@ -115,13 +125,17 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         # Partial results, written and marked incomplete, before the error goes on.
         why = "interrupted (Ctrl-C or SIGTERM)" if isinstance(exc, KeyboardInterrupt) else \
             after_fault(runner, str(exc))
+        stopped_s = None if runner is None else round(runner.now_s(), 3)
         partial = partial_metrics(sys_dir, system.name, cfg, why,
-                                  None if runner is None else runner.results())
+                                  None if runner is None else runner.results(),
+                                  None if cross is None else cross.results())
+        partial["stopped_s"] = stopped_s   # on the faults' clock: how soon it was reported
         write_json(sys_dir / "metrics.json", partial)
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise RunIncomplete(why, partial) from exc
     faults = None if runner is None else runner.results()
+    cross_results = None if cross is None else cross.results()
     spans = list(read_jsonl(run.spans_path))   # read once: the metrics and the links' use
     metrics = metrics_from_records(spans, list(read_jsonl(run.loss_path)),
                                    json.loads(run.plan_path.read_text()))
@@ -166,10 +180,13 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         extra = [r for r in records if r["name"] == "PREFILL"]
         filled = metrics["bubbletea"]["iterations"]    # draw one the prefills could fill
         shown_iteration = filled[len(filled) // 2]
+    if cross_results is not None:
+        metrics["cross_traffic"] = cross_results
     if faults is not None:
         metrics["faults"] = faults
-        metrics["faults"]["plot_png"] = str(plot_faults(faults, sys_dir / "faults.png",
-                                                        f"{scenario.name} {system.name}"))
+        metrics["faults"]["plot_png"] = str(plot_faults(faults, sys_dir / "wire.png",
+                                                        f"{scenario.name} {system.name}",
+                                                        cross_results or []))
     if prediction is not None:    # after the bubbletea block: compared too
         from model.check import compare
         metrics["model"] = compare(prediction, metrics)
@@ -185,6 +202,12 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     return metrics
 
 
+def cross_links(scenario: "Scenario") -> tuple[tuple[str, str], ...]:
+    """The WAN links (as the wan section names them) that carry cross-traffic."""
+    return tuple(sorted({(w.a, w.b) for f in scenario.cross_traffic for w in scenario.wan
+                         if {w.a, w.b} == {f.src, f.dst}}))
+
+
 class RunIncomplete(TestbedError):
     """A system's run stopped before the end; .partial is its metrics block (complete: false),
     already written to <system>/metrics.json."""
@@ -195,7 +218,7 @@ class RunIncomplete(TestbedError):
 
 
 def partial_metrics(sys_dir: Path, system: str, cfg: "TrainConfig", error: str,
-                    faults: dict | None) -> dict:
+                    faults: dict | None, cross: list | None = None) -> dict:
     """What a run that stopped early leaves: the iterations the last stage finished and their
     loss, the trainers' spans merged (for a look in trace viewers), the faults applied."""
     last = sorted(sys_dir.glob(f"loss/*s{cfg.stages - 1}r*.jsonl"))
@@ -211,9 +234,12 @@ def partial_metrics(sys_dir: Path, system: str, cfg: "TrainConfig", error: str,
     out = {"system": system, "complete": False, "error": error,
            "iterations_done": len(losses), "iterations_planned": cfg.iterations,
            "loss": [losses[i] for i in sorted(losses)]}
+    if cross is not None:
+        out["cross_traffic"] = cross
     if faults is not None:
         out["faults"] = faults
-        out["faults"]["plot_png"] = str(plot_faults(faults, sys_dir / "faults.png", system))
+        out["faults"]["plot_png"] = str(plot_faults(faults, sys_dir / "wire.png", system,
+                                                    cross or []))
     return out
 
 
@@ -281,6 +307,7 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
             lines.append("warning: BubbleTea processes died during training (training went "
                          "on): " + "; ".join(bt["crashed"]))
     lines += fault_lines(metrics.get("faults"))
+    lines += cross_summary(metrics.get("cross_traffic") or [])
     if metrics.get("model"):
         from model.check import summary_line
         lines.append(summary_line(metrics["model"]))

@@ -112,7 +112,16 @@ def metrics_of(out) -> dict:
     return json.loads(next(out.glob("*/metrics.json")).read_text())
 
 
-def test_training_rides_through_link_faults_with_the_same_losses(tmp_path):
+@pytest.fixture(scope="module")
+def calm(tmp_path_factory) -> dict:
+    """The baseline block of a run with neither faults nor cross-traffic."""
+    tmp_path = tmp_path_factory.mktemp("calm")
+    proc = run_cli(training(tmp_path, "calm", []), tmp_path / "out")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return metrics_of(tmp_path / "out")["systems"]["baseline"]
+
+
+def test_training_rides_through_link_faults_with_the_same_losses(tmp_path, calm):
     """A cut of 1 s, a delay change, a rate trace and a loss burst while training: TCP rides
     through each, so training ends with exactly the losses of a run without faults, slower;
     and the results record every fault."""
@@ -123,12 +132,9 @@ def test_training_rides_through_link_faults_with_the_same_losses(tmp_path):
                "steps": [[0, 10], [1, 100]]},
               {"kind": "loss", "link": ["east", "west"], "at_s": 7.5, "loss_pct": 20,
                "for_s": 0.5}]
-    calm, rough = tmp_path / "calm", tmp_path / "rough"
-    for path, out in ((training(tmp_path, "calm", []), calm),
-                      (training(tmp_path, "rough", faults), rough)):
-        proc = run_cli(path, out)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    a, b = metrics_of(calm)["systems"]["baseline"], metrics_of(rough)["systems"]["baseline"]
+    proc = run_cli(training(tmp_path, "rough", faults), tmp_path / "rough")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    a, b = calm, metrics_of(tmp_path / "rough")["systems"]["baseline"]
     assert b["complete"] and b["loss"] == pytest.approx(a["loss"], abs=1e-6)
     assert b["wall_s"] > a["wall_s"] + 1.0, (a["wall_s"], b["wall_s"])   # the cut cost time
     events = b["faults"]["events"]
@@ -139,6 +145,35 @@ def test_training_rides_through_link_faults_with_the_same_losses(tmp_path):
     assert all(e["took_effect_s"] is not None or "no packet" in e["note"] for e in events)
     assert __import__("pathlib").Path(b["faults"]["plot_png"]).stat().st_size > 10_000
     assert "faults" not in a
+
+
+def test_cross_traffic_runs_beside_training_and_reports_its_goodput(tmp_path, calm):
+    """A tenant's UDP load following a rate trace against the training's direction, and a TCP
+    tenant: each gets about what it sends (UDP) or a share of the link (TCP), the training
+    keeps its losses, and the iterations under the 90 Mbit/s load take longer."""
+    cross = [{"from": "east", "to": "west", "kind": "udp", "start_s": 2, "stop_s": 6.5,
+              "rate_trace": [[0, 30], [2, 90]]},
+             {"from": "west", "to": "east", "kind": "tcp", "flows": 4, "start_s": 3,
+              "stop_s": 6}]
+    path = training(tmp_path, "shared", [])
+    doc = __import__("yaml").safe_load(path.read_text())
+    doc["cross_traffic"] = cross
+    path.write_text(__import__("yaml").safe_dump(doc))
+    proc = run_cli(path, tmp_path / "shared")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    m = metrics_of(tmp_path / "shared")["systems"]["baseline"]
+    assert m["loss"] == pytest.approx(calm["loss"], abs=1e-6)
+    udp, tcp = m["cross_traffic"]
+    assert udp["kind"] == "udp" and not udp["cut_short"] and "errors" not in udp, udp
+    for lo, hi, want in ((2.2, 3.8, 30), (4.2, 6.2, 90)):
+        got = [v for t, v in udp["intervals_mbit"] if lo <= t <= hi]
+        assert got and all(abs(v / want - 1) < 0.15 for v in got), (want, udp["intervals_mbit"])
+    assert udp["lost_pct"] is not None and udp["packets"] > 1000
+    assert tcp["kind"] == "tcp" and 1 < tcp["goodput_mbit"] < 100, tcp
+    from traffic.cross import summary_lines
+    assert summary_lines([udp])[0].startswith("cross-traffic cross_traffic[0] (east->west udp "
+                                              "30/90 Mbit/s, 2-6.5 s): goodput ")
+    assert m["wall_s"] > calm["wall_s"], (m["wall_s"], calm["wall_s"])
 
 
 def test_a_trainer_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path):
@@ -157,6 +192,9 @@ def test_a_trainer_crash_stops_the_run_naming_the_fault_with_partial_results(tmp
     assert len(part["loss"]) == part["iterations_done"]
     crash = part["faults"]["events"][0]
     assert crash["took_effect_s"] - crash["applied_s"] < 0.5, crash
+    # the run reported it within seconds: the training stopped, the network down, the
+    # partial results being written
+    assert 0 < part["stopped_s"] - crash["applied_s"] < 5, (part["stopped_s"], crash)
     # the paper tables still build from it, with the stopped system marked
     from testbed.reproduce import reproduce
     text, _ = reproduce([str(next(out.iterdir()))], tmp_path / "tables")

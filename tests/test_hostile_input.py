@@ -1,4 +1,5 @@
-"""Hostile or broken input (hypothesis): the scenario loader, BubbleTea's wire parser and the
+"""Hostile or broken input (hypothesis): the scenario loader (its faults and cross_traffic
+sections too), BubbleTea's wire parser and the
 trainer's frame-header check take arbitrary input and give a valid result or their own clear
 error, never another exception or a hang."""
 
@@ -26,13 +27,23 @@ JSONISH = st.recursive(
 VALID = {"name": "h", "dcs": [{"name": "ha", "hosts": 1}, {"name": "hb", "hosts": 1}],
          "wan": [{"between": ["ha", "hb"], "delay_ms": 5, "rate_mbit": 20}],
          "systems": ["baseline"],
-         "training": {"stages": 2, "replicas": 1, "micro_batches": 2, "iterations": 2}}
+         "training": {"stages": 2, "replicas": 1, "micro_batches": 2, "iterations": 2},
+         "faults": [{"kind": "crash", "process": "trainer", "host": "ha-h1", "at_s": 1},
+                    {"kind": "rate_trace", "link": ["ha", "hb"], "at_s": 0,
+                     "steps": [[0, 5], [1, 10]]}],
+         "cross_traffic": [{"from": "ha", "to": "hb", "kind": "udp", "stop_s": 3,
+                            "rate_trace": [[0, 5], [1, 10]]}]}
 FIELD_PATHS = [("name",), ("scale",), ("time_scale",), ("backend",), ("routing",),
                ("connections",), ("systems",), ("dcs",), ("wan",), ("sweep",),
                ("description",), ("tcp_slow_start_after_idle",), ("predict_only",),
                ("dcs", 0, "name"), ("dcs", 0, "hosts"), ("dcs", 1, "rate_mbit"),
                ("wan", 0, "between"), ("wan", 0, "delay_ms"), ("wan", 0, "rate_mbit"),
-               ("wan", 0, "queue"), ("wan", 0, "loss_pct"), ("bubbletea",)]
+               ("wan", 0, "queue"), ("wan", 0, "loss_pct"), ("bubbletea",), ("faults",),
+               ("faults", 0), ("faults", 0, "link"), ("faults", 0, "at_s"),
+               ("faults", 0, "host"), ("faults", 1, "steps"), ("faults", 1, "kind"),
+               ("cross_traffic",), ("cross_traffic", 0), ("cross_traffic", 0, "rate_trace"),
+               ("cross_traffic", 0, "from"), ("cross_traffic", 0, "stop_s"),
+               ("cross_traffic", 0, "kind")]
 
 
 def _load(doc) -> None:

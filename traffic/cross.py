@@ -214,7 +214,8 @@ class CrossTraffic:
         port = BASE_PORT
         for flow in self.flows:
             for seg in flow.segments:
-                server = self.net.spawn(tenant_host(flow.dst), iperf.server_argv(port),
+                server = self.net.spawn(tenant_host(flow.dst), iperf.server_argv(port)
+                                        + ["-i", f"{INTERVAL_S * self.T:g}"],
                                         self.logs / f"cross-{flow.label}-{port}-server.log")
                 self.running.append(_Running(flow=flow, segment=seg, port=port, server=server))
                 port += 1
