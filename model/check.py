@@ -70,7 +70,8 @@ def summary_line(check: dict[str, Any]) -> str:
             f"{m['iteration_time_s']:.3f} s measured ({e['iteration_time_rel']:+.1%}), bubble "
             f"{p['bubble_fraction']:.3f} vs {m['bubble_fraction']:.3f} "
             f"({e['bubble_fraction_abs']:+.3f}), GPU utilization {p['gpu_utilization']:.3f} vs "
-            f"{m['gpu_utilization']:.3f}{flag}" + _bubbletea_line(check.get("bubbletea")))
+            f"{m['gpu_utilization']:.3f}{flag}" + _bubbletea_line(check.get("bubbletea"))
+            + (f"; the model leaves out {check['left_out']}" if check.get("left_out") else ""))
 
 
 def _bubbletea_line(bt: dict[str, Any] | None) -> str:

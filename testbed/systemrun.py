@@ -165,8 +165,10 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                       for x in r.get("io_realtime", [])}),
         wall_s=round(run.wall_s, 3), timeouts=limits.to_dict(), complete=True,
         timings_s={k: round(v, 3) for k, v in net.timings_s.items()})
+    lossy = {f"{x}->{y}" for f in scenario.faults if f.kind in ("loss", "link_down")
+             for x, y in (f.link, f.link[::-1])}
     metrics["wan_warnings"] = (wanstats.warnings({k: v for k, v in wan_links.items()
-                                                  if "packets" in v}, scenario.wan)
+                                                  if "packets" in v}, scenario.wan, lossy)
                                + temporal.warnings(shared))
     extra = shown_iteration = None
     if prefill is not None:
@@ -190,6 +192,8 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     if prediction is not None:    # after the bubbletea block: compared too
         from model.check import compare
         metrics["model"] = compare(prediction, metrics)
+        if scenario.faults or scenario.cross_traffic:
+            metrics["model"]["left_out"] = "the scenario's faults and cross-traffic"
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                 title=f"{scenario.name} {system.name}",
                                                 extra_spans=extra, iteration=shown_iteration))

@@ -126,10 +126,14 @@ def dropped(s: dict) -> tuple[int, int, int]:
     return s["dropped_loss"], s["dropped_queue_full"] or 0, max(s["dropped_user"] or 0, s["id_gaps"])
 
 
-def warnings(stats: Mapping[str, dict], links: Iterable[Any]) -> list[str]:
+def warnings(stats: Mapping[str, dict], links: Iterable[Any],
+             faulted: Iterable[str] = ()) -> list[str]:
     """One line per problem: more drops than the configured loss_pct allows (binomial, LOSS_Z
     standard deviations; any kernel drop on a lossless link), releases more than LATE_TOL_MS
-    late, verdicts the kernel refused, a delay line that left real-time priority."""
+    late, verdicts the kernel refused, a delay line that left real-time priority. faulted:
+    directions "a->b" where the scenario's faults dropped packets on purpose (loss, link_down):
+    their configured-loss drops are then said to be the faults', not a problem."""
+    faulted = set(faulted)
     loss_pct = loss_by_direction(links)
     out = []
     for direction, s in stats.items():
@@ -138,7 +142,11 @@ def warnings(stats: Mapping[str, dict], links: Iterable[Any]) -> list[str]:
         n_dropped = loss + queue_full + too_slow
         n = s["packets"] + n_dropped
         _low, high = binomial_band(n, p)
-        if n_dropped > high:
+        if n_dropped > high and direction in faulted and queue_full + too_slow <= high:
+            out.append(f"note: wan {direction}: {loss} of {n} packets dropped by the "
+                       f"scenario's faults (loss, link_down) and the configured loss_pct "
+                       f"{100 * p:g}; queue full {queue_full}, delay line too slow {too_slow}")
+        elif n_dropped > high:
             out.append(f"warning: wan {direction}: {n_dropped} of {n} packets dropped (configured "
                        f"loss {loss}, queue full {queue_full}, delay line too slow "
                        f"{too_slow}); loss_pct {100 * p:g} allows at most {high:.0f}")

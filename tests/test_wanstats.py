@@ -186,6 +186,14 @@ def test_warnings():
     assert any("x->z" in g and "delay line too slow 3" in g for g in got), got
     assert any("x->z: 4 of 10000 packets" in g and "max 7.000" in g for g in got), got
     assert any("refused 2 verdicts" in g for g in got) and any("demoted" in g for g in got)
+    # a link the scenario's faults cut or made lossy: its loss drops are a note, not a
+    # warning; a kernel drop there is still a warning
+    faulted = {"x->y": counters(dropped_loss=2000), "x->z": counters(dropped_loss=50,
+                                                                     dropped_queue_full=400)}
+    got = wanstats.warnings(faulted, links, faulted={"x->y", "x->z"})
+    assert got[0].startswith("note: wan x->y: 2000 of 12000 packets dropped by the scenario's "
+                             "faults"), got
+    assert got[1].startswith("warning: wan x->z: 450 of 10450 packets dropped"), got
 
 
 def test_binomial_band():
