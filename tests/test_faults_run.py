@@ -176,15 +176,22 @@ def test_cross_traffic_runs_beside_training_and_reports_its_goodput(tmp_path, ca
     assert m["wall_s"] > calm["wall_s"], (m["wall_s"], calm["wall_s"])
 
 
-def test_a_trainer_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path):
-    faults = [{"kind": "crash", "process": "trainer", "host": "west-h1", "at_s": 4}]
+@pytest.mark.parametrize("process, host, cause", [
+    ("trainer", "west-h1", "trainer.worker in west-h1"),
+    ("delayline", "west-gw", "delay line in west-gw (links east->west) died")])
+def test_a_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path, process, host,
+                                                                     cause):
+    """A trainer or delay line killed mid-run: exit 1 within seconds, one error naming the
+    fault and the cause, partial results marked incomplete (and nothing left behind: the
+    network marker's leftovers check)."""
+    faults = [{"kind": "crash", "process": process, "host": host, "at_s": 4}]
     out = tmp_path / "results"
     proc = run_cli(training(tmp_path, "crash", faults, iterations=60), out)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     first = proc.stderr.strip().splitlines()[0]
-    assert first.startswith("error: stopped after the scenario's fault faults[0] (crash "
-                            "trainer on west-h1 at 4 s)"), proc.stderr
-    assert "west-h1" in first and "exited with -9" in first, first
+    assert first.startswith(f"error: stopped after the scenario's fault faults[0] (crash "
+                            f"{process} on {host} at 4 s)"), proc.stderr
+    assert cause in first and ("exited with -9" in first or "exit code -9" in first), first
     doc = metrics_of(out)
     assert doc["complete"] is False and doc["stopped_at"] == "baseline"
     part = doc["systems"]["baseline"]
