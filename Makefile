@@ -16,7 +16,7 @@ test: setup       ## the test suite (root tests build real namespaces)
 calibrate: setup  ## measure every WAN link of three_dc against its configuration
 	$(PY) run_testbed.py calibrate topologies/three_dc.yaml
 
-bench: setup      ## benchmarks: WAN fidelity (idle, under CPU load, transients, congestion control), build/teardown, bubbles, K connections, the Atlas sweep, the BubbleTea rate sweep
+bench: setup      ## benchmarks: WAN fidelity (idle, under CPU load, transients, congestion control), build/teardown, bubbles, K connections, the Atlas sweep, the BubbleTea rate sweep, tenants beside Atlas and BubbleTea
 	$(PY) bench/bench_network.py
 	$(PY) bench/bench_loaded_rtt.py
 	$(PY) bench/bench_transients.py
@@ -25,6 +25,7 @@ bench: setup      ## benchmarks: WAN fidelity (idle, under CPU load, transients,
 	$(PY) bench/bench_connections.py
 	$(PY) bench/bench_atlas_sweep.py
 	$(PY) bench/bench_bubbletea_sweep.py
+	$(PY) bench/bench_cross_traffic.py
 
 cleanup:          ## remove what a killed run left behind
 	$(PY) run_testbed.py cleanup

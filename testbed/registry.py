@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -51,12 +52,15 @@ class Registry:
         self.data: dict = {"run_id": run_id, "owner": {"pid": os.getpid(),
                                                        "start": _start_time(os.getpid())},
                            "pids": [], "interfaces": []}
+        self._lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
         self._write()
 
     def add_pid(self, pid: int, what: str) -> None:
-        self.data["pids"].append({"pid": pid, "start": _start_time(pid), "what": what})
-        self._write()
+        entry = {"pid": pid, "start": _start_time(pid), "what": what}
+        with self._lock:    # processes are spawned from several threads (cross-traffic's too)
+            self.data["pids"].append(entry)
+            self._write()
 
     def remove_all(self) -> list[str]:
         """Remove what this registry lists, as `cleanup` would for a crashed run (for a

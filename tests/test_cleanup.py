@@ -218,3 +218,21 @@ def test_an_alias_counts_as_a_runs_own_only_when_it_is_exactly_its_own():
     recorded = dict(dead, interface_ids={"x-s": {"ifindex": 7, "alias": "geotestbed:r:123"}})
     assert _owned(recorded, "x-s", (7, "geotestbed:r:123")) == ""
     assert "not the one" in _owned(recorded, "x-s", (8, "geotestbed:r:123"))
+
+
+def test_registry_takes_pids_from_many_threads_at_once(tmp_path):
+    """Processes are spawned from several threads (trainers, cross-traffic clients): every
+    pid is recorded and the file stays whole."""
+    import threading
+
+    from testbed.registry import Registry
+    reg = Registry("threads", tmp_path)
+    threads = [threading.Thread(target=lambda k=k: [reg.add_pid(os.getpid(), f"t{k}-{i}")
+                                                    for i in range(50)]) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    doc = json.loads(reg.path.read_text())
+    assert len(doc["pids"]) == 400 and len({p["what"] for p in doc["pids"]}) == 400
+    reg.close()
