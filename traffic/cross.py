@@ -286,19 +286,21 @@ class CrossTraffic:
                     errors.append(f"port {r.port}: never started (training ended first)")
                     continue
                 doc = _json_doc(r.server.output(1 << 22))
-                if doc is None or "error" in doc:
+                # a client ended early (training finished first) leaves its server's report
+                # whole, with "error": "the client has terminated"
+                if doc is None or ("error" in doc and not (r.cut_short and doc.get("intervals"))):
                     errors.append(f"port {r.port}: {(doc or {}).get('error', 'no report')}")
                     continue
-                for iv in doc.get("intervals", []):
+                for iv in doc.get("intervals", []):   # the receiver's, each INTERVAL_S
                     s = iv["sum"]
                     t = r.started_s + s["start"] / self.T
                     intervals.append([round(t, 3), round(s["bits_per_second"] * self.T / 1e6, 3)])
+                    received += int(s.get("bytes", 0))
+                    ran_s += float(s.get("seconds", 0.0)) / self.T
                 end = doc.get("end", {})
-                got = end.get("sum_received") or end.get("sum") or {}
-                received += int(got.get("bytes", 0))
-                ran_s += float(got.get("seconds", 0.0)) / self.T
-                lost += int(got.get("lost_packets", 0) or 0)
-                packets += int(got.get("packets", 0) or 0)
+                udp = end.get("sum") or {}          # UDP: the receiver's loss count
+                lost += int(udp.get("lost_packets", 0) or 0)
+                packets += int(udp.get("packets", 0) or 0)
                 client = _json_doc(r.client.output(1 << 22)) or {}
                 retransmits += int(((client.get("end") or {}).get("sum_sent") or {})
                                    .get("retransmits", 0) or 0)
