@@ -24,11 +24,11 @@ start (as a link configured with loss does), so a lost packet is one segment, no
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from testbed.errors import ScenarioError
+from testbed.scenario import checked_number
 
 if TYPE_CHECKING:
     from testbed.scenario import DataCenter, WanLink
@@ -118,10 +118,10 @@ def _parse_one(item: Any, where: str, dcs: "tuple[DataCenter, ...]",
     for key in sorted(required):
         if key not in item:
             raise ScenarioError(f"{where}.{key}", "missing", f"a {kind} fault needs it")
-    at_s = _number(item["at_s"], f"{where}.at_s", 0.0, MAX_AT_S)
+    at_s = checked_number(item["at_s"], f"{where}.at_s", low=0.0, high=MAX_AT_S)
     for_s = None
     if "for_s" in item:
-        for_s = _number(item["for_s"], f"{where}.for_s", 0.001, MAX_AT_S)
+        for_s = checked_number(item["for_s"], f"{where}.for_s", low=0.001, high=MAX_AT_S)
     if kind == "crash":
         process = item["process"]
         if process not in PROCESSES:
@@ -139,18 +139,19 @@ def _parse_one(item: Any, where: str, dcs: "tuple[DataCenter, ...]",
         return _trace(item["steps"], f"{where}.steps", link, at_s)
     fault = Fault(label=where, kind=kind, at_s=at_s, link=link, for_s=for_s)
     if kind == "delay":
-        delay = _number(item["delay_ms"], f"{where}.delay_ms", 0.0, 10000.0)
-        jitter = _number(item.get("jitter_ms", 0), f"{where}.jitter_ms", 0.0, 10000.0)
+        delay = checked_number(item["delay_ms"], f"{where}.delay_ms", low=0.0, high=10000.0)
+        jitter = checked_number(item.get("jitter_ms", 0), f"{where}.jitter_ms", low=0.0,
+                                high=10000.0)
         if jitter > delay:
             raise ScenarioError(f"{where}.jitter_ms", f"{jitter:g} is more than delay_ms "
                                 f"{delay:g}", "use jitter_ms <= delay_ms")
         return [replace(fault, delay_ms=delay, jitter_ms=jitter)]
     if kind == "rate":
-        return [replace(fault, rate_mbit=_number(item["rate_mbit"], f"{where}.rate_mbit",
-                                                 0.01, 100000.0))]
+        return [replace(fault, rate_mbit=checked_number(item["rate_mbit"], f"{where}.rate_mbit",
+                                                        low=0.01, high=100000.0))]
     if kind == "loss":
-        return [replace(fault, loss_pct=_number(item["loss_pct"], f"{where}.loss_pct",
-                                                0.0, 100.0))]
+        return [replace(fault, loss_pct=checked_number(item["loss_pct"], f"{where}.loss_pct",
+                                                       low=0.0, high=100.0))]
     return [fault]   # link_down
 
 
@@ -165,12 +166,12 @@ def _trace(steps: Any, where: str, link: tuple[str, str], at_s: float) -> list[F
         if not isinstance(step, list) or len(step) != 2:
             raise ScenarioError(here, f"{step!r} is not a [seconds, rate_mbit] pair",
                                 "write each step as [t_s, rate_mbit]")
-        t = _number(step[0], f"{here}[0]", 0.0, MAX_AT_S)
+        t = checked_number(step[0], f"{here}[0]", low=0.0, high=MAX_AT_S)
         if t <= last:
             raise ScenarioError(f"{here}[0]", f"{t:g} s does not come after the step before",
                                 "list steps in increasing time")
         last = t
-        rate = _number(step[1], f"{here}[1]", 0.01, 100000.0)
+        rate = checked_number(step[1], f"{here}[1]", low=0.01, high=100000.0)
         out.append(Fault(label=here, kind="rate", at_s=at_s + t, link=link, rate_mbit=rate))
     return out
 
@@ -194,11 +195,3 @@ def _hosts_for(process: str, dcs: "tuple[DataCenter, ...]") -> list[str]:
     return [f"{dc.name}-gw" for dc in dcs]
 
 
-def _number(value: Any, where: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ScenarioError(where, f"{value!r} is not a number",
-                            f"use a number from {low:g} to {high:g}")
-    if not low <= float(value) <= high:
-        raise ScenarioError(where, f"{value:g} is out of range",
-                            f"use a number from {low:g} to {high:g}")
-    return float(value)

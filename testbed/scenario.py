@@ -223,9 +223,9 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
             raise ScenarioError("wan", f"DC {dc.name!r} has {n} WAN links",
                                 f"give each DC at most {MAX_WAN_LINKS_PER_DC} (interface names "
                                 "are capped at 15 characters)")
-    scale = _number(top.get("scale", 1.0), "scale", low=1.0, high=1e6)
+    scale = checked_number(top.get("scale", 1.0), "scale", low=1.0, high=1e6)
     # At most 100: the dilated minimum RTO (200 ms x T) must stay under the kernel's 120 s cap.
-    time_scale = _number(top.get("time_scale", 1.0), "time_scale", low=1.0, high=100.0)
+    time_scale = checked_number(top.get("time_scale", 1.0), "time_scale", low=1.0, high=100.0)
     backend = _choice(top.get("backend", "auto"), "backend", BACKENDS)
     routing = _choice(top.get("routing", "direct"), "routing", ROUTING_POLICIES)
     congestion_control = _choice(top.get("congestion_control", "cubic"), "congestion_control",
@@ -320,7 +320,7 @@ def _parse_dcs(value: Any, max_hosts: int = MAX_HOSTS_PER_DC) -> tuple[DataCente
                                    " (more only in a predict_only scenario)"))
         rate = d.get("rate_mbit")
         if rate is not None:
-            rate = _number(rate, f"{where}.rate_mbit", low=0.1, high=100000)
+            rate = checked_number(rate, f"{where}.rate_mbit", low=0.1, high=100000)
         decode = d.get("decode_hosts", 0)
         if (not isinstance(decode, int) or isinstance(decode, bool)
                 or not 0 <= decode <= MAX_DECODE_HOSTS_PER_DC):
@@ -359,13 +359,13 @@ def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
         for req in ("delay_ms", "rate_mbit"):
             if req not in d:
                 raise ScenarioError(f"{where}.{req}", "missing", f"set {req} (a number)")
-        delay = _number(d["delay_ms"], f"{where}.delay_ms", low=0.0, high=10000)
-        rate = _number(d["rate_mbit"], f"{where}.rate_mbit", low=0.01, high=100000)
-        jitter = _number(d.get("jitter_ms", 0), f"{where}.jitter_ms", low=0.0, high=10000)
+        delay = checked_number(d["delay_ms"], f"{where}.delay_ms", low=0.0, high=10000)
+        rate = checked_number(d["rate_mbit"], f"{where}.rate_mbit", low=0.01, high=100000)
+        jitter = checked_number(d.get("jitter_ms", 0), f"{where}.jitter_ms", low=0.0, high=10000)
         if jitter > delay:
             raise ScenarioError(f"{where}.jitter_ms", f"{jitter} is more than delay_ms {delay}",
                                 "use jitter_ms <= delay_ms")
-        loss = _number(d.get("loss_pct", 0), f"{where}.loss_pct", low=0.0, high=100.0)
+        loss = checked_number(d.get("loss_pct", 0), f"{where}.loss_pct", low=0.0, high=100.0)
         link = WanLink(a=between[0], b=between[1], delay_ms=delay, rate_mbit=rate,
                        jitter_ms=jitter, loss_pct=loss)
         queue = _parse_queue(d.get("queue"), f"{where}.queue", link)
@@ -438,7 +438,8 @@ def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def _number(value: Any, where: str, *, low: float, high: float) -> float:
+def checked_number(value: Any, where: str, *, low: float, high: float) -> float:
+    """value as a float if it is a number in [low, high] (NaN never is), else ScenarioError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ScenarioError(where, f"{value!r} is not a number", f"use a number from {low:g} to {high:g}")
     if not low <= float(value) <= high:

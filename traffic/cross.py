@@ -28,7 +28,6 @@ what it sends, up to the link's rate, before the pipelines' slots.
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from testbed.errors import ScenarioError
+from testbed.scenario import checked_number
 
 if TYPE_CHECKING:
     from testbed.network import Network
@@ -115,10 +115,10 @@ def parse_cross_traffic(value: Any, dcs: "tuple[DataCenter, ...]", wan: "tuple[W
         if frozenset((src, dst)) not in pairs:
             raise ScenarioError(f"{where}.to", f"no WAN link between {src!r} and {dst!r}",
                                 "cross-traffic runs on a WAN link: name its two ends")
-        start = _number(item.get("start_s", 0), f"{where}.start_s", 0.0, 1e6)
+        start = checked_number(item.get("start_s", 0), f"{where}.start_s", low=0.0, high=1e6)
         if "stop_s" not in item:
             raise ScenarioError(f"{where}.stop_s", "missing", "say when it stops (seconds)")
-        stop = _number(item["stop_s"], f"{where}.stop_s", 0.0, 1e6)
+        stop = checked_number(item["stop_s"], f"{where}.stop_s", low=0.0, high=1e6)
         if stop <= start:
             raise ScenarioError(f"{where}.stop_s", f"{stop:g} is not after start_s {start:g}",
                                 "use stop_s > start_s")
@@ -141,7 +141,8 @@ def parse_cross_traffic(value: Any, dcs: "tuple[DataCenter, ...]", wan: "tuple[W
                                 "rate_trace", "give one of them")
         if "rate_mbit" in item:
             segs = [Segment(start_s=start, stop_s=stop,
-                            rate_mbit=_number(item["rate_mbit"], f"{where}.rate_mbit", 0.01, 1e5))]
+                            rate_mbit=checked_number(item["rate_mbit"], f"{where}.rate_mbit",
+                                                     low=0.01, high=1e5))]
         else:
             segs = _trace(item["rate_trace"], f"{where}.rate_trace", start, stop)
         out.append(CrossFlow(label=where, src=src, dst=dst, kind=kind, start_s=start,
@@ -158,27 +159,17 @@ def _trace(steps: Any, where: str, start: float, stop: float) -> list[Segment]:
         if not isinstance(step, list) or len(step) != 2:
             raise ScenarioError(f"{where}[{j}]", f"{step!r} is not a [seconds, rate_mbit] pair",
                                 "write each step as [t_s, rate_mbit]")
-        t = _number(step[0], f"{where}[{j}][0]", 0.0, 1e6)
+        t = checked_number(step[0], f"{where}[{j}][0]", low=0.0, high=1e6)
         if (points and t <= points[-1][0]) or (not points and t != 0):
             raise ScenarioError(f"{where}[{j}][0]", f"{t:g} s: steps start at 0 and increase",
                                 "list steps from 0 s in increasing time")
         if start + t >= stop:
             raise ScenarioError(f"{where}[{j}][0]", f"{t:g} s is past stop_s", "end the trace "
                                 "before stop_s")
-        points.append((t, _number(step[1], f"{where}[{j}][1]", 0.01, 1e5)))
+        points.append((t, checked_number(step[1], f"{where}[{j}][1]", low=0.01, high=1e5)))
     ends = [start + t for t, _ in points[1:]] + [stop]
     return [Segment(start_s=start + t, stop_s=end, rate_mbit=r)
             for (t, r), end in zip(points, ends)]
-
-
-def _number(value: Any, where: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ScenarioError(where, f"{value!r} is not a number",
-                            f"use a number from {low:g} to {high:g}")
-    if not low <= float(value) <= high:
-        raise ScenarioError(where, f"{value:g} is out of range",
-                            f"use a number from {low:g} to {high:g}")
-    return float(value)
 
 
 # ---- running it ---------------------------------------------------------------------------------
