@@ -70,6 +70,12 @@ def describe(scenario: Scenario) -> dict[str, Any]:
                 "stage_dcs": [_runs(row) for row in placement.stage_dcs]}
     if scenario.bubbletea is not None:
         doc["bubbletea"] = scenario.bubbletea.to_dict()
+    if scenario.faults:
+        from testbed.faultrun import events_of
+        doc["faults"] = [e.describe() for e in events_of(scenario.faults)]
+    if scenario.cross_traffic:
+        doc["cross_traffic"] = [f.describe() for f in scenario.cross_traffic]
+        doc["tenant_hosts"] = [f"{dc}-x1" for dc in scenario.tenant_dcs()]
     return doc
 
 
@@ -136,6 +142,12 @@ def show_text(doc: dict[str, Any]) -> str:
         lines.append(f"bubbletea: {what}, window {load['window_s']:g} s; guard {bt['guard_ms']:g} "
                      f"ms + {bt['guard_pct']:g}%, TTFT deadline {bt['ttft_deadline_ms']:g} ms, "
                      f"chunked prefill {'on' if bt['chunked_prefill'] else 'off'}")
+    if doc.get("faults"):
+        lines.append("faults (seconds after the trainers start):")
+        lines += [f"  {e}" for e in doc["faults"]]
+    if doc.get("cross_traffic"):
+        lines.append(f"cross-traffic (tenant hosts {', '.join(doc['tenant_hosts'])}):")
+        lines += [f"  {c}" for c in doc["cross_traffic"]]
     return "\n".join(lines)
 
 

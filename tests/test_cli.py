@@ -63,6 +63,17 @@ def test_show_resolves_settings_and_placements():
     assert len(doc["routes"]) == 6 and all(r["connections"] >= 1 for r in doc["routes"])
     text = cli("show", "topologies/atlas_paper.yaml").stdout
     assert "stage 2: eu x2" in text and "routes (direct)" in text
+    assert "faults" not in text and "cross-traffic" not in text
+
+
+def test_show_lists_faults_and_cross_traffic():
+    doc = json.loads(cli("show", "topologies/two_dc_faults.yaml", "--json").stdout)
+    assert doc["faults"][:2] == ["faults[0] (link down east<->west at 6 s for 1 s)",
+                                 "restore after faults[0] (link down east<->west at 6 s for 1 s)"]
+    assert doc["cross_traffic"] == ["cross_traffic[0] (east->west udp 30 Mbit/s, 4-20 s)"]
+    assert doc["tenant_hosts"] == ["east-x1", "west-x1"]
+    text = cli("show", "topologies/two_dc_faults.yaml").stdout
+    assert "cross-traffic (tenant hosts east-x1, west-x1):" in text
 
 
 @pytest.mark.parametrize("command", ["run", "calibrate", "validate", "plan", "predict", "list",
