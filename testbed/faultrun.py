@@ -29,14 +29,13 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyroute2 import IPRoute
 
 from testbed import shaping, wanshare
-from testbed.faults import Fault
+from testbed.faults import Event, Fault, events_of
 
 if TYPE_CHECKING:
     from testbed.network import Network
@@ -49,25 +48,6 @@ ACK_TIMEOUT_S = 2.0
 FIND_PROCESS_S = 2.0      # a crash at t = 0 may come before its process is spawned
 PROCESS_MARKERS = {"trainer": "trainer.worker", "prefill": "prefill.server",
                    "decode": "prefill.decode_server"}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Event:
-    fault: Fault
-    restore: bool            # put the link's configured figures back
-    at_s: float              # configured time
-
-    def describe(self) -> str:
-        return ("restore after " if self.restore else "") + self.fault.describe()
-
-
-def events_of(faults: tuple[Fault, ...]) -> list[Event]:
-    """Every fault, and a restore for each with for_s, in time order; at one time, restores
-    first (a link restored and faulted again at once ends up faulted)."""
-    out = [Event(fault=f, restore=False, at_s=f.at_s) for f in faults]
-    out += [Event(fault=f, restore=True, at_s=f.at_s + f.for_s) for f in faults
-            if f.for_s is not None]
-    return sorted(out, key=lambda e: (e.at_s, not e.restore))
 
 
 class FaultRunner:

@@ -86,6 +86,25 @@ class Fault:
                        rate_mbit=None if self.rate_mbit is None else self.rate_mbit / time_scale)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Event:
+    fault: Fault
+    restore: bool            # put the link's configured figures back
+    at_s: float              # configured time
+
+    def describe(self) -> str:
+        return ("restore after " if self.restore else "") + self.fault.describe()
+
+
+def events_of(faults: tuple[Fault, ...]) -> list[Event]:
+    """Every fault, and a restore for each with for_s, in time order; at one time, restores
+    first (a link restored and faulted again at once ends up faulted)."""
+    out = [Event(fault=f, restore=False, at_s=f.at_s) for f in faults]
+    out += [Event(fault=f, restore=True, at_s=f.at_s + f.for_s) for f in faults
+            if f.for_s is not None]
+    return sorted(out, key=lambda e: (e.at_s, not e.restore))
+
+
 def parse_faults(value: Any, dcs: "tuple[DataCenter, ...]",
                  wan: "tuple[WanLink, ...]") -> tuple[Fault, ...]:
     """The `faults` list, each checked against the scenario's DCs, links and hosts, in time

@@ -71,7 +71,7 @@ def describe(scenario: Scenario) -> dict[str, Any]:
     if scenario.bubbletea is not None:
         doc["bubbletea"] = scenario.bubbletea.to_dict()
     if scenario.faults:
-        from testbed.faultrun import events_of
+        from testbed.faults import events_of
         doc["faults"] = [e.describe() for e in events_of(scenario.faults)]
     if scenario.cross_traffic:
         doc["cross_traffic"] = [f.describe() for f in scenario.cross_traffic]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.errors import ScenarioError
-from testbed.faultrun import events_of
+from testbed.faults import events_of
 from testbed.scenario import parse_scenario
 
 BASE = {"name": "f",
