@@ -84,7 +84,7 @@ def main() -> int:
             good = "-" if e["goodput_mbit"] is None else f"{e['goodput_mbit']:.1f}"
             print(f"| {name} | {e['what']} | {good} | "
                   f"{'-' if e.get('lost_pct') is None else str(e['lost_pct']) + '%'} | "
-                  f"{e.get('retransmits', '-')} |")
+                  f"{'-' if e.get('retransmits') is None else e['retransmits']} |")
     return 0
 
 

@@ -288,7 +288,10 @@ class DelayLine:
         if packet_id is None:
             return
         if self.watch_first and num in self.watch_first:   # the first packet since a change
-            self.watch_first.pop(num)["first_packet"][str(num)] = arrival
+            change = self.watch_first[num]
+            if arrival >= change["applied"]:   # not one queued in the kernel before it
+                del self.watch_first[num]
+                change["first_packet"][str(num)] = arrival
         if not self.scheds[num].on_packet(packet_id, arrival, nbytes, now):
             self._verdict(num, NFQNL_MSG_VERDICT, NF_DROP, packet_id)
 
@@ -379,8 +382,8 @@ class DelayLine:
     def control(self) -> None:
         """Apply the control file (SIGUSR2): {"seq": N, "queues": {"<num>": {delay_ms,
         jitter_ms, loss_pct}}} (each figure optional). A packet that arrives from now on gets
-        the new figures; packets already held keep their due times, and due times still never
-        go backwards (a lower delay lets packets through only as the ones before them leave).
+        the new figures (so may one that arrived just before and was still in the kernel);
+        packets already held keep their due times, and due times still never go backwards (a lower delay lets packets through only as the ones before them leave).
         Acknowledged in <control>.ack: {"seq": N, "applied": time}; the arrival stamp of each
         queue's first packet since is in every report's "changes"."""
         if not self.control_path:

@@ -6,15 +6,17 @@ the WAN interfaces' byte counters every SAMPLE_S so the results show what the wi
 
 How each fault is applied (both directions of the link):
 - delay, jitter, loss: the delay lines' control (testbed.delayline, SIGUSR2 and a control file,
-  acknowledged), or with netem the netem leaf, changed through pyroute2. A packet that arrives
-  afterwards gets the new figures; "took effect" is the arrival stamp of the first such packet.
+  acknowledged), or with netem the netem leaf, changed through pyroute2. A packet read
+  afterwards gets the new figures; "took effect" is the kernel arrival stamp of the first packet
+  that arrived after the change.
 - link_down: the link drops every packet, both ways (loss 100% in its delay lines): a cut
   inside the WAN, where the gateways' interfaces stay up, so there are no ICMP errors and no
   route changes, and TCP sees silence until its retransmissions get through. Back up: the
   configured loss again; "took effect" is the first packet that then crossed.
-- rate: the HTB class of each end's WAN interface, changed through pyroute2 and read back (for
-  temporal WAN sharing, the tree's parent class 1:1, which caps the pipelines' classes).
-  "Took effect" is the read-back; the wire's rate before and after is in the samples.
+- rate: the HTB class of each end's WAN interface, changed through pyroute2 and read back.
+  "Took effect" is when the kernel took the change (read back at once to check it); the wire's
+  rate before and after is in the samples. Not with temporal WAN sharing: that tree's rates
+  belong to its slot arbiter, which re-plans them at every switch (refused before the run).
 - crash: SIGKILL to the named process; "took effect" is when it was seen dead.
 A fault with for_s is followed by a restore event (the link's configured figures).
 
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from pyroute2 import IPRoute
 
 from testbed import shaping, wanshare
+from testbed.errors import TestbedError
 from testbed.faults import Event, Fault, events_of
 
 if TYPE_CHECKING:
@@ -70,24 +73,34 @@ class FaultRunner:
         self._shaped: dict[str, tuple[int, bool]] = {}   # WAN intf -> (ifindex, temporal tree)
         self._seq = 0
         self.t0 = 0.0             # time.time() at start
-        self._mono0 = 0.0
+        self.mono0 = 0.0          # time.monotonic() at start: t = 0 for cross-traffic too
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "FaultRunner":
-        for link in sorted(self._links):
-            for end in self._wan(link).ends():
-                if end.gateway not in self._iprs:   # opened here, in the main thread
-                    self._iprs[end.gateway] = self.net._ipr(end.gateway)
-                    self._sample_iprs[end.gateway] = self.net._ipr(end.gateway)
-                ipr = self._iprs[end.gateway]
-                index = shaping._index(ipr, end.intf)
-                self._shaped[end.intf] = (index, _temporal(ipr, index))
-        self.t0, self._mono0 = time.time(), time.monotonic()
+        try:
+            self._open()
+        except Exception as exc:  # noqa: BLE001 - one clear error, the run stops with it
+            self.stop()
+            raise TestbedError(f"faults: could not reach the WAN interfaces: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        self.t0, self.mono0 = time.time(), time.monotonic()
         for target, name in ((self._apply_all, "faults"), (self._sample, "fault-sampler")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
         return self
+
+    def _open(self) -> None:
+        """Netlink sockets in the gateways (opened here, in the main thread), and each WAN
+        interface's index and tree."""
+        for link in sorted(self._links):
+            for end in self._wan(link).ends():
+                if end.gateway not in self._iprs:
+                    self._iprs[end.gateway] = self.net._ipr(end.gateway)
+                    self._sample_iprs[end.gateway] = self.net._ipr(end.gateway)
+                ipr = self._iprs[end.gateway]
+                index = shaping._index(ipr, end.intf)
+                self._shaped[end.intf] = (index, _temporal(ipr, index))
 
     def stop(self) -> None:
         self._stop.set()
@@ -122,7 +135,7 @@ class FaultRunner:
     # ---- the fault thread ---------------------------------------------------------------------
     def now_s(self) -> float:
         """Configured seconds since start()."""
-        return (time.monotonic() - self._mono0) / self.T
+        return (time.monotonic() - self.mono0) / self.T
 
     def _apply_all(self) -> None:
         if self.net.realtime:
@@ -133,7 +146,7 @@ class FaultRunner:
             except OSError:
                 pass
         for ev in self.events:
-            if self._stop.wait(max(0.0, ev.at_s * self.T - (time.monotonic() - self._mono0))):
+            if self._stop.wait(max(0.0, ev.at_s * self.T - (time.monotonic() - self.mono0))):
                 return
             rec: dict[str, Any] = {"fault": ev.fault.label, "kind": ev.fault.kind,
                                    "restore": ev.restore, "what": ev.describe(),
@@ -169,8 +182,8 @@ class FaultRunner:
             figures = {"loss_pct": configured.loss_pct if ev.restore else f.loss_pct}
         elif f.kind == "link_down":
             figures = {"loss_pct": configured.loss_pct if ev.restore else 100.0}
-        rec["figures"] = {k: v * self.T if k in ("delay_ms", "jitter_ms") else v
-                          for k, v in figures.items()}
+        rec["figures"] = {k: v / self.T if k in ("delay_ms", "jitter_ms") else v
+                          for k, v in figures.items()}   # configured units, as the fault's
         rec["applied_s"], rec["_seq"] = self._set_figures(w, figures)
 
     def _set_figures(self, w: "WanPlan", figures: dict[str, float]) -> tuple[float, int | None]:
@@ -273,24 +286,23 @@ class FaultRunner:
 
 
 def _set_rate(ipr: IPRoute, index: int, temporal: bool, rate_mbit: float) -> None:
-    """The link's rate on interface index: HTB 1:10 of testbed.shaping's tree, or the temporal
-    tree's parent 1:1 (which caps the pipelines' classes). One change-class message: with the
-    queue full, each extra netlink dump here cost 5-20 ms."""
+    """The link's rate on interface index: HTB 1:10 of testbed.shaping's tree, one change-class
+    message (with the queue full, each extra netlink dump here cost 5-20 ms). A temporal tree's
+    rates belong to its slot arbiter (another process re-plans them at every switch), so a rate
+    fault there is refused (testbed.systemrun refuses it before the run)."""
+    if temporal:
+        raise RuntimeError("rate faults are not applied to a temporal-sharing tree")
     rate_bps = int(rate_mbit * 1e6)
     burst = shaping.burst_bytes(rate_bps)
-    handle, parent = ((wanshare.PARENT_HANDLE, wanshare.ROOT_HANDLE) if temporal
-                      else (shaping.CLASS_HANDLE, shaping.ROOT_HANDLE))
-    ipr.tc("change-class", "htb", index, handle, parent=parent, rate=f"{rate_bps}bit",
-           ceil=f"{rate_bps}bit", burst=burst, cburst=burst, quantum=wanshare.QUANTUM)
+    ipr.tc("change-class", "htb", index, shaping.CLASS_HANDLE, parent=shaping.ROOT_HANDLE,
+           rate=f"{rate_bps}bit", ceil=f"{rate_bps}bit", burst=burst, cburst=burst,
+           quantum=60000)
 
 
 def _check_rate(ipr: IPRoute, intf: str, rate_mbit: float) -> None:
     """Raise unless the kernel holds rate_mbit on intf (read back)."""
     rate_bps = int(rate_mbit * 1e6)
-    if _temporal(ipr, shaping._index(ipr, intf)):
-        got = wanshare.read_back(ipr, intf).get("link_bps")
-    else:
-        got = shaping.read_back(ipr, intf).get("rate_bps")
+    got = shaping.read_back(ipr, intf).get("rate_bps")
     if got is None or abs(got - rate_bps) > max(8, rate_bps * 0.001):
         raise RuntimeError(f"{intf}: kernel holds rate {got} bit/s after asking for {rate_bps}")
 
@@ -331,7 +343,7 @@ def after_fault(runner: FaultRunner | None, error: str) -> str:
     last = [r for r in runner.applied() if not r["restore"]][-3:]
     if not last:
         return error
-    causes = "; ".join(f"{r['what']}, applied at {r['applied_s']:g} s" for r in last)
+    causes = "; ".join(f"{r['what']}, applied at {r['applied_s']:.3f} s" for r in last)
     return f"stopped after the scenario's fault {causes}: {error}"
 
 

@@ -98,10 +98,11 @@ class Event:
 
 def events_of(faults: tuple[Fault, ...]) -> list[Event]:
     """Every fault, and a restore for each with for_s, in time order; at one time, restores
-    first (a link restored and faulted again at once ends up faulted)."""
+    first (a link restored and faulted again at once ends up faulted). A restore puts the
+    link's configured figures back, even over a later fault of the same kind that overlaps it."""
     out = [Event(fault=f, restore=False, at_s=f.at_s) for f in faults]
-    out += [Event(fault=f, restore=True, at_s=f.at_s + f.for_s) for f in faults
-            if f.for_s is not None]
+    out += [Event(fault=f, restore=True, at_s=round(f.at_s + f.for_s, 9)) for f in faults
+            if f.for_s is not None]     # rounded: 0.1 + 0.2 is due with a fault at 0.3
     return sorted(out, key=lambda e: (e.at_s, not e.restore))
 
 

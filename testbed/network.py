@@ -172,6 +172,7 @@ class Network:
         self.net: _RecordingMininet | None = None
         self.registry: Registry | None = None
         self.procs: list[HostProcess] = []
+        self._procs_lock = threading.Lock()
         self.delaylines: list[DelayLineProc] = []
         self.realtime = realtime   # delay lines at SCHED_FIFO, idle CPUs polling (False: neither)
         self.cpu_idle = "off"      # "poll" while the network holds the no-halt request (machine)
@@ -306,7 +307,8 @@ class Network:
         assert self.registry is not None
         self.registry.add_pid(popen.pid, f"{Path(argv[0]).name} in {host}")
         proc = HostProcess(host, argv, popen, log_path, on_exit=self._forget)
-        self.procs.append(proc)
+        with self._procs_lock:   # spawned from several threads (cross-traffic's scheduler too)
+            self.procs.append(proc)
         return proc
 
     def run(self, host: str, argv: Sequence[str], timeout_s: float, name: str = "") -> str:
@@ -340,7 +342,8 @@ class Network:
             raise TestbedError(self.failure)
 
     def _forget(self, pid: int) -> None:
-        self.procs = [p for p in self.procs if p.pid != pid]
+        with self._procs_lock:
+            self.procs[:] = [p for p in self.procs if p.pid != pid]
 
     # ---- building --------------------------------------------------------------------------
     def _ipr(self, node_name: str) -> IPRoute:
@@ -454,11 +457,17 @@ class Network:
     def _start_delaylines(self) -> None:
         per_gw: dict[str, list[tuple[QueueSpec, str, str]]] = {}
         lossy = {f.link for f in self.scenario.faults if f.kind == "loss"}
+        T = self.scenario.time_scale
         for w in self.plan.wan:
             link = w.link
             # NFQUEUE holds what is in flight on the link (rate x (delay + jitter)); counted in
             # packets, which may be single segments (with loss, GSO is off), with 2x headroom.
-            in_flight = link.rate_mbit * 1e6 / 8 * (link.delay_ms + link.jitter_ms) / 1e3
+            # The largest figures the scenario's faults give the link count too.
+            mine = [f for f in self.scenario.faults if f.link == link.between]
+            rate = max([link.rate_mbit] + [f.rate_mbit / T for f in mine if f.rate_mbit])
+            delay = max([link.delay_ms + link.jitter_ms] + [
+                (f.delay_ms + (f.jitter_ms or 0)) * T for f in mine if f.delay_ms is not None])
+            in_flight = rate * 1e6 / 8 * delay / 1e3
             maxlen = max(1024, int(2 * in_flight // 1000))
             # a->b is delayed as it enters b's gateway, and b->a as it enters a's.
             for k, (src, dst) in enumerate(((w.end_a, w.end_b), (w.end_b, w.end_a))):
@@ -479,7 +488,8 @@ class Network:
             for spec, _intf, _name in items:
                 argv += ["--queue", spec.format()]
             proc = self.spawn(gw, argv, self.run_dir / "logs" / f"{gw}-delayline.log", env=env)
-            self.procs.remove(proc)  # supervised separately, stopped after the workers
+            with self._procs_lock:   # supervised separately, stopped after the workers
+                self.procs.remove(proc)
             # Listed at once, so stop() ends it even if a later step of start() fails.
             self.delaylines.append(DelayLineProc(gateway=gw, queues=tuple(s for s, _, _ in items),
                                                  links=tuple(n for _, _, n in items), proc=proc,

@@ -52,6 +52,18 @@ def check_run(scenario: Scenario, *, systems: list[str] | None = None,
         placement = place_for_system(scenario, cfg, system)
         if system.fill_bubbles:
             bubbletea.check(scenario, placement, name)
+        check_faults(scenario, system)
     if len(set(systems)) != len(systems):
         raise ScenarioError(field, f"{','.join(systems)} names a system twice", "name each once")
     return scenario, cfg, systems
+
+
+def check_faults(scenario: Scenario, system) -> None:
+    """A rate fault cannot hold under temporal WAN sharing: its slot arbiter re-plans the
+    link's rates at every switch (testbed.faultrun)."""
+    rate_faults = [f.label for f in scenario.faults if f.kind == "rate"]
+    if system.temporal and rate_faults:
+        raise ScenarioError(rate_faults[0], f"{system.name} shares the WAN in time: its slot "
+                            "arbiter re-plans the link's rates at every switch, so a rate fault "
+                            "cannot hold there", "drop the rate faults or run a system without "
+                            "temporal sharing")

@@ -30,6 +30,7 @@ from testbed.network import Network
 from testbed.placement import place_for_system
 from testbed.results import write_json, write_text
 from testbed.slotplan import plan_slots
+from testbed.runcheck import check_faults
 from testbed.timeouts import timeouts_for
 from testbed.systems import System, connections_for
 
@@ -67,10 +68,14 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     write_json(sys_dir / "placement.json", placement.to_dict())
     write_json(sys_dir / "slot_plan.json", slots.to_dict())
     T = scenario.time_scale
+    check_faults(scenario, system)   # load_run checked it too; a caller may not have
     runner = cross = None
+    up = False            # past the build: a failure from here on leaves partial results
+    stopped_s = None      # when the failure was first seen, on the faults' clock
     try:
         with Network(scenario, sys_dir, backend=backend,
                      run_id=f"{run_dir.name}-{system.name}") as net:
+            up = True
             record = report.announce(net, sys_dir, indent="  ")
             if system.temporal and net.backend != "delayline":
                 # the temporal tree replaces the link's HTB leaf, where netem would hold the delay
@@ -89,48 +94,69 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                              f"{', '.join(f'{dc} {len(r)}' for dc, r in prefill.load['per_dc'].items())}"
                              f" ({prefill.load['refused']} refused, {prefill.load['truncated']} "
                              f"truncated to {prefill.load['context_tokens']} tokens)")
+                if scenario.cross_traffic:   # receivers up before t = 0
+                    cross = CrossTraffic(net, scenario.cross_traffic, sys_dir / "logs", T,
+                                         scenario.congestion_control).prepare()
                 if scenario.faults or scenario.cross_traffic:
                     runner = FaultRunner(net, scenario.faults, T,
                                          sample_links=cross_links(scenario)).start()
                     if scenario.faults:
                         progress(f"faults: {len(runner.events)} events, the first at "
                                  f"{runner.events[0].at_s:g} s")
-                if scenario.cross_traffic:
-                    cross = CrossTraffic(net, scenario.cross_traffic, sys_dir / "logs", T,
-                                         scenario.congestion_control).start()
+                if cross is not None:        # one t = 0 with the faults: the trainers' start
+                    cross.start(runner.mono0)
                     progress(f"cross-traffic: {len(scenario.cross_traffic)} tenants")
-                run = launch(placed, hosts, sys_dir, net, scale=scenario.scale,
-                             progress=progress, time_scale=T, timeout_s=limits.run_s * T,
-                             connect_timeout_s=limits.peer_s * T,  # also gloo's timeout
-                             congestion_control=scenario.congestion_control,
-                             connections=lambda a, b: connections_for(scenario, system, a, b),
-                             gate=None if sharing is None else sharing.gate_for,
-                             io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
-                             gpu_share=None if prefill is None else prefill.gpu_share)
+                try:
+                    run = launch(placed, hosts, sys_dir, net, scale=scenario.scale,
+                                 progress=progress, time_scale=T, timeout_s=limits.run_s * T,
+                                 connect_timeout_s=limits.peer_s * T,  # also gloo's timeout
+                                 congestion_control=scenario.congestion_control,
+                                 connections=lambda a, b: connections_for(scenario, system, a, b),
+                                 gate=None if sharing is None else sharing.gate_for,
+                                 io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
+                                 gpu_share=None if prefill is None else prefill.gpu_share)
+                except BaseException:
+                    stopped_s = None if runner is None else round(runner.now_s(), 3)
+                    raise
             finally:
-                if cross is not None:
-                    cross.stop()
-                if runner is not None:
-                    runner.stop()
-                if sharing is not None:
-                    sharing.stop()
-                crashed = prefill.crashed() if prefill is not None else []
-                prefill_cpu = prefill.cpu_seconds() if prefill is not None else {}
-                if prefill is not None:
-                    prefill.stop()
+                try:
+                    if cross is not None:
+                        cross.stop()
+                finally:
+                    try:
+                        if runner is not None:
+                            runner.stop()
+                    finally:
+                        if sharing is not None:
+                            sharing.stop()
+                        crashed = prefill.crashed() if prefill is not None else []
+                        prefill_cpu = prefill.cpu_seconds() if prefill is not None else {}
+                        if prefill is not None:
+                            prefill.stop()
             shared = sharing.results() if sharing is not None else {}
             net.check()
             wan_links = net.wan_stats()
     except (TestbedError, KeyboardInterrupt) as exc:
-        # Partial results, written and marked incomplete, before the error goes on.
+        if not up:           # the network was never built: nothing ran, nothing to keep
+            raise
+        if runner is not None:
+            runner.stop()    # idempotent: its threads are gone before its results are read
+        if stopped_s is None and runner is not None:
+            stopped_s = round(runner.now_s(), 3)
+        # Partial results, written and marked incomplete, before the error goes on; the plot
+        # after, so a second Ctrl-C during it cannot lose them.
         why = "interrupted (Ctrl-C or SIGTERM)" if isinstance(exc, KeyboardInterrupt) else \
             after_fault(runner, str(exc))
-        stopped_s = None if runner is None else round(runner.now_s(), 3)
         partial = partial_metrics(sys_dir, system.name, cfg, why,
                                   None if runner is None else runner.results(),
                                   None if cross is None else cross.results())
-        partial["stopped_s"] = stopped_s   # on the faults' clock: how soon it was reported
+        partial["stopped_s"] = stopped_s   # on the faults' clock: how soon it was seen
         write_json(sys_dir / "metrics.json", partial)
+        if "faults" in partial:
+            partial["faults"]["plot_png"] = str(plot_faults(
+                partial["faults"], sys_dir / "wire.png", system.name,
+                partial.get("cross_traffic") or []))
+            write_json(sys_dir / "metrics.json", partial)
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise RunIncomplete(why, partial) from exc
@@ -242,8 +268,6 @@ def partial_metrics(sys_dir: Path, system: str, cfg: "TrainConfig", error: str,
         out["cross_traffic"] = cross
     if faults is not None:
         out["faults"] = faults
-        out["faults"]["plot_png"] = str(plot_faults(faults, sys_dir / "wire.png", system,
-                                                    cross or []))
     return out
 
 

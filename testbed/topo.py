@@ -85,10 +85,6 @@ class Plan:
         n = len(self.hosts_in(dc))
         return [f"{self.bridges[dc]}-eth{i}" for i in range(1, n + 2)]
 
-    def bridge_interfaces(self) -> list[str]:
-        """Every bridge, then every bridge's ports (each in its bridge's namespace)."""
-        return [*self.bridges.values(),
-                *(p for dc in self.scenario.dcs for p in self.bridge_ports(dc.name))]
 
 
 def make_plan(scenario: Scenario) -> Plan:

@@ -25,6 +25,12 @@ from testbed.topo import make_plan
 MS = 1_000_000
 
 
+def bridge_interfaces(plan) -> list[str]:
+    """Every bridge, then every bridge's ports (each in its bridge's namespace)."""
+    return [*plan.bridges.values(),
+            *(p for dc in plan.scenario.dcs for p in plan.bridge_ports(dc.name))]
+
+
 def pending(i: int, pred_ms: float, arrival_ns: int = 0, deadline_ms: float = 1000.0,
             guard_ms: float = 2.0):
     return make_pending(id=f"r{i}", seq=i, t_arrival_ns=arrival_ns, target_tokens=100,
@@ -173,7 +179,7 @@ def test_decode_hosts_are_hosts_that_never_train():
     d = {h.name: (h.ip, h.role) for h in plan.hosts}
     assert d["a-d1"] == ("10.1.0.101", "decode") and d["b-d2"] == ("10.2.0.102", "decode")
     assert d["a-h2"] == ("10.1.0.2", "train")
-    assert "b-s-eth4" in plan.bridge_interfaces()       # gateway + 1 training + 2 decode
+    assert "b-s-eth4" in bridge_interfaces(plan)       # gateway + 1 training + 2 decode
     with pytest.raises(ScenarioError) as err:
         scenario(dcs=[{"name": "a", "hosts": 2, "decode_hosts": -1},
                       {"name": "b", "hosts": 1}])

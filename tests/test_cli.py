@@ -90,6 +90,9 @@ def test_every_command_has_help(command):
     (["run", "topologies/two_dc.yaml", "--systems", "warp"], "systems[0]"),
     (["calibrate", "topologies/paper/gpt7b_2dc.yaml"], "predict_only"),
     (["predict", "topologies/two_dc.yaml", "--systems", "warp"], "systems[0]"),
+    # a rate fault cannot hold under temporal sharing (its arbiter owns the link's rates)
+    (["run", "topologies/two_dc_faults.yaml", "--systems", "temporal"],
+     "faults[2].steps[0]: temporal shares the WAN in time"),
 ])
 def test_bad_input_one_line_exit_2(args, field):
     proc = cli(*args)

@@ -91,3 +91,26 @@ def test_bad_faults_name_the_field_and_the_fix(item, field, fix):
 def test_faults_must_be_a_list():
     with pytest.raises(ScenarioError, match="^faults: must be a list"):
         parse_scenario(dict(BASE, faults={"kind": "link_down"}))
+
+
+def test_recorded_figures_are_in_configured_units_with_time_scale():
+    """With time_scale 10 the delay lines get 10x the delay; the record says the fault's own
+    (configured) figures, and a restore the link's."""
+    from types import SimpleNamespace
+
+    from testbed.faultrun import FaultRunner
+    from testbed.topo import make_plan
+    sc = parse_scenario(dict(BASE, time_scale=10, faults=[
+        {"kind": "delay", "link": ["a", "b"], "at_s": 1, "delay_ms": 40, "jitter_ms": 2,
+         "for_s": 1}]))
+    net = SimpleNamespace(plan=make_plan(sc.emulated()), backend="delayline")
+    runner = FaultRunner(net, sc.faults, time_scale=10)
+    sent = []
+    runner._set_figures = lambda w, figures: (sent.append(figures), (1.0, None))[1]
+    records = []
+    for ev in runner.events:
+        rec = {}
+        runner._apply(ev, rec)
+        records.append(rec["figures"])
+    assert sent == [{"delay_ms": 400, "jitter_ms": 20}, {"delay_ms": 100, "jitter_ms": 0}]
+    assert records == [{"delay_ms": 40, "jitter_ms": 2}, {"delay_ms": 10, "jitter_ms": 0}]

@@ -39,6 +39,12 @@ BASE = {
 }
 
 
+def bridge_interfaces(plan) -> list[str]:
+    """Every bridge, then every bridge's ports (each in its bridge's namespace)."""
+    return [*plan.bridges.values(),
+            *(p for dc in plan.scenario.dcs for p in plan.bridge_ports(dc.name))]
+
+
 def scenario(**changes) -> dict:
     """A copy of BASE with top-level keys replaced (None removes the key)."""
     data = copy.deepcopy(BASE)
@@ -316,7 +322,7 @@ def test_plan_three_dc_names_and_addresses():
         ("east-gw", "east-gw-eth2", "10.254.0.5", "europe-gw", "europe-gw-eth1", "10.254.0.6"),
         ("west-gw", "west-gw-eth2", "10.254.0.9", "europe-gw", "europe-gw-eth2", "10.254.0.10"),
     ]
-    assert plan.bridge_interfaces() == [
+    assert bridge_interfaces(plan) == [
         "east-s", "west-s", "europe-s",
         "east-s-eth1", "east-s-eth2", "east-s-eth3",
         "west-s-eth1", "west-s-eth2", "west-s-eth3",
@@ -434,7 +440,7 @@ def test_routing_field_is_checked():
 
 
 def all_interface_names(plan) -> list[str]:
-    names = list(plan.bridge_interfaces()) + [h.intf for h in plan.hosts]
+    names = list(bridge_interfaces(plan)) + [h.intf for h in plan.hosts]
     names += [f"{gw}-eth0" for gw in plan.gateways.values()]
     names += [end.intf for w in plan.wan for end in w.ends()]
     return names

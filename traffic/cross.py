@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, TestbedError
 from testbed.scenario import checked_number
 
 if TYPE_CHECKING:
@@ -185,8 +185,8 @@ class _Running:
 
 
 class CrossTraffic:
-    """`start()` (servers up, the schedule thread going; t = 0 now), `stop()` when training
-    ends (cuts what still runs), then `results()`."""
+    """`prepare()` (the receivers up), `start(mono0)` (the schedule from t = 0), `stop()` when
+    training ends (cuts what still runs), then `results()`."""
 
     def __init__(self, net: "Network", flows: tuple[CrossFlow, ...], logs: Path,
                  time_scale: float = 1.0, congestion_control: str | None = None) -> None:
@@ -200,7 +200,8 @@ class CrossTraffic:
         self._thread: threading.Thread | None = None
         self._mono0 = 0.0
 
-    def start(self) -> "CrossTraffic":
+    def prepare(self) -> "CrossTraffic":
+        """Start every receiver (iperf3 -s) and wait until each listens."""
         from traffic import iperf
         port = BASE_PORT
         for flow in self.flows:
@@ -214,10 +215,15 @@ class CrossTraffic:
         for r in self.running:       # every server listening before t = 0
             while not iperf.listening(r.server.pid, r.port):
                 if time.monotonic() > deadline or r.server.poll() is not None:
-                    raise RuntimeError(f"cross-traffic server {r.server.describe()} did not "
+                    raise TestbedError(f"cross-traffic server {r.server.describe()} did not "
                                        f"listen on {r.port}: {r.server.output()[-300:]}")
                 time.sleep(0.02)
-        self._mono0 = time.monotonic()
+        return self
+
+    def start(self, mono0: float | None = None) -> "CrossTraffic":
+        """Run the schedule from t = 0 at time.monotonic() mono0 (the faults' t = 0; now if
+        None). prepare() first."""
+        self._mono0 = time.monotonic() if mono0 is None else mono0
         self._thread = threading.Thread(target=self._schedule, name="cross-traffic", daemon=True)
         self._thread.start()
         return self
@@ -249,6 +255,9 @@ class CrossTraffic:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        from testbed.procs import stop_all
+        # servers whose client never started: at once, all together
+        stop_all([r.server for r in self.running if r.client is None])
         for r in self.running:
             if r.client is not None and r.client.poll() is None:
                 r.cut_short = True
@@ -256,7 +265,7 @@ class CrossTraffic:
         for r in self.running:
             if r.server.poll() is None:
                 try:
-                    r.server.wait(3.0)
+                    r.server.wait(3.0)   # its report, written once the client has gone
                 except TimeoutError:
                     r.server.stop()
 
@@ -270,7 +279,8 @@ class CrossTraffic:
             intervals: list[list[float]] = []
             received = 0
             ran_s = 0.0
-            retransmits = lost = packets = 0
+            retransmits: int | None = 0
+            lost = packets = 0
             errors = []
             for r in mine:
                 if r.client is None:
@@ -293,8 +303,11 @@ class CrossTraffic:
                 lost += int(udp.get("lost_packets", 0) or 0)
                 packets += int(udp.get("packets", 0) or 0)
                 client = _json_doc(r.client.output(1 << 22)) or {}
-                retransmits += int(((client.get("end") or {}).get("sum_sent") or {})
-                                   .get("retransmits", 0) or 0)
+                sent = (client.get("end") or {}).get("sum_sent")
+                if sent is None or retransmits is None:   # cut short: no sender's total
+                    retransmits = None
+                else:
+                    retransmits += int(sent.get("retransmits", 0) or 0)
             entry = {"what": flow.describe(), "label": flow.label, "from": flow.src,
                      "to": flow.dst, "kind": flow.kind, "start_s": flow.start_s,
                      "stop_s": flow.stop_s,
@@ -327,7 +340,8 @@ def _json_doc(text: str) -> dict | None:
 def summary_lines(entries: list[dict[str, Any]]) -> list[str]:
     out = []
     for e in entries:
-        extra = (f", {e['retransmits']} retransmits" if e["kind"] == "tcp"
+        extra = ((f", {e['retransmits']} retransmits" if e["retransmits"] is not None
+                  else ", retransmits unknown (cut short)") if e["kind"] == "tcp"
                  else f", {e['lost_pct']}% lost" if e.get("lost_pct") is not None else "")
         good = "n/a" if e["goodput_mbit"] is None else f"{e['goodput_mbit']:.1f} Mbit/s"
         out.append(f"cross-traffic {e['what']}: goodput {good}{extra}"
