@@ -287,16 +287,13 @@ class FaultRunner:
 
 def _set_rate(ipr: IPRoute, index: int, temporal: bool, rate_mbit: float) -> None:
     """The link's rate on interface index: HTB 1:10 of testbed.shaping's tree, one change-class
-    message (with the queue full, each extra netlink dump here cost 5-20 ms). A temporal tree's
+    message without rate tables (shaping.change_class_msg; with the queue full, each extra
+    netlink dump here cost 5-20 ms, and pyroute2's rate tables more). A temporal tree's
     rates belong to its slot arbiter (another process re-plans them at every switch), so a rate
     fault there is refused (testbed.systemrun refuses it before the run)."""
     if temporal:
         raise RuntimeError("rate faults are not applied to a temporal-sharing tree")
-    rate_bps = int(rate_mbit * 1e6)
-    burst = shaping.burst_bytes(rate_bps)
-    ipr.tc("change-class", "htb", index, shaping.CLASS_HANDLE, parent=shaping.ROOT_HANDLE,
-           rate=f"{rate_bps}bit", ceil=f"{rate_bps}bit", burst=burst, cburst=burst,
-           quantum=60000)
+    shaping.set_rate(ipr, index, rate_mbit)
 
 
 def _check_rate(ipr: IPRoute, intf: str, rate_mbit: float) -> None:

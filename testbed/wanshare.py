@@ -55,17 +55,14 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import socket
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from pyroute2 import IPRoute
-from pyroute2.netlink import NLM_F_ACK, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl import RTM_NEWTCLASS
-from pyroute2.netlink.rtnl.tcmsg import sched_htb, tcmsg
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from testbed import shaping
 from testbed.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
@@ -283,22 +280,10 @@ def activate(ipr: IPRoute, intf: str, d: int, *, layout: TemporalLayout | None =
 
 
 def _change_class_msg(rates: Rates, index: int, d: int, role: str) -> tcmsg:
-    """pyroute2's "change-class" message for pipeline d's class in role, without the legacy
-    rate tables (TCA_HTB_RTAB/CTAB: the kernel computes its own since Linux 3.8 and ignores
-    them; pyroute2 spends most of a change-class call computing 2 x 256 entries in Python)."""
+    """The "change-class" message for pipeline d's class in role (shaping.change_class_msg)."""
     kwarg = _class_params(rates, role)
     kwarg.pop("parent")
-    options = sched_htb.get_class_parameters(kwarg)
-    options["attrs"] = [a for a in options["attrs"] if a[0] not in ("TCA_HTB_RTAB", "TCA_HTB_CTAB")]
-    msg = tcmsg()
-    msg["family"] = socket.AF_UNSPEC
-    msg["index"] = index
-    msg["handle"] = class_handle(d)
-    msg["parent"] = PARENT_HANDLE
-    msg["attrs"] = [["TCA_KIND", "htb"], ["TCA_OPTIONS", options]]
-    msg["header"]["type"] = RTM_NEWTCLASS
-    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE   # pyroute2's "change"
-    return msg
+    return shaping.change_class_msg(index, class_handle(d), PARENT_HANDLE, kwarg)
 
 
 def time_activate(ipr: IPRoute, intf: str, n: int = 200) -> dict[str, float]:
