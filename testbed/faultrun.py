@@ -257,7 +257,7 @@ class FaultRunner:
         while not self._stop.wait(SAMPLE_S):
             for key, end in ends:
                 try:
-                    sent = _tx_bytes(self._sample_iprs[end.gateway], end.intf)
+                    sent = _tx_bytes(self._sample_iprs[end.gateway], self._shaped[end.intf][0])
                 except Exception:  # noqa: BLE001 - the network is going down
                     return
                 now = self.now_s()
@@ -320,8 +320,9 @@ def _set_netem(ipr: IPRoute, intf: str, w: "WanPlan", figures: dict[str, float])
            limit=max(1000, link.queue_bytes // 1500))
 
 
-def _tx_bytes(ipr: IPRoute, intf: str) -> int:
-    link = ipr.get_links(shaping._index(ipr, intf))[0]
+def _tx_bytes(ipr: IPRoute, index: int) -> int:
+    """Bytes sent by the interface with this ifindex (looked up once, in start())."""
+    link = ipr.get_links(index)[0]
     stats = link.get_attr("IFLA_STATS64")
     return int(stats["tx_bytes"])
 

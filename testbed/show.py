@@ -75,7 +75,8 @@ def describe(scenario: Scenario) -> dict[str, Any]:
         doc["faults"] = [e.describe() for e in events_of(scenario.faults)]
     if scenario.cross_traffic:
         doc["cross_traffic"] = [f.describe() for f in scenario.cross_traffic]
-        doc["tenant_hosts"] = [f"{dc}-x1" for dc in scenario.tenant_dcs()]
+        from traffic.cross import tenant_host
+        doc["tenant_hosts"] = [tenant_host(dc) for dc in scenario.tenant_dcs()]
     return doc
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from testbed.routing import edges_of, next_hops
 from testbed.scenario import Scenario, WanLink
+from traffic.cross import tenant_host
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,7 +104,7 @@ def make_plan(scenario: Scenario) -> Plan:
             hosts.append(HostPlan(name=name, dc=dc.name, ip=f"10.{d + 1}.0.{100 + i}",
                                   intf=f"{name}-eth0", role="decode"))
         if dc.name in scenario.tenant_dcs():
-            name = f"{dc.name}-x1"
+            name = tenant_host(dc.name)
             hosts.append(HostPlan(name=name, dc=dc.name, ip=f"10.{d + 1}.0.201",
                                   intf=f"{name}-eth0", role="tenant"))
     next_port = {dc.name: 1 for dc in scenario.dcs}
