@@ -22,7 +22,8 @@ Inputs, each from the module that decides it in a run:
   as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
   DCs model.transfer over one connection (gloo's pair), in slow start for the first step (the
   connection sat idle since the last iteration's all-reduce);
-- WAN sharing: the system's (concurrent: fair; temporal: one message at a time per link). The
+- WAN sharing: the system's (concurrent: fair, or first come, first served on a link where every
+  message is one round trip's burst, model.pipeline; temporal: one message at a time per link). The
   stages' all-reduces over the WAN share their links too, as a bound: a stage's all-reduce lasts
   at least all stages' all-reduce bits over the busiest WAN link its ring uses / that link's
   rate (as if all ran at once: in 1F1B the stages finish their backward passes close together,
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from model.pipeline import PipelineModel, Route, SimResult, simulate
-from model.transfer import PathSpec, transfer_ms
+from model.transfer import PathSpec, one_round, transfer_ms
 from testbed.placement import place_for_system
 from testbed.slotplan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_payload_bytes
 from testbed.systems import connections_for, path_between, path_rate_mbit, path_rtt_ms, \
@@ -96,7 +97,7 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
                  solo_ms=transfer_ms(payload, spec), one_way_ms=path.delay_ms,
                  wire_bytes=wire, solo_idle_ms=transfer_ms(payload, spec, slow_start=True)
                  if scenario.tcp_slow_start_after_idle else None,
-                 rto_ms=spec.rtt_ms + RTO_MIN_MS)
+                 rto_ms=spec.rtt_ms + RTO_MIN_MS, burst=one_round(payload, spec))
 
 
 def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") -> float:

@@ -6,19 +6,30 @@ connection sends, per round trip, at most its window: the receive window the tes
 advertise (testbed.systems.window_bytes) or, in slow start after an idle gap (Linux's
 tcp_slow_start_after_idle, on by default), its congestion window, which restarts at
 INITIAL_WINDOW_SEGMENTS full segments and doubles every round trip up to the receive window.
-The stripes' data leave together, so every connection needs the same number of rounds n; the
-last byte arrives
+Each round trip a connection sends one window (the last round what is left), and the rounds'
+data meet in the bottleneck's FIFO queue: round 1 of every connection is written at once, one
+connection's window after another; a later round of connection c is released as the ACKs of
+its previous round come back, so it starts one RTT after that round started to leave the
+bottleneck, or when the bottleneck is free, whichever is later. The last byte arrives one way
+after the last chunk has left:
 
-    one_way_ms + (n - 1) x rtt_ms + (the last round's wire bytes, all stripes) x 8 / rate
+    for each round r, for each connection c (in that order):
+        start[c] = max(release (0 in round 1, else start[c] of round r-1 + rtt), free)
+        free = start[c] + (the chunk's wire bytes) x 8 / rate
+    arrival = one_way_ms + free
 
-and never before the whole message's wire bytes at the path's rate (the rate-bound case, when K
-windows per round trip exceed the path's bandwidth-delay product):
+A message whose stripes fit one window each therefore takes its wire bytes at the path's rate;
+a window-limited one (n - 1) round trips plus the last round; and between them a connection's
+later round waits for its own ACKs behind the other connections' windows. Measured steady
+transfers on the testbed (traffic.burst, scale 100, 100 Mbit/s, window 45.9 kB, a message
+every 60 ms):
+- 168 kB at 5 ms one way: K = 3: 22.5 ms, here 23.5 (the earlier rule, "n - 1 round trips
+  or the rate, whichever is longer", said 19.0); K = 1: 36.4, here 37.5; K = 6 and 11: 18.4,
+  here 19.0;
+- 336 kB at 100 ms one way (bench/bench_connections.py): 1502 / 706 / 314 / 128 ms at
+  K = 1 / 2 / 4 / 8, here 1501 / 706 / 315 / 128.
 
-    one_way_ms + wire bytes x 8 / rate.
-
-Wire bytes are payload x 1514 / 1448 (testbed.slotplan). This fits the measured steady
-transfers of bench/bench_connections.py within 5% (README: 1503 / 707 / 313 / 127 ms predicted
-at K = 1 / 2 / 4 / 8, 100 ms one way, 336 KB, window 45 KB, against 1502 / 706 / 314 / 128 ms).
+Wire bytes are payload x 1514 / 1448 (testbed.slotplan).
 Not modelled: loss and retransmission, delayed ACKs, pacing, and the receive window's own
 growth on a fresh connection (the testbed's connections are warm).
 """
@@ -62,17 +73,42 @@ def rounds_needed(stripe_bytes: float, window_bytes: float, slow_start: bool) ->
         cwnd = min(window_bytes, 2 * cwnd)
 
 
+def round_sizes(stripe_bytes: float, window_bytes: float, slow_start: bool) -> list[float]:
+    """The bytes one connection sends in each round trip (rounds_needed's rounds)."""
+    n, last = rounds_needed(stripe_bytes, window_bytes, slow_start)
+    sizes, cwnd = [], (min(window_bytes, INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES) if slow_start
+                       else window_bytes)
+    for _ in range(n - 1):
+        sizes.append(cwnd)
+        cwnd = min(window_bytes, 2 * cwnd)
+    return sizes + [last] if n else []
+
+
 def transfer_ms(payload_bytes: int, path: PathSpec, slow_start: bool = False) -> float:
     """The last byte's arrival after the first is sent (module docstring)."""
     if payload_bytes <= 0:
         return 0.0
     k = stripe_count(payload_bytes, path.connections)
-    stripe = payload_bytes / k
-    wire_per_payload = WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / (path.rate_mbit * 1e3)  # ms per byte
-    n, last = rounds_needed(stripe, path.window_bytes, slow_start)
-    by_window = path.one_way_ms + (n - 1) * path.rtt_ms + k * last * wire_per_payload
-    by_rate = path.one_way_ms + payload_bytes * wire_per_payload
-    return max(by_window, by_rate)
+    ms_per_byte = WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / (path.rate_mbit * 1e3)
+    sizes = round_sizes(payload_bytes / k, path.window_bytes, slow_start)
+    if len(sizes) == 1:                    # one round: the whole message at the rate
+        return path.one_way_ms + payload_bytes * ms_per_byte
+    free, starts = 0.0, [0.0] * k
+    for r, size in enumerate(sizes):
+        for c in range(k):
+            start = free if r == 0 else max(starts[c] + path.rtt_ms, free)
+            starts[c] = start
+            free = start + size * ms_per_byte
+    return path.one_way_ms + free
+
+
+def one_round(payload_bytes: int, path: PathSpec) -> bool:
+    """Whether the whole message leaves in its first round trip with steady windows: every
+    stripe fits its connection's window (so it enters the bottleneck queue as one burst)."""
+    if payload_bytes <= 0:
+        return True
+    k = stripe_count(payload_bytes, path.connections)
+    return rounds_needed(payload_bytes / k, path.window_bytes, slow_start=False)[0] == 1
 
 
 def rate_limit_mbit(path: PathSpec, payload_bytes: int) -> float:

@@ -29,9 +29,26 @@ def test_transfer_window_limited_rounds():
     path = PathSpec(rate_mbit=100, one_way_ms=100, rtt_ms=200, window_bytes=w, connections=1)
     last = 336_000 - 7 * w
     assert transfer_ms(336_000, path) == pytest.approx(100 + 7 * 200 + last * WF * 8 / 1e5)
+    # four: round 2 of the last connection leaves one RTT after its window, which queued
+    # behind the other three windows
     four = dataclasses.replace(path, connections=4)
-    assert transfer_ms(336_000, four) == pytest.approx(100 + 200 + (336_000 - 4 * w) * WF * 8
-                                                       / 1e5)
+    assert transfer_ms(336_000, four) == pytest.approx(
+        100 + 3 * w * WF * 8 / 1e5 + 200 + (336_000 / 4 - w) * WF * 8 / 1e5)
+
+
+def test_transfer_between_window_and_rate_limits():
+    """K windows a little over the bandwidth-delay product (3 x 45.9 kB against 125 kB at 5 ms
+    one way, 100 Mbit/s): the rate would say 19.0 ms; the third connection's second round waits
+    for its own ACKs, one RTT after its window left behind the other two (measured on the
+    testbed: 22.5 ms)."""
+    w = 45_927.0
+    path = PathSpec(rate_mbit=100, one_way_ms=5, rtt_ms=10, window_bytes=w, connections=3)
+    stripe = 167_772 / 3
+    by_hand = 5 + 2 * w * WF * 8 / 1e5 + 10 + (stripe - w) * WF * 8 / 1e5
+    assert transfer_ms(167_772, path) == pytest.approx(by_hand)
+    assert by_hand > 5 + 167_772 * WF * 8 / 1e5 + 4          # 4.5 ms over the rate's time
+    six = dataclasses.replace(path, connections=6)            # one round: the rate
+    assert transfer_ms(167_772, six) == pytest.approx(5 + 167_772 * WF * 8 / 1e5)
 
 
 def test_transfer_rate_bound_and_slow_start():
@@ -302,3 +319,28 @@ def test_predict_a_sweep_gives_every_point(capsys):
     assert base == sorted(base)                  # baseline: more delay, slower
     assert main(["predict", path]) == 0
     assert capsys.readouterr().out.count("sweep point") == 3
+
+
+def test_bursts_share_a_link_first_come_first_served():
+    """Two one-round messages (each stripe within its window) on a concurrent link queue at the
+    bottleneck in the order sent: the first arrives as if alone, the second one data time later
+    (as temporal), where two multi-round flows share the link fairly."""
+    wire = 125_000.0
+    burst = Route(links=("a->b",), solo_ms=20.0, one_way_ms=10.0, wire_bytes=wire, burst=True)
+    m = _local(2, 1, 5.0, 5.0, D=2, routes={(0, 0): burst, (0, 1): burst},
+               sharing="concurrent", rates={"a->b": 100.0})
+    got = sorted(o.start_ms for o in simulate(m, 1).ops if o.stage == 1 and o.name == "F")
+    assert got == pytest.approx([25.0, 35.0])
+    # one of them not a burst: the link stays fair for both
+    m = _local(2, 1, 5.0, 5.0, D=2, routes={(0, 0): burst,
+                                           (0, 1): dataclasses.replace(burst, burst=False)},
+               sharing="concurrent", rates={"a->b": 100.0})
+    got = sorted(o.start_ms for o in simulate(m, 1).ops if o.stage == 1 and o.name == "F")
+    assert got == pytest.approx([35.0, 35.0])
+
+
+def test_one_round_is_a_stripe_within_its_window():
+    from model.transfer import one_round
+    path = PathSpec(rate_mbit=100, one_way_ms=20, rtt_ms=40, window_bytes=45_927, connections=11)
+    assert one_round(335_544, path)                     # 11 stripes of 30.5 kB
+    assert not one_round(335_544, dataclasses.replace(path, connections=3))   # 112 kB each
