@@ -6,6 +6,7 @@ metrics block (real time) and returns {"predicted", "measured", "error", "within
 scenario and system): iteration time within 10 %, bubble fraction within 0.05 absolute. A
 +bubbletea system adds `bubbletea`: GPU utilization with prefill, requests/s, TTFT, misses and
 the unused bubble's causes, predicted (model.bubbletea) next to measured, without a target.
+`emulation` says what the emulation itself added (emulation_overheads), beside the errors.
 """
 
 from __future__ import annotations
@@ -40,9 +41,52 @@ def compare(pred: Prediction, metrics: dict[str, Any]) -> dict[str, Any]:
                        "bubble_fraction_abs": BUBBLE_ABS_TARGET},
            "within_target": abs(it_err) <= ITERATION_REL_TARGET
            and abs(error["bubble_fraction_abs"]) <= BUBBLE_ABS_TARGET}
+    out["emulation"] = emulation_overheads(metrics, predicted["allreduce_ms"])
     if pred.bubbletea is not None and metrics.get("bubbletea"):
         out["bubbletea"] = compare_bubbletea(pred.bubbletea, metrics["bubbletea"])
     return out
+
+
+def emulation_overheads(metrics: dict[str, Any], predicted_allreduce_ms: list[float]
+                        ) -> dict[str, Any]:
+    """What this machine's emulation added that the model (and the real system) would not, in
+    real ms: compute ops past their profile holds (trainer.metrics' compute_overruns, per
+    averaged iteration), each stage's all-reduce past the model's, and per temporal WAN slot the
+    arbiter's turn-taking (testbed.temporal.slot_overheads_ms). Where a run misses the model,
+    these say how much of the miss is the emulation's."""
+    over = metrics.get("compute_overruns") or {}
+    n = len(metrics.get("iterations_averaged") or []) or 1
+    T = metrics.get("time_scale") or 1.0
+    iterations = metrics.get("iterations") or 1
+    slots = {}
+    for link, v in (metrics.get("wan_links") or {}).items():
+        if v.get("slot_over_wire_ms_median") is None:
+            continue
+        slots[link] = {"over_wire_ms": v["slot_over_wire_ms_median"] / T,
+                       "handover_ms": (v.get("handover_ms_median") or 0.0) / T,
+                       "per_iteration": (v.get("slots") or 0) / iterations}
+    measured_ar = [a["measured_ms"] for a in metrics.get("allreduce", [])]
+    return {"compute_overrun_ms_per_iteration": over.get("total_ms", 0.0) / n,
+            "compute_overruns": over.get("count", 0),
+            "allreduce_over_model_ms": [m - p for m, p in zip(measured_ar,
+                                                              predicted_allreduce_ms)],
+            "wan_slots": slots}
+
+
+def _emulation_clause(e: dict[str, Any] | None) -> str:
+    if not e:
+        return ""
+    parts = []
+    if e["compute_overruns"]:
+        parts.append(f"{e['compute_overrun_ms_per_iteration']:.1f} ms per iteration of compute "
+                     f"past its holds ({e['compute_overruns']} ops)")
+    extra = [x for x in e["allreduce_over_model_ms"] if x > 0.5]
+    if extra:
+        parts.append(f"all-reduce +{min(extra):.1f}..{max(extra):.1f} ms")
+    for link, v in sorted(e["wan_slots"].items()):
+        parts.append(f"{link} slots +{v['over_wire_ms']:.1f} ms held and {v['handover_ms']:.1f} "
+                     f"ms hand-over each ({v['per_iteration']:.0f} per iteration)")
+    return "; the emulation added " + ", ".join(parts) if parts else ""
 
 
 def compare_bubbletea(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, Any]:
@@ -70,7 +114,8 @@ def summary_line(check: dict[str, Any]) -> str:
             f"{m['iteration_time_s']:.3f} s measured ({e['iteration_time_rel']:+.1%}), bubble "
             f"{p['bubble_fraction']:.3f} vs {m['bubble_fraction']:.3f} "
             f"({e['bubble_fraction_abs']:+.3f}), GPU utilization {p['gpu_utilization']:.3f} vs "
-            f"{m['gpu_utilization']:.3f}{flag}" + _bubbletea_line(check.get("bubbletea"))
+            f"{m['gpu_utilization']:.3f}{flag}" + _emulation_clause(check.get("emulation"))
+            + _bubbletea_line(check.get("bubbletea"))
             + (f"; the model leaves out {check['left_out']}" if check.get("left_out") else ""))
 
 

@@ -122,6 +122,7 @@ class TemporalSharing:
         by_pipe = capture.slot_adherence(packets, slots, by_ip)
         switch = capture.switch_errors_ms(packets, slots, by_ip)
         activate = [s["activate_ms"] for s in slots if s.get("activate_ms") is not None]
+        over, handover = slot_overheads_ms(slots, ls.rate_mbit)
         return {
             "slot_adherence": round(min(by_pipe.values()), 4) if by_pipe else None,
             "slot_adherence_by_pipeline": {str(d): round(v, 4) for d, v in by_pipe.items()},
@@ -132,8 +133,27 @@ class TemporalSharing:
             "slots": len(slots),
             "slot_ends": _count(s.get("reason") for s in slots),
             "activate_ms_median": round(statistics.median(activate), 3) if activate else None,
+            "slot_over_wire_ms_median": None if over is None else round(over, 3),
+            "handover_ms_median": None if handover is None else round(handover, 3),
             "capture": dict(_summary(proc.output()), packets_judged=len(packets)),
         }
+
+
+def slot_overheads_ms(slots: list[dict], rate_mbit: float) -> tuple[float | None, float | None]:
+    """What the arbiter's turn-taking adds per slot, in the network's ms (medians): how long a
+    slot was held past its granted bytes' time at the link's rate (grant to the client's first
+    packet, the slot end's detection), and the hand-over (a slot's end to the next grant, when a
+    request was already waiting: the switch of the HTB tree). A real Atlas scheduler has its
+    own costs here; these are the emulation's."""
+    done = sorted((s for s in slots
+                   if s.get("t_grant") is not None and s.get("t_end") is not None),
+                  key=lambda s: s["t_grant"])
+    over = [(s["t_end"] - s["t_grant"]) / 1e6 - s["expected_bytes"] * 8 / (rate_mbit * 1e3)
+            for s in done if s.get("expected_bytes")]
+    gaps = [(b["t_grant"] - a["t_end"]) / 1e6 for a, b in zip(done, done[1:])
+            if b["t_request"] < a["t_end"]]
+    return (statistics.median(over) if over else None,
+            statistics.median(gaps) if gaps else None)
 
 
 def warnings(links: dict[str, dict]) -> list[str]:

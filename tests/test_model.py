@@ -344,3 +344,39 @@ def test_one_round_is_a_stripe_within_its_window():
     path = PathSpec(rate_mbit=100, one_way_ms=20, rtt_ms=40, window_bytes=45_927, connections=11)
     assert one_round(335_544, path)                     # 11 stripes of 30.5 kB
     assert not one_round(335_544, dataclasses.replace(path, connections=3))   # 112 kB each
+
+
+def test_what_the_emulation_added_is_reported_beside_the_errors():
+    from model.check import emulation_overheads, summary_line
+    from testbed.temporal import slot_overheads_ms
+    ms = 1_000_000
+    # two slots of 125,000 link-layer bytes at 100 Mbit/s (10 ms each): the first held 13 ms,
+    # the second asked during it and was granted 2 ms after it ended, held 12 ms
+    slots = [{"t_request": 0, "t_grant": 0, "t_end": 13 * ms, "expected_bytes": 125_000},
+             {"t_request": 5 * ms, "t_grant": 15 * ms, "t_end": 27 * ms,
+              "expected_bytes": 125_000},
+             {"t_request": 40 * ms, "t_grant": 40 * ms, "t_end": 54 * ms,
+              "expected_bytes": 125_000}]     # asked after the link went idle: no hand-over
+    over, handover = slot_overheads_ms(slots, 100.0)
+    assert over == pytest.approx(3.0) and handover == pytest.approx(2.0)
+    metrics = {"compute_overruns": {"count": 4, "total_ms": 30.0}, "iterations_averaged": [1, 2, 3],
+               "time_scale": 2.0, "iterations": 4,
+               "allreduce": [{"measured_ms": 75.0}, {"measured_ms": 67.0}],
+               "wan_links": {"a->b": {"slot_over_wire_ms_median": over,
+                                      "handover_ms_median": handover, "slots": 32},
+                             "b->a": {"packets": 10}}}
+    e = emulation_overheads(metrics, [67.0, 67.0])
+    assert e["compute_overrun_ms_per_iteration"] == pytest.approx(10.0)
+    assert e["allreduce_over_model_ms"] == pytest.approx([8.0, 0.0])
+    assert e["wan_slots"] == {"a->b": {"over_wire_ms": 1.5, "handover_ms": 1.0,
+                                       "per_iteration": 8.0}}     # real time: / time_scale
+    check = {"predicted": {"iteration_time_s": 0.5, "bubble_fraction": 0.5,
+                           "gpu_utilization": 0.5},
+             "measured": {"iteration_time_s": 0.6, "bubble_fraction": 0.5,
+                          "gpu_utilization": 0.5},
+             "error": {"iteration_time_rel": -1 / 6, "bubble_fraction_abs": 0.0},
+             "within_target": False, "emulation": e}
+    line = summary_line(check)
+    assert ("the emulation added 10.0 ms per iteration of compute past its holds (4 ops), "
+            "all-reduce +8.0..8.0 ms, a->b slots +1.5 ms held and 1.0 ms hand-over each "
+            "(8 per iteration)") in line
