@@ -64,7 +64,9 @@ class TemporalSharing:
         for link, intf in self.intf.items():
             out = self.run_dir / "slots" / f"{link.replace('->', '-to-')}.cap"
             proc = self.net.spawn(self.gateway[link], [sys.executable, "-m", "traffic.capture",
-                                                       "--iface", intf, "--out", str(out)],
+                                                       "--iface", intf, "--out", str(out),
+                                                       "--min-length",
+                                                       str(capture.DATA_MIN_LENGTH)],
                                   self.run_dir / "logs" / f"{self.gateway[link]}-capture.log")
             self.captures[link] = (proc, out)
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -58,7 +58,7 @@ import ipaddress
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -67,6 +67,9 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from testbed import shaping
 from testbed.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
 from testbed.shaping import TcOp
+
+if TYPE_CHECKING:
+    from testbed.tcstats import ClassCounters
 
 ROOT_HANDLE = 0x10000          # 1:0
 PARENT_HANDLE = 0x10001        # 1:1
@@ -320,9 +323,14 @@ def _stats_of(msg) -> tuple[int, int, int]:
     return 0, 0, 0
 
 
-def class_stats(ipr: IPRoute, intf: str, *, index: int | None = None) -> dict[int, tuple[int, int, int]]:
+def class_stats(ipr: IPRoute, intf: str, *, index: int | None = None,
+                counters: "ClassCounters | None" = None) -> dict[int, tuple[int, int, int]]:
     """{pipeline d: (bytes, packets, backlog bytes)} of d's class on intf, as HTB counts them
-    (link-layer bytes dequeued, i.e. sent on the wire; backlog still queued)."""
+    (link-layer bytes dequeued, i.e. sent on the wire; backlog still queued). counters: read
+    them over that raw netlink socket (testbed.tcstats: the arbiter's polls), not pyroute2's."""
+    if counters is not None:
+        by_handle = counters.read(index if index is not None else shaping._index(ipr, intf))
+        return {d: c for h, c in by_handle.items() if (d := pipeline_of_handle(h)) is not None}
     out = {}
     for msg in ipr.get_classes(index=index if index is not None else shaping._index(ipr, intf)):
         d = pipeline_of_handle(msg["handle"])

@@ -139,7 +139,7 @@ class FakeShare:
         self.switches.append(d)
         return 0.0
 
-    def class_stats(self, ipr, intf, index=None):
+    def class_stats(self, ipr, intf, index=None, counters=None):
         return {d: (n, 0, 0) for d, n in self.sent.items()}
 
 

@@ -3,10 +3,12 @@
 One job: record when which TCP/IP packet crossed an interface, and judge the arbiter's slots
 (testbed.arbiter) against it.
 
-Capture: `python -m traffic.capture --iface X --out FILE [--seconds N] [--snaplen B]`, run in a
-gateway's namespace (testbed.network.Network.spawn). scapy opens the socket (conf.L2listen, an
-AF_PACKET socket that also sees outgoing packets) with the BPF filter "ip and tcp" compiled by
-libpcap; we read only the first `snaplen` bytes of each packet (default 128: Ethernet, IP and TCP
+Capture: `python -m traffic.capture --iface X --out FILE [--seconds N] [--snaplen B]
+[--min-length L]`, run in a gateway's namespace (testbed.network.Network.spawn). scapy opens the
+socket (conf.L2listen, an AF_PACKET socket that also sees outgoing packets) with the BPF filter
+"ip and tcp" (with --min-length: "and ip[2:2] >= L", packets of at least L bytes of IP length,
+so the kernel leaves out the ACKs, which the slot analyses below skip anyway: a third to half of
+the packets, and of the capture's CPU, on a link carrying data both ways) compiled by libpcap; we read only the first `snaplen` bytes of each packet (default 128: Ethernet, IP and TCP
 headers) with the kernel's nanosecond receive stamp (SO_TIMESTAMPNS; for an outgoing packet: the
 time the qdisc handed it to the driver, i.e. when it went on the wire, on time.time_ns()'s clock).
 It prints "ready" once listening, stops after N seconds or on SIGTERM/SIGINT, and prints one JSON
@@ -110,11 +112,13 @@ def frame_bytes(p: Packet, mss: int = MSS) -> int:
 
 # ---- capture --------------------------------------------------------------------------------
 def capture(iface: str, out: Path, seconds: float | None, snaplen: int = 128,
-            rcvbuf: int = 32 << 20, on_ready=None, should_stop=lambda: False) -> dict[str, Any]:
+            rcvbuf: int = 32 << 20, on_ready=None, should_stop=lambda: False,
+            min_length: int = 0) -> dict[str, Any]:
     # scapy's conf.L2listen on Linux (set only once scapy.all is imported, which is slow)
     logging.getLogger("scapy.runtime").setLevel(logging.ERROR)  # "Unable to guess type": we parse
     from scapy.arch.linux import L2ListenSocket  # noqa: PLC0415
-    sock = L2ListenSocket(iface=iface, filter="ip and tcp")
+    bpf = "ip and tcp" + (f" and ip[2:2] >= {int(min_length)}" if min_length > 0 else "")
+    sock = L2ListenSocket(iface=iface, filter=bpf)
     raw: socket.socket = sock.ins
     try:
         raw.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
@@ -178,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seconds", type=float, default=None, help="stop after this long")
     parser.add_argument("--snaplen", type=int, default=128)
+    parser.add_argument("--min-length", type=int, default=0,
+                        help=f"only packets of at least this IP length (e.g. {DATA_MIN_LENGTH}: "
+                             "data, not ACKs); default all")
     args = parser.parse_args(argv)
     stop = {"now": False}
 
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = capture(args.iface, Path(args.out), args.seconds, args.snaplen,
                           on_ready=lambda: print("ready", flush=True),
-                          should_stop=lambda: stop["now"])
+                          should_stop=lambda: stop["now"], min_length=args.min_length)
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback
         print(f"capture: {exc}", file=sys.stderr, flush=True)
         return 1
