@@ -56,32 +56,28 @@ class PathSpec:
     connections: int = 1      # K
 
 
-def rounds_needed(stripe_bytes: float, window_bytes: float, slow_start: bool) -> tuple[int, float]:
-    """(round trips n, bytes sent in the last one) for one connection's stripe."""
+def round_sizes(stripe_bytes: float, window_bytes: float, slow_start: bool) -> list[float]:
+    """The bytes one connection's stripe sends in each round trip: a window each time (in slow
+    start INITIAL_WINDOW_SEGMENTS segments first, doubling up to the window), the last round
+    what is left."""
     if stripe_bytes <= 0:
-        return 0, 0.0
+        return []
     if not slow_start:
         n = max(1, math.ceil(round(stripe_bytes / window_bytes, 9)))
-        return n, stripe_bytes - (n - 1) * window_bytes
+        return [window_bytes] * (n - 1) + [stripe_bytes - (n - 1) * window_bytes]
     cwnd = min(window_bytes, INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES)
-    sent, n = 0.0, 0
-    while True:
-        n += 1
-        if sent + cwnd >= stripe_bytes - 1e-9:
-            return n, stripe_bytes - sent
+    sizes, sent = [], 0.0
+    while sent + cwnd < stripe_bytes - 1e-9:
+        sizes.append(cwnd)
         sent += cwnd
         cwnd = min(window_bytes, 2 * cwnd)
+    return sizes + [stripe_bytes - sent]
 
 
-def round_sizes(stripe_bytes: float, window_bytes: float, slow_start: bool) -> list[float]:
-    """The bytes one connection sends in each round trip (rounds_needed's rounds)."""
-    n, last = rounds_needed(stripe_bytes, window_bytes, slow_start)
-    sizes, cwnd = [], (min(window_bytes, INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES) if slow_start
-                       else window_bytes)
-    for _ in range(n - 1):
-        sizes.append(cwnd)
-        cwnd = min(window_bytes, 2 * cwnd)
-    return sizes + [last] if n else []
+def rounds_needed(stripe_bytes: float, window_bytes: float, slow_start: bool) -> tuple[int, float]:
+    """(round trips n, bytes sent in the last one) for one connection's stripe."""
+    sizes = round_sizes(stripe_bytes, window_bytes, slow_start)
+    return (len(sizes), sizes[-1]) if sizes else (0, 0.0)
 
 
 def transfer_ms(payload_bytes: int, path: PathSpec, slow_start: bool = False) -> float:

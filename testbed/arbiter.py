@@ -510,8 +510,7 @@ class Arbiter:
                              "reason": f"activate({req.pipeline}): {exc}"})
             try:
                 if stats is None or req.pipeline not in stats:
-                    stats = self.wanshare.class_stats(self.ipr, state.spec.intf, index=state.layout.ifindex,
-                                                     counters=self.counters)
+                    stats = self._class_stats(state)
                 b0 = stats[req.pipeline][0]
             except Exception as exc:  # noqa: BLE001
                 self.record({"kind": "error", "link": state.spec.link, "reason": f"class_stats: {exc}"})
@@ -530,6 +529,11 @@ class Arbiter:
             if not self._send(req.conn, f"GRANT {req.slot} {req.t_grant}"):
                 continue  # _close ended the slot; the loop grants the next one
 
+    def _class_stats(self, state: LinkState) -> dict[int, tuple[int, int, int]]:
+        """The link's pipeline classes' counters (wanshare.class_stats over the raw socket)."""
+        return self.wanshare.class_stats(self.ipr, state.spec.intf, index=state.layout.ifindex,
+                                         counters=self.counters)
+
     def _poll_due(self) -> None:
         now = time.monotonic()
         for state in self.links.values():
@@ -543,8 +547,7 @@ class Arbiter:
                 req.next_poll = time.monotonic() + MAX_POLL_S
 
     def _poll(self, state: LinkState, req: Request) -> None:
-        stats = self.wanshare.class_stats(self.ipr, state.spec.intf, index=state.layout.ifindex,
-                                         counters=self.counters)
+        stats = self._class_stats(state)
         nbytes, _pkts, backlog = stats[req.pipeline]
         req.polls += 1
         now = time.monotonic()
@@ -579,8 +582,7 @@ class Arbiter:
         req.t_end = time.time_ns()
         if sent is None:
             try:
-                stats = self.wanshare.class_stats(self.ipr, state.spec.intf, index=state.layout.ifindex,
-                                                 counters=self.counters)
+                stats = self._class_stats(state)
                 sent = stats[req.pipeline][0] - req.bytes0
             except Exception:  # noqa: BLE001
                 sent, stats = None, None

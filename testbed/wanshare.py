@@ -328,11 +328,12 @@ def class_stats(ipr: IPRoute, intf: str, *, index: int | None = None,
     """{pipeline d: (bytes, packets, backlog bytes)} of d's class on intf, as HTB counts them
     (link-layer bytes dequeued, i.e. sent on the wire; backlog still queued). counters: read
     them over that raw netlink socket (testbed.tcstats: the arbiter's polls), not pyroute2's."""
+    index = index if index is not None else shaping._index(ipr, intf)
     if counters is not None:
-        by_handle = counters.read(index if index is not None else shaping._index(ipr, intf))
-        return {d: c for h, c in by_handle.items() if (d := pipeline_of_handle(h)) is not None}
+        return {d: c for h, c in counters.read(index).items()
+                if (d := pipeline_of_handle(h)) is not None}
     out = {}
-    for msg in ipr.get_classes(index=index if index is not None else shaping._index(ipr, intf)):
+    for msg in ipr.get_classes(index=index):
         d = pipeline_of_handle(msg["handle"])
         if d is not None:
             out[d] = _stats_of(msg)
