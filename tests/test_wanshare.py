@@ -135,7 +135,7 @@ class FakeShare:
         self.sent = {d: 0 for d in pipelines}
         return types.SimpleNamespace(ifindex=1, active=active)
 
-    def activate(self, ipr, intf, d, layout=None):
+    def activate(self, ipr, intf, d, layout=None, batch=None):
         self.switches.append(d)
         return 0.0
 
