@@ -189,6 +189,8 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                 in_use=congestion_control_in_use(run.spans_path)),
         transport_io_realtime=sorted({x for r in spans if r["name"] == "SETUP"
                                       for x in r.get("io_realtime", [])}),
+        allreduce_io_realtime=sorted({r["allreduce_realtime"] for r in spans
+                                      if r["name"] == "SETUP" and r.get("allreduce_realtime")}),
         wall_s=round(run.wall_s, 3), timeouts=limits.to_dict(), complete=True,
         timings_s={k: round(v, 3) for k, v in net.timings_s.items()})
     lossy = {f"{x}->{y}" for f in scenario.faults if f.kind in ("loss", "link_down")

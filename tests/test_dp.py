@@ -1,0 +1,74 @@
+"""trainer.dp: gloo's threads run at the I/O priority asked for (they inherit it from the thread
+that joins the group, which is real-time only for that call), the all-reduce averages the real
+gradients and leaves the padding zero. Two real processes on loopback; SCHED_FIFO needs root."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+WORKER = """
+import json, os, sys, torch
+from trainer.dp import average_gradients, init_stage_group
+rank, port, prio = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+status = init_stage_group("127.0.0.1", "127.0.0.1", port, rank, 2, 30,
+                          io_priority=None if prio == "none" else int(prio))
+p = torch.nn.Parameter(torch.zeros(3))
+p.grad = torch.full((3,), float(rank + 1))
+n = average_gradients([p], 2, pad_bytes=4096)
+threads = {}
+for tid in os.listdir("/proc/self/task"):
+    stat = open(f"/proc/self/task/{tid}/stat").read()
+    comm = stat[stat.index("(") + 1:stat.rindex(")")]
+    policy = int(stat[stat.rindex(")") + 2:].split()[38])
+    threads.setdefault(comm, set()).add(policy)
+print(json.dumps({"status": status, "grad": p.grad.tolist(), "bytes": n,
+                  "main": os.sched_getscheduler(0),
+                  "threads": {k: sorted(v) for k, v in threads.items()}}))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_pair(prio: str) -> list[dict]:
+    """Both ranks' reports. Tried twice: the port free_port found can be taken before rank 0's
+    store binds it (the second try's failure is reported with both ranks' errors)."""
+    for attempt in (1, 2):
+        port = free_port()
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(port), prio],
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in (0, 1)]
+        results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+        if all(rc == 0 for _, _, rc in results) or attempt == 2:
+            break
+    assert all(rc == 0 for _, _, rc in results), [err[-2000:] for _, err, _ in results]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _, _ in results]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root (CAP_SYS_NICE)")
+def test_gloo_threads_get_the_io_priority_and_the_caller_does_not():
+    for doc in run_pair("10"):
+        assert doc["status"] == "fifo:10", doc
+        assert doc["main"] == os.SCHED_OTHER, doc          # the caller went back to normal
+        gloo = {k: v for k, v in doc["threads"].items() if "gloo" in k}
+        assert gloo and all(v == [os.SCHED_FIFO] for v in gloo.values()), doc
+        assert doc["grad"] == [1.5, 1.5, 1.5] and doc["bytes"] == 4096, doc
+
+
+def test_without_a_priority_nothing_is_real_time():
+    for doc in run_pair("none"):
+        assert doc["status"] == "off" and doc["main"] == os.SCHED_OTHER, doc
+        assert all(v == [os.SCHED_OTHER] for v in doc["threads"].values()), doc
+        assert doc["grad"] == [1.5, 1.5, 1.5], doc
