@@ -179,21 +179,31 @@ def test_predict_command(capsys):
     assert "systems[0]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("system", ["baseline", "multitcp", "temporal", "atlas", "dp-across-dcs"])
-def test_prediction_beside_the_committed_atlas_paper_run(system):
-    """docs/atlas's committed run of every system on atlas_paper. Atlas's iteration time is the
-    known miss (README: the emulation's all-reduce and per-op overhead, -13%): only its bubble
-    and WAN use are held to the targets here."""
-    doc = json.loads((REPO / "docs" / "atlas" / "atlas_paper-metrics.json").read_text())
-    measured = doc["systems"][system]
-    sc = load_scenario(REPO / "topologies" / "atlas_paper.yaml")
-    p = predict(sc, load_training(sc), get_system(system))
-    if system != "atlas":
-        assert p.iteration_time_s == pytest.approx(measured["iteration_time_s"], rel=0.10)
+REFERENCE_RUNS = sorted(p.parent for p in (REPO / "results" / "reference").rglob(
+    "scenario.resolved.yaml"))
+
+
+@pytest.mark.parametrize("run_dir", REFERENCE_RUNS, ids=lambda p: p.name)
+def test_every_committed_reference_run_is_within_the_targets(run_dir):
+    """results/reference (scripts/make_reference.py): every shipped training scenario and sweep
+    point, every system, measured on this 2-core VM. The model, run now on the run's resolved
+    scenario, gives what the run recorded beside its measurement, and that is within the
+    issue's targets: iteration time within 10%, bubble fraction within 0.05, and WAN
+    utilization within 0.05 where training crossed the link."""
+    doc = json.loads((run_dir / "metrics.json").read_text())
+    sc = load_scenario(run_dir / "scenario.resolved.yaml")
+    cfg = load_training(sc)
+    assert doc["systems"], run_dir
+    for name, measured in doc["systems"].items():
+        p = predict(sc, cfg, get_system(name))
+        assert p.iteration_time_s == pytest.approx(
+            measured["model"]["predicted"]["iteration_time_s"], rel=1e-9), name
+        assert p.iteration_time_s == pytest.approx(measured["iteration_time_s"], rel=0.10), name
+        assert abs(p.bubble_fraction - measured["bubble_fraction"]) <= 0.05, name
         for link, v in measured["wan_links"].items():
             if v.get("training_bytes"):
-                assert p.wan_utilization[link] == pytest.approx(v["utilization"], abs=0.01)
-    assert abs(p.bubble_fraction - measured["bubble_fraction"]) <= 0.05
+                assert p.wan_utilization[link] == pytest.approx(v["utilization"], abs=0.05), \
+                    (name, link)
 
 
 def test_planner_ranks_stage_to_dc_assignments(capsys):
