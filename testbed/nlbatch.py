@@ -18,13 +18,12 @@ Layouts: linux/netlink.h (struct nlmsghdr, struct nlmsgerr).
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 import struct
 from typing import Sequence
 
-from testbed.tcstats import NETLINK_ROUTE, NLMSG_ERROR, NLMSG_HDR, RECV_BYTES
+from testbed.tcstats import NLMSG_ERROR, NLMSG_HDR, RECV_BYTES, RawRouteSocket
+from testbed.tcstats import messages as replies
 
 NLM_F_ACK = 0x4
 SEQ = struct.Struct("=I")
@@ -32,13 +31,8 @@ SEQ_OFFSET = 8            # nlmsghdr: len u32, type u16, flags u16, seq u32, pid
 ERRNO = struct.Struct("=i")
 
 
-class RequestBatch:
-    """A raw NETLINK_ROUTE socket in the caller's network namespace (module docstring)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-        self.sock.bind((0, 0))
-        self.seq = 0
+class RequestBatch(RawRouteSocket):
+    """Pre-encoded requests over a raw NETLINK_ROUTE socket (module docstring)."""
 
     def request(self, messages: Sequence[bytes]) -> None:
         """Send the messages in one write; return when the kernel has acknowledged them all."""
@@ -58,26 +52,12 @@ class RequestBatch:
         error: OSError | None = None
         while pending:
             buf = self.sock.recv(RECV_BYTES)
-            pos = 0
-            while pos + NLMSG_HDR.size <= len(buf):
-                length, kind, _flags, seq, _pid = NLMSG_HDR.unpack_from(buf, pos)
-                if length < NLMSG_HDR.size:
-                    raise OSError(errno.EPROTO, f"netlink: bad message length {length}")
+            for kind, seq, start, _end in replies(buf):
                 if kind == NLMSG_ERROR and seq in pending:
                     pending.discard(seq)
-                    code = -ERRNO.unpack_from(buf, pos + NLMSG_HDR.size)[0]
+                    code = -ERRNO.unpack_from(buf, start)[0]
                     if code and error is None:
                         error = OSError(code, f"netlink request {seq} of the batch: "
                                               f"{os.strerror(code)}")
-                pos += (length + 3) & ~3
         if error is not None:
             raise error
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> "RequestBatch":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -68,13 +68,37 @@ def parse_class(buf: bytes, start: int, end: int) -> tuple[int, tuple[int, int, 
     return handle, (0, 0, 0)
 
 
-class ClassCounters:
-    """A raw NETLINK_ROUTE socket in the caller's network namespace (module docstring)."""
+def messages(buf: bytes):
+    """(type, seq, payload start, message end) of each netlink message in buf."""
+    pos = 0
+    while pos + NLMSG_HDR.size <= len(buf):
+        length, kind, _flags, seq, _pid = NLMSG_HDR.unpack_from(buf, pos)
+        if length < NLMSG_HDR.size:
+            raise OSError(errno.EPROTO, f"netlink: bad message length {length}")
+        yield kind, seq, pos + NLMSG_HDR.size, pos + length
+        pos += (length + 3) & ~3
+
+
+class RawRouteSocket:
+    """A raw NETLINK_ROUTE socket in the caller's network namespace; a context manager."""
 
     def __init__(self) -> None:
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         self.sock.bind((0, 0))
         self.seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ClassCounters(RawRouteSocket):
+    """The class counters of one interface at a time (module docstring)."""
 
     def read(self, ifindex: int) -> dict[int, tuple[int, int, int]]:
         """{class handle: (bytes, packets, backlog bytes)} of every class on ifindex."""
@@ -85,27 +109,14 @@ class ClassCounters:
         out: dict[int, tuple[int, int, int]] = {}
         while True:
             buf = self.sock.recv(RECV_BYTES)
-            pos = 0
-            while pos + NLMSG_HDR.size <= len(buf):
-                length, kind, _flags, seq, _pid = NLMSG_HDR.unpack_from(buf, pos)
-                if length < NLMSG_HDR.size:
-                    raise OSError(errno.EPROTO, f"netlink: bad message length {length}")
-                if seq == self.seq:
-                    if kind == NLMSG_DONE:
-                        return out
-                    if kind == NLMSG_ERROR:
-                        code = -struct.unpack_from("=i", buf, pos + NLMSG_HDR.size)[0]
-                        raise OSError(code, f"RTM_GETTCLASS on ifindex {ifindex}: "
-                                            f"{os.strerror(code)}")
-                    handle, counters = parse_class(buf, pos + NLMSG_HDR.size, pos + length)
-                    out[handle] = counters
-                pos += (length + 3) & ~3
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> "ClassCounters":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            for kind, seq, start, end in messages(buf):
+                if seq != self.seq:
+                    continue
+                if kind == NLMSG_DONE:
+                    return out
+                if kind == NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", buf, start)[0]
+                    raise OSError(code, f"RTM_GETTCLASS on ifindex {ifindex}: "
+                                        f"{os.strerror(code)}")
+                handle, counters = parse_class(buf, start, end)
+                out[handle] = counters
