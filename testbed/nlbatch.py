@@ -40,9 +40,10 @@ class RequestBatch(RawRouteSocket):
         out = []
         for msg in messages:
             length, _kind, flags, _seq, _pid = NLMSG_HDR.unpack_from(msg, 0)
-            if length != len(msg) or not flags & NLM_F_ACK:
+            if length != len(msg) or length % 4 or not flags & NLM_F_ACK:
                 raise ValueError(f"netlink message of {len(msg)} bytes (header says {length}, "
-                                 f"flags {flags:#x}): need a whole message that asks for an ACK")
+                                 f"flags {flags:#x}): need a whole message, 4-byte aligned (the "
+                                 f"next one of the batch starts there), that asks for an ACK")
             self.seq += 1
             buf = bytearray(msg)
             SEQ.pack_into(buf, SEQ_OFFSET, self.seq)

@@ -285,7 +285,10 @@ def activate(ipr: IPRoute, intf: str, d: int, *, layout: TemporalLayout | None =
     if not layout.ifindex:
         layout.ifindex = shaping._index(ipr, intf)
     old = layout.active
-    steps = ([] if old is None else [(old, "inactive")]) + [(d, "active")]
+    # Owner unknown (a switch failed part-way: the kernel applies each message on its own):
+    # every other pipeline down, so the guaranteed rates add up to L again.
+    others = [old] if old is not None else [p for p in sorted(layout.pipelines) if p != d]
+    steps = [(p, "inactive") for p in others] + [(d, "active")]
     layout.active = None
     if batch is not None:
         batch.request([switch_message(layout, p, role) for p, role in steps])

@@ -42,10 +42,12 @@ def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, wo
     like the stage-to-stage channels' I/O threads (trainer.transport): a GPU all-reduce runs on
     the GPU and the NIC and does not wait for CPU-bound neighbours; on 2 cores a normal-priority
     one did. Linux threads inherit the creating thread's policy and gloo makes its threads in
-    init_process_group, so this thread is real-time only for that call. Returns what the
-    threads got: "off", "fifo:N" or "refused:ERRNO"."""
+    init_process_group, so this thread is real-time only for that call (so is any other thread
+    made then: on rank 0 the store's server thread, idle after the rendezvous). Returns what
+    was set: "off", "fifo:N" or "refused:ERRNO" (tests/test_dp.py checks gloo's threads hold it)."""
     os.environ["GLOO_SOCKET_IFNAME"] = interface_for_ip(my_ip)
     status = "off"
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
     if io_priority is not None:
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(io_priority))
@@ -58,7 +60,7 @@ def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, wo
                                 timeout=timedelta(seconds=timeout_s))
     finally:
         if status.startswith("fifo"):
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            os.sched_setscheduler(0, *before)
     return status
 
 
