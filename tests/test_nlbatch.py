@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 NS = "nlbatch-t"
 
 PROBE = """
-import errno, json, time
+import json
 from pyroute2 import IPRoute
 from testbed import wanshare
 from testbed.nlbatch import RequestBatch

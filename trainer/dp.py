@@ -9,7 +9,6 @@ carries this worker's IP (GLOO_SOCKET_IFNAME), found with SIOCGIFADDR.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import socket
@@ -18,6 +17,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from trainer.transport import set_thread_fifo
 
 _SIOCGIFADDR = 0x8915
 
@@ -46,14 +47,8 @@ def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, wo
     made then: on rank 0 the store's server thread, idle after the rendezvous). Returns what
     was set: "off", "fifo:N" or "refused:ERRNO" (tests/test_dp.py checks gloo's threads hold it)."""
     os.environ["GLOO_SOCKET_IFNAME"] = interface_for_ip(my_ip)
-    status = "off"
     before = os.sched_getscheduler(0), os.sched_getparam(0)
-    if io_priority is not None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(io_priority))
-            status = f"fifo:{io_priority}"
-        except OSError as exc:
-            status = f"refused:{errno.errorcode.get(exc.errno, exc.errno)}"
+    status = "off" if io_priority is None else set_thread_fifo(io_priority)
     try:
         dist.init_process_group(backend="gloo", init_method=f"tcp://{master_ip}:{master_port}",
                                 rank=rank, world_size=world_size,

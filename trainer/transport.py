@@ -186,6 +186,16 @@ def _recv_exact(sock: socket.socket, buf: memoryview) -> bool:
     return True
 
 
+def set_thread_fifo(priority: int) -> str:
+    """The calling thread (alone: Linux applies sched_setscheduler(0) to it) to SCHED_FIFO at
+    priority: "fifo:<priority>", or "refused:<errno name>" and it stays as it was."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except OSError as exc:
+        return f"refused:{errno.errorcode.get(exc.errno, exc.errno)}"
+    return f"fifo:{priority}"
+
+
 class FrameError(ValueError):
     """A received frame header that this side cannot decode or accept."""
 
@@ -272,11 +282,7 @@ class Channel:
         neighbours; it blocks on its socket or queue otherwise. The kernel's RT throttling
         (sched_rt_runtime_us) still bounds it. Refused: it runs on at normal priority."""
         if self._io_priority is not None:
-            try:
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self._io_priority))
-                self.io_realtime = f"fifo:{self._io_priority}"
-            except OSError as exc:
-                self.io_realtime = f"refused:{errno.errorcode.get(exc.errno, exc.errno)}"
+            self.io_realtime = set_thread_fifo(self._io_priority)
         loop(*args)
 
     def _conn(self, i: int) -> str:

@@ -90,7 +90,7 @@ class StageWorker:
         self.prev: Channel | None = None
         self.next: Channel | None = None
         self.dp = self.cfg.replicas > 1
-        self.dp_realtime = "off"    # what gloo's threads got (init_stage_group)
+        self.dp_realtime: str | None = None   # what gloo's threads got (init_stage_group)
         self._slot_clients: list[SlotClient] = []
         # Shared GPU (BubbleTea): the host's lock, the bubble predictor, the notice socket.
         self.gpu = GpuLock(spec.gpu_lock_path) if spec.gpu_lock_path is not None else None
@@ -136,7 +136,7 @@ class StageWorker:
             io_rt = sorted({ch.io_realtime for ch in (self.next, self.prev) if ch is not None})
             self.log.span("SETUP", t0, time.time_ns(), None, device=str(self.device),
                           congestion_control=in_use, io_realtime=io_rt,
-                          allreduce_realtime=self.dp_realtime if self.dp else None)
+                          allreduce_realtime=self.dp_realtime)
             Path(self.spec.loss_path).parent.mkdir(parents=True, exist_ok=True)
             with open(self.spec.loss_path, "w") as loss_file:
                 for it in range(self.cfg.iterations):
