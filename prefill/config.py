@@ -20,6 +20,13 @@ Used by every system whose name ends in "+bubbletea" (testbed.systems); testbed.
                                  # one (prefill/profile.py's chunk cost; docs/bubbletea/design.md)
       pipeline: true             # send the next request behind the running one (no controller
                                  # round trip between two prefills of a bubble)
+      arrival_bound: true        # a bubble waiting for a message lasts at least until its last
+                                 # byte can be in: while it has not begun, now + its wire time at
+                                 # the lowest rate on its way; once it has, first byte + that
+      arrival_margin_ms: 8       # taken off that bound, in this machine's wall-clock ms (not
+                                 # dilated: what it covers is the emulation's own latency, the
+                                 # notices' and the reader thread's wait for the GIL; seen up to
+                                 # 6.5 ms here), and bytes the HTB bucket lets through together
       model: {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 256, context: 256}
       profile: h200-transformer.json
 
@@ -77,6 +84,8 @@ class BubbleTeaConfig:
     extend_bubbles: bool = False
     chunked_prefill: bool = True
     pipeline: bool = True
+    arrival_bound: bool = True
+    arrival_margin_ms: float = 8.0
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     profile: str = "h200-transformer.json"
 
@@ -102,7 +111,8 @@ class BubbleTeaConfig:
         _no_unknown(data, where, {"load", "context_rule", "ttft_deadline_ms", "guard_ms",
                                   "guard_pct", "kv_fraction", "decode_tokens_max", "model",
                                   "profile", "fill_allreduce", "extend_bubbles",
-                                  "chunked_prefill", "pipeline"})
+                                  "chunked_prefill", "pipeline", "arrival_bound",
+                                  "arrival_margin_ms"})
         load = _load(data.get("load", {}), f"{where}.load")
         rule = data.get("context_rule", "truncate")
         if rule not in CONTEXT_RULES:
@@ -139,7 +149,11 @@ class BubbleTeaConfig:
                                         f"{where}.extend_bubbles"),
                    chunked_prefill=_bool(data.get("chunked_prefill", True),
                                          f"{where}.chunked_prefill"),
-                   pipeline=_bool(data.get("pipeline", True), f"{where}.pipeline"))
+                   pipeline=_bool(data.get("pipeline", True), f"{where}.pipeline"),
+                   arrival_bound=_bool(data.get("arrival_bound", True),
+                                       f"{where}.arrival_bound"),
+                   arrival_margin_ms=_num(data.get("arrival_margin_ms", 8.0),
+                                          f"{where}.arrival_margin_ms", 0.0, 1e4))
 
 
 def _load(data: Any, where: str) -> LoadConfig:

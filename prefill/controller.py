@@ -16,6 +16,20 @@ i.e. once training runs. With chunked_prefill (profile mode), a rest no whole re
 take a chunk of one; that request then stays with its host, and its next chunks go first into
 that host's bubbles (prefill/admission.py), at most one such request per host.
 
+Arrival bound (`arrival_bound`, on by default): a bubble that waits for a neighbour's message
+lasts at least until that message's last byte is in. While the worker's notice said the message
+had not begun ("pending", with "wire_ns" and, when the neighbour making it is in this DC,
+"made_ns") and no arrival notice has come since, the bubble counts as lasting until now +
+wire_ns (+ made_ns until that neighbour's output notice comes) - margin: it rolls forward.
+The arrival notice (first byte + wire time) and the output notice (the start of the
+neighbour's op + its hold; kept until the bubble it belongs to is announced) each give an
+"end_min_ns": the bubble lasts until the latest of them - margin. Never less than the learned
+prediction.
+margin (`arrival_margin_ms`, wall clock) covers the notices' latency, the reader thread's wait
+for the GIL before it reads the first byte's time, and bytes that arrive together (HTB's
+bucket). Bubbles end later than the learned minimum whenever Atlas's slots come
+in another order; this is how the controller uses that time.
+
 Records (JSONL, docs/bubbletea/design.md): REQUEST per request (outcome served | late | expired
 | failed | unserved), DISPATCH per message answered, BUBBLE per notice (what went in, and why
 the rest stayed empty: no_request, none_fitted, rejected, host_down, used), SUMMARY at the end. SIGTERM ends it.
@@ -86,6 +100,63 @@ def prompt_for(request_id: str, n_tokens: int, vocab_size: int) -> list[int]:
     return [rng.randrange(vocab_size) for _ in range(n_tokens)]
 
 
+PENDING_KEEP_NS = 10**9   # an output notice for a bubble not yet announced is kept 1 s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Notice:
+    """One datagram from a training worker (trainer/worker.py): kind "bubble" (the GPU is idle
+    from t_idle_ns until about t_pred_end_ns), "busy" (t_ns: it took the GPU again), "arrival"
+    (the message the bubble from t_idle_ns awaits began to arrive: it is in no sooner than
+    end_min_ns) or "output" (a neighbour in this DC began the op that makes the message
+    `awaits`, which host then awaits: not in before end_min_ns)."""
+
+    kind: str
+    host: str
+    t_ns: int = 0
+    t_idle_ns: int = 0
+    t_pred_end_ns: int = 0
+    iteration: int | None = None
+    op: int | None = None
+    gaps_ns: list[int] = field(default_factory=list)
+    awaits: tuple[int, int, int] | None = None
+    pending: bool = False
+    wire_ns: int | None = None
+    made_ns: int | None = None
+    end_min_ns: int | None = None
+
+
+def _opt_int(n: dict, key: str) -> int | None:
+    return None if n.get(key) is None else int(n[key])
+
+
+def parse_notice(n: dict) -> Notice:
+    """A notice from its JSON object; KeyError, TypeError or ValueError if malformed."""
+    host = n["host"]
+    if not isinstance(host, str):
+        raise TypeError("host must be a string")
+    awaits = None if n.get("awaits") is None else tuple(int(x) for x in n["awaits"])
+    if awaits is not None and len(awaits) != 3:
+        raise ValueError("awaits must be [kind, iteration, micro-batch]")
+    if "busy_ns" in n:
+        return Notice(kind="busy", host=host, t_ns=int(n["busy_ns"]))
+    if "t_pred_end_ns" in n:
+        return Notice(kind="bubble", host=host, t_idle_ns=int(n["t_idle_ns"]),
+                      t_pred_end_ns=int(n["t_pred_end_ns"]), iteration=_opt_int(n, "iteration"),
+                      op=_opt_int(n, "op"), gaps_ns=sorted(int(g) for g in n.get("gaps_ns", [])),
+                      awaits=awaits, pending=bool(n.get("pending", False)),
+                      wire_ns=_opt_int(n, "wire_ns"), made_ns=_opt_int(n, "made_ns"),
+                      end_min_ns=_opt_int(n, "end_min_ns"))
+    end_min = int(n["end_min_ns"])
+    if "t_idle_ns" in n:
+        return Notice(kind="arrival", host=host, t_idle_ns=int(n["t_idle_ns"]),
+                      end_min_ns=end_min)
+    if awaits is None:
+        raise KeyError("awaits")
+    return Notice(kind="output", host=host, awaits=awaits, end_min_ns=end_min,
+                  t_ns=int(n.get("t_ns", end_min)))
+
+
 @dataclass
 class Bubble:
     t_idle_ns: int
@@ -99,6 +170,36 @@ class Bubble:
     t_first_pred_end_ns: int = 0
     in_flight: int = 0           # prefills of this bubble awaiting their replies (recorded after)
     closed: bool = False
+    # the arrival bound (module docstring): the message the next op waits for, as
+    # [kind, iteration, micro-batch]; its least wire time while it has not begun to arrive;
+    # the latest known time before which it cannot be in (first byte + wire time, or the end
+    # of the neighbour's op that makes it)
+    awaits: tuple[int, int, int] | None = None
+    pending: bool = False          # the message had not begun to arrive, and nothing since
+    wire_ns: int | None = None     # its least wire time
+    made_ns: int | None = None     # the hold of the neighbour's op making it (same DC)
+    made: bool = False             # that op has begun (its output notice came)
+    end_min_ns: int | None = None
+    t_bound_end_ns: int = 0        # the latest end the bound gave past the prediction
+
+    def raise_end_min(self, t_ns: int | None) -> None:
+        if t_ns is not None and (self.end_min_ns is None or t_ns > self.end_min_ns):
+            self.end_min_ns = t_ns
+
+    def end_ns(self, now_ns: int, margin_ns: int) -> int:
+        """The end admission uses now: the prediction, or the arrival bound where later."""
+        bound = self.t_pred_end_ns
+        if self.end_min_ns is not None:
+            bound = max(bound, self.end_min_ns - margin_ns)
+        if self.pending:   # its first byte comes no sooner than now, or than it is made
+            first = max(now_ns, self.end_min_ns or 0) if self.made \
+                else now_ns + (self.made_ns or 0)
+            rolling = first + (self.wire_ns or 0) - margin_ns
+            if rolling > now_ns:   # (else it says nothing)
+                bound = max(bound, rolling)
+        if bound > self.t_pred_end_ns:
+            self.t_bound_end_ns = max(self.t_bound_end_ns, bound)
+        return bound
 
     def extend(self, now_ns: int, margin_ns: int) -> bool:
         """The GPU is still idle past the predicted end (no busy notice): the gap is one of
@@ -144,6 +245,10 @@ class Controller:
         self._decode_rr = 0
         self.waiting = 0      # host agents waiting for an arrival inside an open bubble
         self.extend_margin_ns = int(EXTEND_MARGIN_MS * spec.time_scale * 1e6)
+        self.arrival_margin_ns = int(self.cfg.arrival_margin_ms * 1e6)   # wall clock
+        # per host: output notices that came before the bubble awaiting them, awaits -> end_min
+        self.pending_bounds: dict[str, dict[tuple[int, int, int], int]] = {
+            e.host: {} for e in spec.prefill_servers}
         # per host: dispatch-to-prefill-start latency (moving average), added to `now` when
         # picking, so that a request picked to fill the bubble still fits when it starts
         self.latency_ns = {e.host: int(INITIAL_LATENCY_MS * spec.time_scale * 1e6)
@@ -169,7 +274,15 @@ class Controller:
         self.log.write("BUBBLE", host=host, t_idle_ns=b.t_idle_ns,
                        t_pred_end_ns=b.t_pred_end_ns, iteration=b.iteration, op=b.op,
                        dispatched=b.dispatched, end=b.reason, extended=b.extended,
-                       t_first_pred_end_ns=b.t_first_pred_end_ns)
+                       t_first_pred_end_ns=b.t_first_pred_end_ns, wire_ns=b.wire_ns,
+                       made_ns=b.made_ns, end_min_ns=b.end_min_ns,
+                       t_bound_end_ns=b.t_bound_end_ns or None)
+
+    def end_of(self, b: Bubble, now_ns: int) -> int:   # under self.cv
+        """b's end as admission sees it now (with the arrival bound where it is on)."""
+        if not self.cfg.arrival_bound:
+            return b.t_pred_end_ns
+        return b.end_ns(now_ns, self.arrival_margin_ns)
 
     def _close(self, host: str, b: Bubble) -> None:   # under self.cv
         if self.bubbles[host] is b:
@@ -187,32 +300,53 @@ class Controller:
         while not self.stop.is_set():
             try:
                 data, _ = self._sock.recvfrom(MAX_NOTICE_BYTES)
-                n = json.loads(data)
-                host = n["host"]
-                if "busy_ns" in n:
-                    busy = int(n["busy_ns"])
-                else:
-                    start, end = int(n["t_idle_ns"]), int(n["t_pred_end_ns"])
-                    gaps = sorted(int(g) for g in n.get("gaps_ns", []))
+                n = parse_notice(json.loads(data))
             except socket.timeout:
                 continue
             except (OSError, ValueError, KeyError, TypeError):
                 continue   # a malformed notice is ignored; training never waits on us
-            if host not in self.bubbles:
+            if n.host not in self.bubbles:
                 continue
             with self.cv:
-                old = self.bubbles[host]
-                if "busy_ns" in n:     # training took the GPU: that bubble is over
-                    if old is not None and old.t_idle_ns <= busy:
-                        self._close(host, old)
-                    continue
-                self.counts["notices"] += 1
-                if old is not None:
-                    self._close(host, old)
-                self.bubbles[host] = Bubble(start, end, n.get("iteration"), n.get("op"), gaps,
-                                            t_first_pred_end_ns=end)
-                self.started.set()
+                self._on_notice(n)
+
+    def _on_notice(self, n: "Notice") -> None:   # under self.cv
+        host, old = n.host, self.bubbles[n.host]
+        if n.kind == "busy":        # training took the GPU: that bubble is over
+            if old is not None and old.t_idle_ns <= n.t_ns:
+                self._close(host, old)
+            return
+        if n.kind == "arrival":     # the awaited message began to arrive
+            if old is not None and old.t_idle_ns == n.t_idle_ns:
+                old.pending = False
+                old.made = True
+                old.raise_end_min(n.end_min_ns)
                 self.cv.notify_all()
+            return
+        if n.kind == "output":      # the neighbour began the op whose output this host awaits
+            if old is not None and old.awaits == n.awaits:
+                old.made = True
+                old.raise_end_min(n.end_min_ns)
+                self.cv.notify_all()
+            else:                   # it may come before the host goes idle
+                pending = self.pending_bounds[host]
+                pending[n.awaits] = max(pending.get(n.awaits, 0), n.end_min_ns)
+                for key in [k for k, t in pending.items() if t < n.t_ns - PENDING_KEEP_NS]:
+                    del pending[key]
+            return
+        self.counts["notices"] += 1
+        if old is not None:
+            self._close(host, old)
+        b = Bubble(n.t_idle_ns, n.t_pred_end_ns, n.iteration, n.op, n.gaps_ns,
+                   t_first_pred_end_ns=n.t_pred_end_ns, awaits=n.awaits, pending=n.pending,
+                   wire_ns=n.wire_ns, made_ns=n.made_ns)
+        b.raise_end_min(n.end_min_ns)
+        if n.awaits is not None and n.awaits in self.pending_bounds[host]:
+            b.made = True
+            b.raise_end_min(self.pending_bounds[host].pop(n.awaits))
+        self.bubbles[host] = b
+        self.started.set()
+        self.cv.notify_all()
 
     def replay(self) -> None:
         while not self.started.wait(0.2):
@@ -276,27 +410,27 @@ class Controller:
                         b.reason = "host_down"
                     self.cv.wait(0.2)
                     continue
-                if b is not None and now >= b.t_pred_end_ns + self.extend_margin_ns:
+                if b is not None and now >= self.end_of(b, now) + self.extend_margin_ns:
                     # past the predicted end and no busy notice: the GPU is still idle
                     if not (self.cfg.extend_bubbles and b.extend(now, self.extend_margin_ns)):
                         self._close(host, b)
                         b = None
-                if b is None or now >= b.t_pred_end_ns:
+                if b is None or now >= self.end_of(b, now):
                     self.cv.wait(0.05 if b is None else 0.002)
                     continue
                 self._expire(now)
                 # the prefill starts one message later: pick as of then
                 pick_at = now + self.latency_ns[host]
-                bubble_end = b.t_pred_end_ns
+                bubble_end = self.end_of(b, now)
                 r, chunk, not_after, reason = self._choose(host, pick_at, bubble_end)
                 if r is None:
                     b.reason = reason
-                    # wait for an arrival or a new notice, at most until the bubble ends
+                    # wait for an arrival or a notice, at most until the bubble's end as of now
                     self.waiting += 1
-                    self.cv.wait(max(0.0, (b.t_pred_end_ns - now) / 1e9))
+                    self.cv.wait(max(0.0, (bubble_end - now) / 1e9))
                     self.waiting -= 1
                     continue
-                jobs = [self._job(b, r, chunk, not_after, pick_at)]
+                jobs = [self._job(b, r, chunk, not_after, pick_at, bubble_end)]
             try:
                 sock.settimeout(r.predicted_ns / 1e9 + REPLY_MARGIN_S)
                 send_msg(sock, self._message(jobs[0]))
@@ -322,7 +456,7 @@ class Controller:
                 sock = None
 
     def _job(self, b: Bubble, r: Pending, chunk: tuple[int, int] | None, not_after: int,
-             pick_at: int) -> Job:      # under self.cv
+             pick_at: int, bubble_end: int) -> Job:      # under self.cv
         r.attempts += 1
         b.in_flight += 1
         decode = self.spec.decode_servers[self._decode_rr % len(self.spec.decode_servers)]
@@ -330,7 +464,7 @@ class Controller:
         predicted, guard = (r.predicted_ns, r.guard_ns) if chunk is None \
             else self.chunk_ns(*chunk)
         return Job(bubble=b, request=r, chunk=chunk, not_after_ns=not_after, pick_at_ns=pick_at,
-                   bubble_end_ns=b.t_pred_end_ns, decode=decode, predicted_ns=predicted,
+                   bubble_end_ns=bubble_end, decode=decode, predicted_ns=predicted,
                    guard_ns=guard)
 
     def _behind(self, host: str, first: Job) -> Job | None:
@@ -347,10 +481,11 @@ class Controller:
             hold = first.predicted_ns + first.guard_ns
             start = max(first.t_dispatch_ns + self.latency_ns[host], first.pick_at_ns)
             pick_at = start + hold + self.latency_ns[host] // 4
-            pick = self.queue.pick(pick_at, b.t_pred_end_ns)
+            end = self.end_of(b, time.time_ns())
+            pick = self.queue.pick(pick_at, end)
             if pick.request is None:
                 return None
-            job = self._job(b, pick.request, None, pick.not_after_ns, pick_at)
+            job = self._job(b, pick.request, None, pick.not_after_ns, pick_at, end)
             job.behind = True
             return job
 

@@ -29,6 +29,7 @@ from testbed.machine import CpuTimes
 from testbed.network import Network
 from testbed.placement import place_for_system
 from testbed.results import write_json, write_text
+from testbed.routing import bottleneck_mbit
 from testbed.slotplan import plan_slots
 from testbed.runcheck import check_faults
 from testbed.timeouts import timeouts_for
@@ -68,6 +69,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     write_json(sys_dir / "placement.json", placement.to_dict())
     write_json(sys_dir / "slot_plan.json", slots.to_dict())
     T = scenario.time_scale
+    emulated = scenario.emulated()   # the rates the network shapes
     check_faults(scenario, system)   # load_run checked it too; a caller may not have
     runner = cross = None
     up = False            # past the build: a failure from here on leaves partial results
@@ -114,7 +116,9 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                  connections=lambda a, b: connections_for(scenario, system, a, b),
                                  gate=None if sharing is None else sharing.gate_for,
                                  io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
-                                 gpu_share=None if prefill is None else prefill.gpu_share)
+                                 gpu_share=None if prefill is None else prefill.gpu_share,
+                                 inbound_rate=None if prefill is None else
+                                 lambda a, b: bottleneck_mbit(emulated, a, b))
                 except BaseException:
                     stopped_s = None if runner is None else round(runner.now_s(), 3)
                     raise

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -147,6 +149,7 @@ def test_admission_fifo_requeue_guard_and_expiry():
 def test_config_defaults_and_errors():
     cfg = BubbleTeaConfig.from_dict({"load": {"trace": "code", "rate_multiplier": 20}})
     assert cfg.load.kind == "replay" and cfg.guard_for_ms(100.0) == pytest.approx(7.0)
+    assert cfg.arrival_bound and cfg.arrival_margin_ms == 8.0
     assert BubbleTeaConfig.from_dict({"load": {"poisson_per_s": 5}}).load.kind == "poisson"
     for c in (cfg, BubbleTeaConfig.from_dict({"load": {"poisson_per_s": 5}})):
         assert BubbleTeaConfig.from_settings(c.to_dict()) == c
@@ -156,7 +159,9 @@ def test_config_defaults_and_errors():
                        ({"model": {"n_embd": 30, "n_head": 4}}, "bubbletea.model.n_head"),
                        ({"load": {"poisson_per_s": 5, "rate_multiplier": 2}},
                         "bubbletea.load.rate_multiplier"),
-                       ({"speed": 1}, "bubbletea.speed")):
+                       ({"speed": 1}, "bubbletea.speed"),
+                       ({"arrival_bound": 1}, "bubbletea.arrival_bound"),
+                       ({"arrival_margin_ms": -1}, "bubbletea.arrival_margin_ms")):
         with pytest.raises(ScenarioError) as err:
             BubbleTeaConfig.from_dict(bad)
         assert err.value.field == field and "\n" not in str(err.value)
@@ -259,6 +264,143 @@ def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
     assert b.extend(39 * MS, 1 * MS) and b.t_pred_end_ns == 77 * MS and b.extended == 1
     assert b.extend(76.5 * MS, 1 * MS) and b.t_pred_end_ns == 96 * MS   # 77 is within margin
     assert not b.extend(97 * MS, 1 * MS) and b.t_pred_end_ns == 96 * MS
+
+
+def test_notices_parse_by_kind_and_refuse_malformed_ones():
+    from prefill.controller import parse_notice
+    b = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9, "iteration": 3, "op": 2,
+                      "gaps_ns": [9, 4], "awaits": [1, 3, 0], "pending": True, "wire_ns": 7,
+                      "made_ns": 6})
+    assert (b.kind, b.t_idle_ns, b.t_pred_end_ns, b.gaps_ns, b.awaits) == \
+        ("bubble", 5, 9, [4, 9], (1, 3, 0))
+    assert (b.pending, b.wire_ns, b.made_ns, b.end_min_ns) == (True, 7, 6, None)
+    old = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9})   # no bound fields
+    assert (old.awaits, old.pending, old.wire_ns, old.made_ns) == (None, False, None, None)
+    assert parse_notice({"host": "h1", "busy_ns": 12}).kind == "busy"
+    a = parse_notice({"host": "h1", "t_idle_ns": 5, "end_min_ns": 30})
+    assert (a.kind, a.t_idle_ns, a.end_min_ns) == ("arrival", 5, 30)
+    o = parse_notice({"host": "h1", "awaits": [2, 3, 1], "end_min_ns": 40})
+    assert (o.kind, o.awaits, o.end_min_ns) == ("output", (2, 3, 1), 40)
+    for bad in ({}, {"host": 3, "busy_ns": 1}, {"host": "h1", "end_min_ns": 4},
+                {"host": "h1", "awaits": [1, 2], "end_min_ns": 4},
+                {"host": "h1", "t_idle_ns": "x", "t_pred_end_ns": 2}):
+        with pytest.raises((KeyError, TypeError, ValueError)):
+            parse_notice(bad)
+
+
+def test_arrival_bound_rolls_while_nothing_is_heard_then_holds():
+    from prefill.controller import Bubble
+    margin = 2 * MS
+    b = Bubble(t_idle_ns=0, t_pred_end_ns=30 * MS, iteration=3, op=1, pending=True,
+               wire_ns=50 * MS, made_ns=20 * MS, awaits=(2, 3, 1))
+    assert b.end_ns(0, margin) == 68 * MS               # made (20) + wire (50) - margin, > 30
+    assert b.end_ns(10 * MS, margin) == 78 * MS         # it rolls with now
+    b.made = True
+    b.raise_end_min(40 * MS)                            # its op began at 20: made at 40
+    assert b.end_ns(15 * MS, margin) == 88 * MS         # first byte >= 40, then 50 of wire
+    assert b.end_ns(60 * MS, margin) == 108 * MS        # not begun by 60: >= 60 + 50
+    b.pending = False
+    b.raise_end_min(115 * MS)                           # first byte at 65: in >= 115
+    assert b.end_ns(70 * MS, margin) == b.end_ns(90 * MS, margin) == 113 * MS
+    assert b.t_bound_end_ns == 113 * MS                 # the latest it gave
+    b.raise_end_min(20 * MS)                            # a lower bound never lowers it
+    assert b.end_min_ns == 115 * MS
+    plain = Bubble(t_idle_ns=0, t_pred_end_ns=30 * MS, iteration=3, op=1)
+    assert plain.end_ns(10 * MS, margin) == 30 * MS and plain.t_bound_end_ns == 0
+    short = Bubble(t_idle_ns=0, t_pred_end_ns=30 * MS, iteration=3, op=1, pending=True,
+                   wire_ns=1 * MS)                      # a wire time under the margin
+    assert short.end_ns(40 * MS, margin) == 30 * MS     # says nothing: never past now
+
+
+@settings(max_examples=300, deadline=None)
+@given(made_start_ms=st.floats(0, 200), hold_ms=st.floats(0, 60), wait_ms=st.floats(0, 100),
+       wire_ms=st.floats(0, 80), slower_ms=st.floats(0, 40), pred_ms=st.floats(1, 300),
+       latency_ms=st.floats(0, 2), same_dc=st.booleans(), asks=st.lists(st.floats(0, 1),
+                                                                        max_size=20))
+def test_arrival_bound_never_passes_the_message(made_start_ms, hold_ms, wait_ms, wire_ms,
+                                                slower_ms, pred_ms, latency_ms, same_dc, asks):
+    """A message made by an op of `hold` that starts at made_start, sent after it and some wait
+    (the WAN slot), whose bytes take at least their wire time (more when slower): with every
+    notice heard within the margin, the end admission sees, past the prediction, is never later
+    than the last byte."""
+    from prefill.controller import Bubble
+    margin = 2 * MS
+    made_end = made_start_ms + hold_ms
+    first = made_end + wait_ms
+    last = first + wire_ms + slower_ms
+    b = Bubble(t_idle_ns=0, t_pred_end_ns=int(pred_ms * MS), iteration=3, op=1, pending=True,
+               wire_ns=int(wire_ms * MS), made_ns=int(hold_ms * MS) if same_dc else None)
+    heard_made, heard_first = made_start_ms + latency_ms, first + latency_ms
+    for now_ms in sorted(x * last for x in asks):
+        if same_dc and now_ms >= heard_made and not b.made:
+            b.made = True
+            b.raise_end_min(int(made_end * MS))
+        if now_ms >= heard_first and b.pending:
+            b.pending = False
+            b.raise_end_min(int((first + wire_ms) * MS))
+        end = b.end_ns(int(now_ms * MS), margin)
+        if end > b.t_pred_end_ns:
+            assert end <= last * MS + 1, (now_ms, end / MS, last)
+
+
+def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
+    import json as _json
+    from prefill.controller import Controller, ControllerSpec, Endpoint, parse_notice
+    (tmp_path / "requests.json").write_text(_json.dumps([]))
+    spec = ControllerSpec(dc="a", host="a-d1", ip="127.0.0.1", notice_port=0,
+                          records_path=str(tmp_path / "records.jsonl"),
+                          requests_path=str(tmp_path / "requests.json"),
+                          prefill_servers=[Endpoint(host="a-h1", ip="127.0.0.1", port=9)],
+                          decode_servers=[Endpoint(host="a-d1", ip="127.0.0.1", port=9)],
+                          bubbletea=BubbleTeaConfig().to_dict(), time_scale=4.0)
+    ctl = Controller(spec)
+    try:
+        margin = ctl.arrival_margin_ns
+        assert margin == 8 * MS                         # wall clock: not x time_scale
+        with ctl.cv:
+            # the neighbour began the op making B1 of iteration 3 before a-h1 went idle
+            ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 1],
+                                         "end_min_ns": 90 * MS}))
+            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 10 * MS,
+                                         "t_pred_end_ns": 40 * MS, "awaits": [2, 3, 1],
+                                         "pending": True, "wire_ns": 1 * MS,
+                                         "made_ns": 50 * MS}))
+            b = ctl.bubbles["a-h1"]
+            assert b.made and b.end_min_ns == 90 * MS and ctl.pending_bounds["a-h1"] == {}
+            assert ctl.end_of(b, 20 * MS) == 91 * MS - margin     # made at 90, then 1 of wire
+            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 10 * MS,
+                                         "end_min_ns": 95 * MS}))   # its first byte came
+            assert not b.pending and ctl.end_of(b, 93 * MS) == 95 * MS - margin
+            # the next bubble: its output notice comes while it is open
+            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 200 * MS,
+                                         "t_pred_end_ns": 230 * MS, "awaits": [2, 3, 2],
+                                         "pending": True, "wire_ns": 1 * MS,
+                                         "made_ns": 50 * MS}))
+            b2 = ctl.bubbles["a-h1"]
+            assert b.closed and b2 is not b and not b2.made
+            assert ctl.end_of(b2, 210 * MS) == 261 * MS - margin   # not made yet: rolling
+            ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 9],
+                                         "end_min_ns": 300 * MS}))  # another message's: kept
+            assert b2.end_min_ns is None and (2, 3, 9) in ctl.pending_bounds["a-h1"]
+            ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 2],
+                                         "end_min_ns": 250 * MS}))
+            assert b2.made and ctl.end_of(b2, 215 * MS) == 251 * MS - margin
+            ctl._on_notice(parse_notice({"host": "a-h1", "busy_ns": 252 * MS}))
+            assert b2.closed and ctl.bubbles["a-h1"] is None
+        off = Controller(dataclasses.replace(
+            spec, bubbletea=BubbleTeaConfig(arrival_bound=False).to_dict()))
+        try:
+            with off.cv:
+                off._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 0,
+                                             "t_pred_end_ns": 30 * MS, "pending": True,
+                                             "wire_ns": 50 * MS}))
+                assert off.end_of(off.bubbles["a-h1"], 0) == 30 * MS   # the prediction only
+        finally:
+            off._sock.close()
+            off.log.close()
+    finally:
+        ctl._sock.close()
+        ctl.log.close()
 
 
 def test_timeline_marks_an_overlap(tmp_path):

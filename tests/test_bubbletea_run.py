@@ -10,6 +10,8 @@ lock) and one decode server killed by the scenario's faults. Checked from the re
 - every decoded continuation equals a plain greedy generation of the same prompt by the same
   model (the KV cache went over the emulated network to the decode host);
 - every admitted prefill fitted the bubble it was admitted into, by the controller's own numbers;
+- the arrival bound (a bubble waiting for a WAN message lasts at least its wire time) is used,
+  and no prefill it admitted was given an end past the training op's start (beyond the margin);
 - deadline misses are counted: every arrived request has one outcome, and expired + late ones
   add up to the reported misses;
 - GPU utilization with BubbleTea is above the training-only figure.
@@ -127,8 +129,9 @@ def test_admitted_prefills_fitted_their_bubbles(result):
         b = bubbles[(q["host"], q["bubble_t_idle_ns"])]
         assert q["id"] in b["dispatched"]
         # the bubble's end when it was admitted: the first prediction, or a later one
-        # (extended: it outlasted that, trainer.bubbles' next longer gap)
-        assert b["t_first_pred_end_ns"] <= q["bubble_end_ns"] <= b["t_pred_end_ns"]
+        # (extended: it outlasted that, trainer.bubbles' next longer gap), or the arrival bound
+        assert b["t_first_pred_end_ns"] <= q["bubble_end_ns"] \
+            <= max(b["t_pred_end_ns"], b["t_bound_end_ns"] or 0)
         # admitted only if prediction + guard fitted before the bubble's predicted end, as of
         # when the prefill was expected to start (behind another: when that one ends)
         assert q["t_pick_at_ns"] + (q["predicted_ms"] + q["guard_ms"]) * 1e6 \
@@ -144,6 +147,30 @@ def test_admitted_prefills_fitted_their_bubbles(result):
         if q["chunk"]:
             assert q["ran"] == [p["chunk_start"], p["chunk_end"]]
             assert p["chunk_start"] == q["chunk"][0] < p["chunk_end"] <= q["chunk"][1]
+
+
+def test_the_arrival_bound_is_used_and_holds(result):
+    """Stage 1's bubbles wait for activations over the WAN: their notices carry the message's
+    wire time, and every prefill admitted past the learned prediction (on the arrival bound)
+    was admitted for an end no later than the training op's start, give or take the margin
+    (the emulation's own latency, prefill/config.py)."""
+    _, spans, records, _ = result
+    bubbles = {(r["host"], r["t_idle_ns"]): r for r in records if r["name"] == "BUBBLE"}
+    assert [b for b in bubbles.values() if b["wire_ns"] and b["host"] == "we-h1"]
+    starts: dict[str, list[int]] = {}
+    for r in spans:
+        if r["name"] in ("F", "B", "OPT", "GPU_WAIT"):
+            starts.setdefault(r["host"], []).append(r["t_start_ns"])
+    for v in starts.values():
+        v.sort()
+    margin_ns = 8e6
+    for q in records:
+        if q["name"] != "DISPATCH" or not q["ok"]:
+            continue
+        b = bubbles[(q["host"], q["bubble_t_idle_ns"])]
+        if q["bubble_end_ns"] > b["t_pred_end_ns"]:
+            op_start = min(t for t in starts[q["host"]] if t > b["t_idle_ns"])
+            assert q["bubble_end_ns"] <= op_start + margin_ns, (q, op_start)
 
 
 def test_every_request_has_one_outcome_and_misses_are_counted(result):

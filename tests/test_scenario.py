@@ -737,3 +737,19 @@ def test_host_sysctls_real_server_buffers_at_every_scale_and_dilated_rto_min():
     assert host_tcp_sysctls(100.0)["net.ipv4.tcp_rmem"].endswith(" 62914")
     assert "net.ipv4.tcp_rto_min_us" not in one
     assert host_tcp_sysctls(100.0, 10.0)["net.ipv4.tcp_rto_min_us"] == "2000000"
+
+
+def test_bottleneck_is_the_lowest_rate_on_the_routed_path():
+    from testbed.routing import bottleneck_mbit
+    data = {"name": "line", "dcs": [{"name": "a", "hosts": 1, "rate_mbit": 1000},
+                                     {"name": "b", "hosts": 1},
+                                     {"name": "c", "hosts": 1, "rate_mbit": 40}],
+            "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 100},
+                    {"between": ["b", "c"], "delay_ms": 10, "rate_mbit": 50}],
+            "time_scale": 4}
+    sc = parse_scenario(data)
+    assert bottleneck_mbit(sc, "a", "b") == 100          # a's host link is faster
+    assert bottleneck_mbit(sc, "a", "c") == 40           # via b: 100, 50, then c's 40
+    assert bottleneck_mbit(sc, "a", "a") == 1000         # one DC: its host links
+    assert bottleneck_mbit(sc, "b", "b") is None         # unshaped veths
+    assert bottleneck_mbit(sc.emulated(), "a", "c") == 10   # what the network shapes (/4)

@@ -6,6 +6,10 @@
   its bubbles by UDP to a socket of this test and logs them as IDLE spans; a "hog" that takes
   one host's GPU lock at each of its notices and keeps it 30 ms past the predicted end (a prefill
   that overruns) makes that worker wait (GPU_WAIT), and never computes at the same time as it;
+- the arrival bounds (trainer/worker.py): each notice names the message its op awaits, with
+  its wire time while it has not begun (then one arrival notice at its first byte) or first byte
+  + wire time once it has, and between hosts of one DC the maker's output notices at the start
+  of the op making each message; all checked against the run's spans;
 - without gpu_share the run has no lock, no notices, no new spans.
 """
 
@@ -106,6 +110,7 @@ class Controller:
         self.hog = hog
         self.notices: list[dict] = []
         self.busy: list[dict] = []
+        self.bounds: list[dict] = []
         self.hogged: list[tuple[int, int]] = []      # (acquired ns, released ns)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -123,6 +128,9 @@ class Controller:
             if "busy_ns" in notice:          # training took the GPU again
                 self.busy.append(notice)
                 continue
+            if "t_pred_end_ns" not in notice:   # an arrival or output notice (bounds)
+                self.bounds.append(notice)
+                continue
             self.notices.append(notice)
             if self.hog is not None and notice["host"] == HOG_HOST and self.hog.try_acquire():
                 t_acq = time.time_ns()
@@ -138,8 +146,9 @@ class Controller:
         self.sock.close()
 
 
-def run(tmp_path: Path, share: bool, hog: bool = False) -> tuple[TrainRun, Controller]:
-    lock_path = {h.name: tmp_path / "gpu" / f"{h.name}.lock" for h in HOSTS}
+def run(tmp_path: Path, share: bool, hog: bool = False, hosts: list[HostInfo] = HOSTS,
+        inbound_rate=None) -> tuple[TrainRun, Controller]:
+    lock_path = {h.name: tmp_path / "gpu" / f"{h.name}.lock" for h in hosts}
     controller = Controller(GpuLock(lock_path[HOG_HOST]) if hog else None)
 
     def gpu_share(host: str) -> dict:
@@ -148,9 +157,9 @@ def run(tmp_path: Path, share: bool, hog: bool = False) -> tuple[TrainRun, Contr
 
     spawner = LocalSpawner()
     try:
-        result = launch(profile_cfg(), HOSTS, tmp_path / "run", spawner, scale=100,
+        result = launch(profile_cfg(), hosts, tmp_path / "run", spawner, scale=100,
                         base_port=free_base_port(4), timeout_s=60,
-                        gpu_share=gpu_share if share else None)
+                        gpu_share=gpu_share if share else None, inbound_rate=inbound_rate)
     finally:
         spawner.stop_all()
         controller.close()
@@ -163,9 +172,66 @@ def op_label(r: dict) -> str:
     return "OPT" if r["name"] == "OPT" else f"{r['name']}{r['microbatch']}"
 
 
+def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
+                 same_dc: bool) -> None:
+    """The arrival-bound fields of every notice (trainer/worker.py) against the run's spans."""
+    cfg = profile_cfg()
+    spans = read_jsonl(result.spans_path)
+    rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
+    recv = {(r["host"], r["name"][-1], r["iteration"], r["microbatch"]): r for r in spans
+            if r["name"] in ("RECV_F", "RECV_B")}
+    starts = {(r["host"], r["name"], r["iteration"], r["microbatch"]): r["t_start_ns"]
+              for r in spans if r["name"] in ("F", "B")}
+    specs = {s.host: s for s in result.specs}
+    pending = {}
+    for n in controller.notices:
+        op = [*rows[specs[n["host"]].stage], "OPT"][n["op"]]
+        waits = op != "OPT" and ((op[0] == "F" and specs[n["host"]].stage == 1)
+                                 or (op[0] == "B" and specs[n["host"]].stage == 0))
+        assert ("awaits" in n) == waits, n
+        if not waits:
+            continue
+        code = 1 if op[0] == "F" else 2
+        assert n["awaits"] == [code, n["iteration"], int(op[1:])], n
+        inbound = specs[n["host"]].inbound_prev if code == 1 else specs[n["host"]].inbound_next
+        assert inbound["rate_mbit"] == rate_mbit and inbound["same_dc"] == same_dc
+        r = recv[(n["host"], op[0], n["iteration"], int(op[1:]))]
+        wire = int(r["bytes"] * 8 / (rate_mbit * 1e6) * 1e9)
+        if n.get("pending"):          # not begun when the notice went: its first byte after
+            assert n["wire_ns"] == wire and r["t_first_ns"] >= n["t_idle_ns"], (n, r)
+            assert ("made_ns" in n) == same_dc
+            if same_dc:
+                assert n["made_ns"] == int(inbound["hold_ms"] * 1e6) > 0
+            pending[(n["host"], n["t_idle_ns"])] = r
+        elif "end_min_ns" in n:       # begun: first byte + wire time
+            assert n["end_min_ns"] == r["t_first_ns"] + wire, (n, r)
+    arrivals = [b for b in controller.bounds if "t_idle_ns" in b]
+    outputs = [b for b in controller.bounds if "awaits" in b]
+    assert len(arrivals) + len(outputs) == len(controller.bounds)
+    # one arrival notice per pending bubble, at its message's first byte
+    assert sorted((b["host"], b["t_idle_ns"]) for b in arrivals) == sorted(pending), arrivals
+    for b in arrivals:
+        r = pending[(b["host"], b["t_idle_ns"])]
+        assert b["end_min_ns"] == r["t_first_ns"] + int(r["bytes"] * 8 / (rate_mbit * 1e6)
+                                                          * 1e9)
+    if not same_dc:
+        assert outputs == []          # another DC's controller would hear it a WAN delay late
+        return
+    # one output notice per message sent, at the start of the op making it + that op's hold
+    sent = [r for r in spans if r["name"] in ("SEND_F", "SEND_B")]
+    assert len(outputs) == len(sent) > 0
+    for b in outputs:
+        code, it, mb = b["awaits"]
+        maker = [s for s in result.specs if s.host != b["host"]][0]
+        name = "F" if code == 1 else "B"
+        hold = maker.hold_forward_ms if code == 1 else maker.hold_backward_ms
+        assert b["end_min_ns"] == starts[(maker.host, name, it, mb)] + int(hold * 1e6), b
+        assert b["end_min_ns"] <= recv[(b["host"], name, it, mb)]["t_arrived_ns"]
+
+
 def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     cfg = profile_cfg()
-    result, controller = run(tmp_path, share=True, hog=True)
+    result, controller = run(tmp_path, share=True, hog=True, inbound_rate=lambda a, b: 50.0)
     spans = read_jsonl(result.spans_path)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
     ops = {h.name: [*rows[s], "OPT"] for s, h in enumerate(HOSTS)}
@@ -185,7 +251,9 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
         assert set(n) == {"host", "busy_ns"} and (n["host"], n["busy_ns"]) in starts, n
     assert len(controller.busy) == len(compute)
     for n in notices:
-        assert set(n) == {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"}, n
+        assert {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"} <= set(n) \
+            <= {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns", "awaits",
+                "pending", "wire_ns", "made_ns", "end_min_ns"}, n
         gaps = n["gaps_ns"]                                      # learned gaps, ascending
         assert gaps == sorted(gaps) and n["t_pred_end_ns"] - n["t_idle_ns"] == gaps[0], n
         assert n["host"] in ops and 0 <= n["op"] < len(ops[n["host"]]), n
@@ -222,6 +290,9 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
             for t0, t1 in controller.hogged:
                 assert r["t_end_ns"] <= t0 or r["t_start_ns"] >= t1, (r, (t0, t1))
 
+    # (c) the arrival bounds: every field as the spans say (hosts in two DCs: no output notice)
+    check_bounds(result, controller, 50.0, same_dc=False)
+
     # the timeline draws the waits and, given the hog's intervals as prefills, those too
     from trainer.timeline_plot import plot_timeline
     prefills = [{"name": "PREFILL", "host": HOG_HOST, "t_start_ns": t0, "t_end_ns": t1}
@@ -229,6 +300,15 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     out = plot_timeline(result.spans_path, tmp_path / "tl.png", iteration=waits[0]["iteration"],
                         extra_spans=prefills)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_output_notices_between_hosts_of_one_dc(tmp_path):
+    """Both stages in one DC: the maker of each message tells the controller when the op making
+    it started, and the waiting host's notices carry that op's hold (made_ns)."""
+    hosts = [HostInfo(name=h.name, ip=h.ip, dc="dc0") for h in HOSTS]
+    result, controller = run(tmp_path, share=True, hosts=hosts, inbound_rate=lambda a, b: 80.0)
+    assert controller.notices and [n for n in controller.notices if n.get("pending")]
+    check_bounds(result, controller, 80.0, same_dc=True)
 
 
 def test_without_gpu_share_nothing_changes(tmp_path):

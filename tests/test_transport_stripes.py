@@ -175,6 +175,40 @@ def test_stripes_arriving_shuffled_on_any_connection(k):
             t.join(5)
 
 
+def test_arrival_is_seen_at_the_first_stripe_header_once_per_message():
+    """`arrival()` and `on_arrival` (BubbleTea's arrival bound): nothing before any byte; at the
+    first stripe's header, one call with the message's whole size, however many stripes; the
+    message complete once all are in; nothing once it is taken."""
+    tensor = torch.arange(10_000, dtype=torch.float32)             # 40 kB + 60 kB of padding
+    f = frames(KIND_ACT, 7, 2, tensor, 100_000, 4)
+    seen = []
+    with raw_peer(4) as (ch, socks):
+        ch.on_arrival = seen.append
+        assert ch.arrival(KIND_ACT, 7, 2) is None
+        t0 = time.time_ns()
+        socks[2].sendall(f[2][:HEADER.size + 10])                   # stripe 2 starts first
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.001)
+        a = ch.arrival(KIND_ACT, 7, 2)
+        assert a is not None and not a.complete
+        assert (a.kind, a.iteration, a.microbatch, a.total_bytes) == (KIND_ACT, 7, 2, 100_000)
+        assert t0 <= a.t_first_ns <= time.time_ns()
+        assert seen == [a]                                          # the same facts, once
+        socks[2].sendall(f[2][HEADER.size + 10:])
+        for i in (0, 1, 3):
+            socks[i].sendall(f[i])
+        got = ch.recv(KIND_ACT, 7, 2, timeout_s=5)
+        assert torch.equal(got.tensor, tensor) and got.t_first_ns == a.t_first_ns
+        assert ch.arrival(KIND_ACT, 7, 2) is None                   # taken
+        assert len(seen) == 1
+        socks[0].sendall(frames(KIND_GRAD, 7, 3, tensor, 0, 1)[0])  # another message: a call
+        done = ch.recv(KIND_GRAD, 7, 3, timeout_s=5)
+        assert [(x.kind, x.microbatch, x.total_bytes) for x in seen] == \
+            [(KIND_ACT, 2, 100_000), (KIND_GRAD, 3, 40_000)]
+        assert seen[1].t_first_ns == done.t_first_ns
+
+
 # -- a connection lost mid-message --------------------------------------------------------------
 
 def _reset(sock: socket.socket) -> None:

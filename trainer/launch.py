@@ -85,7 +85,9 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                  connections: Callable[[str, str], int] | None = None,
                  gate: Callable[[str, str, int], dict | None] | None = None,
                  io_priority: int | None = None,
-                 gpu_share: Callable[[str], dict | None] | None = None) -> list[WorkerSpec]:
+                 gpu_share: Callable[[str], dict | None] | None = None,
+                 inbound_rate: Callable[[str, str], float | None] | None = None
+                 ) -> list[WorkerSpec]:
     """One spec per worker, in stage-major order. Ports: stage s>0 replica r listens on
     base_port + s*D + r; stage s's gloo store is on base_port + P*D + s (at replica 0's IP).
     scale divides every padded byte count (the emulated WAN is scaled down by the same factor);
@@ -100,7 +102,11 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
     gpu_share(host): how the host's GPU is shared with a prefill server (BubbleTea):
     {"gpu_lock_path": str, "bubble_notify": {"ip", "port", "allreduce"} | None}, or None (not
     shared; "allreduce": also announce the gap that holds the gradient all-reduce); the
-    worker then holds that lock for its compute and announces its bubbles (trainer/worker.py)."""
+    worker then holds that lock for its compute and announces its bubbles (trainer/worker.py).
+    inbound_rate(src_dc, dst_dc): the lowest rate (Mbit/s, as the network shapes it) on the way
+    from a host in src_dc to one in dst_dc, or None (unshaped); with the neighbours' padded
+    message bytes and the hold of the op that makes the message it becomes the spec's
+    inbound_prev / inbound_next (profile mode; what bounds a bubble's end: trainer/worker.py)."""
     if scale <= 0 or time_scale <= 0:
         raise ValueError(f"scale and time_scale must be > 0, got {scale}, {time_scale}")
 
@@ -128,13 +134,13 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
             if s > 0:
                 ph = place[s - 1][r]
                 prev = Peer(name=worker_name(s - 1, r, ph.name), host=ph.name, ip=ph.ip,
-                            port=base_port + s * D + r)
+                            port=base_port + s * D + r, dc=ph.dc)
                 k_prev = k_of(ph, h)
                 gate_prev = gate(h.dc, ph.dc, r) if gate is not None else None
             if s < P - 1:
                 nh = place[s + 1][r]
                 nxt = Peer(name=worker_name(s + 1, r, nh.name), host=nh.name, ip=nh.ip,
-                           port=base_port + (s + 1) * D + r)
+                           port=base_port + (s + 1) * D + r, dc=nh.dc)
                 k_next = k_of(h, nh)
                 gate_next = gate(h.dc, nh.dc, r) if gate is not None else None
             hold_f = hold_b = hold_o = 0.0
@@ -146,6 +152,17 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 ar_pad = int(costs[s].gradient_bytes / scale)
             tag = f"trainer-s{s}r{r}"
             lock_path, notify = _gpu_share_of(gpu_share, h.name)
+            inbound = {}
+            for key, peer, stage in (("prev", prev, s - 1), ("next", nxt, s + 1)):
+                if peer is None or inbound_rate is None or costs is None:
+                    continue
+                src = place[stage][r]
+                rate = inbound_rate(src.dc, h.dc)
+                # the op that makes the message: F of the stage before, B of the one after
+                made = costs[stage].forward_ms if key == "prev" else costs[stage].backward_ms
+                inbound[key] = {"rate_mbit": None if rate is None else float(rate),
+                                "bytes": int(costs[stage].activation_bytes / scale),
+                                "hold_ms": made * time_scale, "same_dc": src.dc == h.dc}
             specs.append(WorkerSpec(
                 run_id=run_dir.name, name=name, stage=s, replica=r, host=h.name, ip=h.ip,
                 dc=h.dc, listen_port=base_port + s * D + r if s > 0 else None, prev=prev,
@@ -158,7 +175,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
                 connect_timeout_s=connect_timeout_s, recv_timeout_s=recv_timeout_s,
                 congestion_control=congestion_control, connections_next=k_next,
                 connections_prev=k_prev, gate_next=gate_next, gate_prev=gate_prev,
-                io_priority=io_priority, gpu_lock_path=lock_path, bubble_notify=notify))
+                io_priority=io_priority, gpu_lock_path=lock_path, bubble_notify=notify,
+                inbound_prev=inbound.get("prev"), inbound_next=inbound.get("next")))
     return specs
 
 
@@ -212,16 +230,19 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
            connections: Callable[[str, str], int] | None = None,
            gate: Callable[[str, str, int], dict | None] | None = None,
            io_priority: int | None = None,
-           gpu_share: Callable[[str], dict | None] | None = None) -> TrainRun:
+           gpu_share: Callable[[str], dict | None] | None = None,
+           inbound_rate: Callable[[str, str], float | None] | None = None) -> TrainRun:
     """Run training to the end; raise TestbedError (with the failing worker's log tail) if any
     worker fails or the run passes timeout_s. hosts are in topology order; scale divides padded
     message sizes; connections(src_dc, dst_dc) is K per stage-to-stage channel and gpu_share(host)
-    the host's GPU lock and bubble-notice address (plan_workers)."""
+    the host's GPU lock and bubble-notice address, inbound_rate(src_dc, dst_dc) the lowest
+    rate between (plan_workers)."""
     run_dir = Path(run_dir)
     specs = plan_workers(cfg, hosts, run_dir, scale, base_port, connect_timeout_s,
                          recv_timeout_s=max(30.0, timeout_s), time_scale=time_scale,
                          congestion_control=congestion_control, connections=connections,
-                         gate=gate, io_priority=io_priority, gpu_share=gpu_share)
+                         gate=gate, io_priority=io_priority, gpu_share=gpu_share,
+                         inbound_rate=inbound_rate)
     plan_path = run_dir / "trainer_plan.json"
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = {"config": cfg.to_dict(), "scale": scale, "time_scale": time_scale,

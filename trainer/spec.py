@@ -9,6 +9,8 @@ channels; both ends of a channel get the same K. `gpu_lock_path` (trainer/gpuloc
 host's GPU lock the worker holds for every F, B and OPT when the host's GPU is shared with a
 prefill server (BubbleTea), and `bubble_notify` the UDP address of the DC's controller the worker
 announces its predicted bubbles to (trainer/bubbles.py); both None in a plain training run.
+`inbound_prev` / `inbound_next` say how fast a message from that neighbour can arrive at most
+(profile mode: its padded bytes and the lowest rate on its way).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Peer:
     host: str
     ip: str
     port: int
+    dc: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,6 +89,14 @@ class WorkerSpec(SpecFile):
     # controller's UDP address for bubble notices ({"ip": str, "port": int}, or None).
     gpu_lock_path: str | None = None
     bubble_notify: dict | None = None
+    # How a message from prev / next comes (profile mode, BubbleTea; else None): {"rate_mbit":
+    # the lowest rate on its way as the network shapes it (None: unshaped), "bytes": the
+    # neighbour's padded message bytes, "hold_ms": the hold of the neighbour's op that makes it
+    # (F of prev, B of next), "same_dc": whether the neighbour is in this DC}. A message of N
+    # bytes takes at least N * 8 / rate after its first byte, and comes no sooner than hold_ms
+    # after its op starts: lower bounds on the bubble that waits for it (trainer/worker.py).
+    inbound_prev: dict | None = None
+    inbound_next: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkerSpec:

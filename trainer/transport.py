@@ -35,6 +35,10 @@ timing policy (trainer/worker.py decides what to send when).
   its stripes are in; `recv()` waits for it with a deadline. Every header is validated before
   anything is allocated (FrameError); an error on any connection (reset, EOF inside a frame,
   a bad header) makes recv() raise ConnectionError naming the peer and the connection at once.
+  `arrival(kind, iteration, mb)` says whether a message has begun to arrive (its first stripe's
+  header, when, and the message's bytes), and `on_arrival` (settable, None by default) is called
+  from the reader thread, outside the channel's lock, when a message's first stripe header
+  arrives: `on_arrival(Arrival)` (BubbleTea: the wire time still ahead bounds a bubble's end).
   A connection i that ends cleanly between frames ends only its own reader, unless a message
   still lacks its stripe i (an error, as above); once all K have ended, recv() reports the
   peer closed.
@@ -105,6 +109,19 @@ class Received:
     t_first_ns: int        # the first stripe's header arrived
     t_last_ns: int         # the last byte of the last stripe arrived
     stripes: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A message that has begun to arrive: its first stripe's header came at t_first_ns; it has
+    payload + pad bytes in all; complete once every stripe is in."""
+
+    kind: int
+    iteration: int
+    microbatch: int
+    t_first_ns: int
+    total_bytes: int
+    complete: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +280,7 @@ class Channel:
         self._unsent = 0        # messages the sender dropped (after an error, or cut by close)
         self._cut = False       # close() passed its deadline: the sender starts nothing more
         self._closed = False
+        self.on_arrival: Callable[[Arrival], None] | None = None
         k = self.connections
         self._stripe_qs: list[queue.Queue[_StripeJob | None]] = [queue.Queue() for _ in range(k)]
         self._sender = threading.Thread(target=self._io, args=(self._send_loop,),
@@ -419,6 +437,19 @@ class Channel:
                 self._cond.wait(left)
             return self._slots.pop(key)
 
+    def arrival(self, kind: int, iteration: int, microbatch: int) -> Arrival | None:
+        """That message's arrival so far (None: no stripe of it yet, or already taken)."""
+        key = (kind, iteration, microbatch)
+        with self._cond:
+            if key in self._slots:
+                got = self._slots[key]
+                return Arrival(kind, iteration, microbatch, got.t_first_ns,
+                               got.payload_bytes + got.pad_bytes, complete=True)
+            asm = self._partial.get(key)
+            if asm is None:
+                return None
+            return Arrival(kind, iteration, microbatch, asm.t_first_ns, asm.payload + asm.pad)
+
     def _recv_loop(self, i: int) -> None:
         sock = self.socks[i]
         hbuf = bytearray(HEADER.size)
@@ -434,8 +465,11 @@ class Channel:
                 _check_header(magic, kind, code, ndim, iteration, mb, payload, pad, shape,
                               offset, length, index, count, self.connections)
                 key = (kind, iteration, mb)
-                asm = self._claim_stripe(key, code, ndim, tuple(shape[:ndim]), payload, pad,
-                                         offset, length, index, count, t_first)
+                asm, new = self._claim_stripe(key, code, ndim, tuple(shape[:ndim]), payload,
+                                              pad, offset, length, index, count, t_first)
+                hook = self.on_arrival
+                if new and hook is not None:
+                    hook(Arrival(kind, iteration, mb, t_first, payload + pad))
                 end = offset + length
                 if offset < payload:   # the part in [0, payload): straight into the message
                     body = memoryview(asm.body)[offset:min(end, payload)]
@@ -472,11 +506,13 @@ class Channel:
 
     def _claim_stripe(self, key: tuple[int, int, int], code: int, ndim: int,
                       shape: tuple[int, ...], payload: int, pad: int, offset: int, length: int,
-                      index: int, count: int, t_first: int) -> _Assembly:
+                      index: int, count: int, t_first: int) -> tuple[_Assembly, bool]:
         """Register a stripe with its message (allocating the message's buffer at its first
-        stripe), after checking it against the stripes already seen. Raises FrameError."""
+        stripe), after checking it against the stripes already seen; (the message, whether
+        this was its first stripe). Raises FrameError."""
         with self._cond:
             asm = self._partial.get(key)
+            new = asm is None
             if asm is None:
                 if key in self._slots:
                     raise FrameError(f"stripe {index}/{count} of message {key}, which is "
@@ -503,7 +539,7 @@ class Channel:
                 if covered != payload + pad:
                     raise FrameError(f"the {count} stripes of message {key} cover {covered} "
                                      f"of its {payload + pad} bytes")
-            return asm
+            return asm, new
 
     def _stripe_done(self, key: tuple[int, int, int], asm: _Assembly) -> None:
         with self._cond:

@@ -26,6 +26,20 @@ learned gaps before that op, ascending) goes to the DC's controller, and at each
 the GPU one {"host", "busy_ns"} (the bubble is over)
 (errors ignored: a dead controller never stops training) and an IDLE span {op} is logged, with
 the next op's iteration and micro-batch. Without gpu_lock_path none of this happens.
+
+Arrival bound (spec.inbound_prev / inbound_next): when the next op waits for a message from a
+neighbour, the bubble lasts at least until that message's last byte is in, and a message of N
+bytes needs at least N * 8 / rate after its first byte (rate: the lowest on its way). So the
+notice of a bubble that waits for a message names it ("awaits": [kind, iteration, micro-batch])
+and, when the message has not begun to arrive, says so ("pending": true) with "wire_ns" (its
+least wire time) and, if the neighbour making it is in this DC, "made_ns" (that op's hold): the
+controller may count the bubble as lasting until now + made_ns + wire_ns for as long as it hears
+nothing more. When the message has begun: "end_min_ns" (first byte + wire time). When its first
+byte comes later, the channel's reader thread sends {"host", "t_idle_ns", "end_min_ns"} at once
+(trainer.transport's on_arrival); and a worker that starts an op whose output goes to a
+neighbour in its own DC (the same controller) sends {"host": that neighbour, "awaits": [...],
+"end_min_ns": the op's start + its profile hold}. These are bounds from the configured link and
+the profile, not predictions.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ import argparse
 import json
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,7 +66,8 @@ from trainer.schedule import parse_action, schedule_table
 from trainer.spec import WorkerSpec
 from trainer.stage import StageModule, build_stage
 from trainer.slotclient import SlotClient
-from trainer.transport import KIND_ACT, KIND_GRAD, Channel, Listener, SendRecord, connect
+from trainer.transport import (KIND_ACT, KIND_GRAD, Arrival, Channel, Listener, SendRecord,
+                               connect)
 from traffic.tcpcc import congestion_control_of
 
 
@@ -61,6 +77,11 @@ def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.
     # weight_decay=0 and foreach=False: the per-parameter update must not depend on how the
     # parameters are grouped, so a stage and a single process step identically.
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, foreach=False)
+
+
+def wire_ns(n_bytes: int, rate_mbit: float) -> int:
+    """The least time n_bytes take through a link of rate_mbit (ns)."""
+    return int(n_bytes * 8 / (rate_mbit * 1e6) * 1e9)
 
 
 def _hold(t_start_ns: int, hold_ms: float) -> None:
@@ -100,6 +121,10 @@ class StageWorker:
         if self.gpu is not None and spec.bubble_notify is not None:
             self._notify = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self._notify.setblocking(False)
+        # the message the announced bubble waits for, not yet begun: ((kind, it, mb), t_idle_ns,
+        # rate_mbit); the notice and the reader thread's arrival notice take turns under the lock
+        self._awaiting: tuple[tuple[int, int, int], int, float | None] | None = None
+        self._await_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------
     def run(self) -> None:
@@ -130,6 +155,10 @@ class StageWorker:
                     self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
                     self.spec.replica, self.cfg.replicas, self.spec.connect_timeout_s,
                     io_priority=self.spec.io_priority)
+            if self._notify is not None:
+                for ch in (self.prev, self.next):
+                    if ch is not None:
+                        ch.on_arrival = self._on_arrival
             # What the kernel runs on each stage-to-stage connection, read back (TCP_CONGESTION).
             in_use = {peer: congestion_control_of(ch.sock) for peer, ch in
                       (("next", self.next), ("prev", self.prev)) if ch is not None}
@@ -190,7 +219,8 @@ class StageWorker:
         t = time.time_ns()
         got = channel.recv(kind, it, mb, self.spec.recv_timeout_s)
         self.log.span("RECV_F" if kind == KIND_ACT else "RECV_B", t, time.time_ns(), it, mb,
-                      bytes=got.payload_bytes + got.pad_bytes, t_arrived_ns=got.t_last_ns)
+                      bytes=got.payload_bytes + got.pad_bytes, t_arrived_ns=got.t_last_ns,
+                      t_first_ns=got.t_first_ns)
         return got
 
     def _sync(self) -> None:
@@ -246,12 +276,70 @@ class StageWorker:
         if pred_ns is None:
             return
         t_pred_end_ns = t_idle_ns + pred_ns
-        self._send({"host": self.spec.host, "t_idle_ns": t_idle_ns,
-                    "t_pred_end_ns": t_pred_end_ns, "iteration": next_it, "op": next_k,
-                    "gaps_ns": self.bubbles.history_ns(next_k)})
+        notice = {"host": self.spec.host, "t_idle_ns": t_idle_ns,
+                  "t_pred_end_ns": t_pred_end_ns, "iteration": next_it, "op": next_k,
+                  "gaps_ns": self.bubbles.history_ns(next_k)}
+        with self._await_lock:
+            notice.update(self._arrival_bound(next_it, next_k, t_idle_ns))
+            self._send(notice)
         op = self.bubbles.ops[next_k]
         self.log.span("IDLE", t_idle_ns, t_pred_end_ns, next_it,
-                      None if op == OPT else parse_action(op)[1], op=next_k)
+                      None if op == OPT else parse_action(op)[1], op=next_k,
+                      **{k: notice[k] for k in ("wire_ns", "end_min_ns") if k in notice})
+
+    def _arrival_bound(self, it: int, k: int, t_idle_ns: int) -> dict:
+        """The notice's arrival bound for op k (module docstring), and what the reader thread
+        is to watch for (under self._await_lock)."""
+        self._awaiting = None
+        op = self.bubbles.ops[k]
+        if op == OPT:
+            return {}
+        kind, mb = parse_action(op)
+        if kind == "F" and self.prev is not None:
+            channel, code, inbound = self.prev, KIND_ACT, self.spec.inbound_prev
+        elif kind == "B" and self.next is not None:
+            channel, code, inbound = self.next, KIND_GRAD, self.spec.inbound_next
+        else:
+            return {}
+        out: dict = {"awaits": [code, it, mb]}
+        if inbound is None:
+            return out
+        rate = inbound["rate_mbit"]
+        got = channel.arrival(code, it, mb)
+        if got is None:       # not begun: notices follow when it does (and when it is made)
+            self._awaiting = ((code, it, mb), t_idle_ns, rate)
+            out["pending"] = True
+            if rate is not None:
+                out["wire_ns"] = wire_ns(int(inbound["bytes"]), rate)
+            if inbound["same_dc"] and inbound["hold_ms"] > 0:
+                out["made_ns"] = int(inbound["hold_ms"] * 1e6)
+        elif not got.complete and rate is not None:
+            out["end_min_ns"] = got.t_first_ns + wire_ns(got.total_bytes, rate)
+        return out
+
+    def _announce_output(self, code: int, it: int, mb: int, t_start_ns: int,
+                         hold_ms: float) -> None:
+        """This op's output goes to a neighbour whose bubbles the same controller fills: that
+        neighbour's op awaiting it cannot start before this op's hold ends. (The controller of
+        another DC would hear it one WAN delay late: not sent.)"""
+        if self._notify is None or hold_ms <= 0:
+            return
+        peer = self.next if code == KIND_ACT else self.prev
+        to = self.spec.next if code == KIND_ACT else self.spec.prev
+        if peer is None or to is None or to.dc != self.spec.dc:
+            return
+        self._send({"host": to.host, "awaits": [code, it, mb],
+                    "end_min_ns": t_start_ns + int(hold_ms * 1e6)})
+
+    def _on_arrival(self, a: Arrival) -> None:   # a channel's reader thread
+        with self._await_lock:
+            w = self._awaiting
+            if w is None or w[0] != (a.kind, a.iteration, a.microbatch):
+                return
+            self._awaiting = None
+            self._send({"host": self.spec.host, "t_idle_ns": w[1],
+                        "end_min_ns": a.t_first_ns + (0 if w[2] is None
+                                                      else wire_ns(a.total_bytes, w[2]))})
 
     # -- one iteration --------------------------------------------------------------------
     def iteration(self, it: int) -> list[float]:
@@ -291,6 +379,8 @@ class StageWorker:
             got = self._recv(self.prev, KIND_ACT, it, mb)
             inp = got.tensor.to(self.device).requires_grad_(True)
         t_start = self._gpu_acquire(it, mb, k)
+        if not self.plan.last:
+            self._announce_output(KIND_ACT, it, mb, t_start, spec.hold_forward_ms)
         out = self.module(inp, targets.to(self.device) if self.plan.last else None)
         if self.plan.last:
             losses.append(out.item())    # .item() syncs the device
@@ -307,11 +397,15 @@ class StageWorker:
         cfg, spec = self.cfg, self.spec
         if self.plan.last:
             t_start = self._gpu_acquire(it, mb, k)
+            if not self.plan.first:
+                self._announce_output(KIND_GRAD, it, mb, t_start, spec.hold_backward_ms)
             (out / cfg.micro_batches).backward()   # mean over this replica's M micro-batches
         else:
             assert self.next is not None
             got = self._recv(self.next, KIND_GRAD, it, mb)
             t_start = self._gpu_acquire(it, mb, k)
+            if not self.plan.first:
+                self._announce_output(KIND_GRAD, it, mb, t_start, spec.hold_backward_ms)
             out.backward(got.tensor.to(self.device))
         self._sync()
         t_compute = time.time_ns()
