@@ -23,8 +23,10 @@ had not begun ("pending", with "wire_ns" and, when the neighbour making it is in
 wire_ns (+ made_ns until that neighbour's output notice comes) - margin: it rolls forward.
 The arrival notice (first byte + wire time) and the output notice (the start of the
 neighbour's op + its hold; kept until the bubble it belongs to is announced) each give an
-"end_min_ns": the bubble lasts until the latest of them - margin. Never less than the learned
-prediction.
+"end_min_ns": the bubble lasts until the latest of them - margin. While the maker (named in
+the notice: host, iteration, op index) has not begun that op and sits in the bubble before it,
+it begins no sooner than that bubble's own bound: bounds chain across the DC's hosts (learned
+predictions do not). Never less than the learned prediction.
 margin (`arrival_margin_ms`, wall clock) covers the notices' latency, the reader thread's wait
 for the GIL before it reads the first byte's time, and bytes that arrive together (HTB's
 bucket). Bubbles end later than the learned minimum whenever Atlas's slots come
@@ -123,6 +125,7 @@ class Notice:
     pending: bool = False
     wire_ns: int | None = None
     made_ns: int | None = None
+    maker: tuple[str, int, int] | None = None
     end_min_ns: int | None = None
 
 
@@ -140,13 +143,19 @@ def parse_notice(n: dict) -> Notice:
         raise ValueError("awaits must be [kind, iteration, micro-batch]")
     if "busy_ns" in n:
         return Notice(kind="busy", host=host, t_ns=int(n["busy_ns"]))
+    maker = None
+    if n.get("maker") is not None:
+        host_m, it_m, op_m = n["maker"]
+        if not isinstance(host_m, str):
+            raise TypeError("maker host must be a string")
+        maker = (host_m, int(it_m), int(op_m))
     if "t_pred_end_ns" in n:
         return Notice(kind="bubble", host=host, t_idle_ns=int(n["t_idle_ns"]),
                       t_pred_end_ns=int(n["t_pred_end_ns"]), iteration=_opt_int(n, "iteration"),
                       op=_opt_int(n, "op"), gaps_ns=sorted(int(g) for g in n.get("gaps_ns", [])),
                       awaits=awaits, pending=bool(n.get("pending", False)),
                       wire_ns=_opt_int(n, "wire_ns"), made_ns=_opt_int(n, "made_ns"),
-                      end_min_ns=_opt_int(n, "end_min_ns"))
+                      maker=maker, end_min_ns=_opt_int(n, "end_min_ns"))
     end_min = int(n["end_min_ns"])
     if "t_idle_ns" in n:
         return Notice(kind="arrival", host=host, t_idle_ns=int(n["t_idle_ns"]),
@@ -179,6 +188,7 @@ class Bubble:
     wire_ns: int | None = None     # its least wire time
     made_ns: int | None = None     # the hold of the neighbour's op making it (same DC)
     made: bool = False             # that op has begun (its output notice came)
+    maker: tuple[str, int, int] | None = None   # (host, iteration, op index) of that op
     end_min_ns: int | None = None
     t_bound_end_ns: int = 0        # the latest end the bound gave past the prediction
 
@@ -186,19 +196,27 @@ class Bubble:
         if t_ns is not None and (self.end_min_ns is None or t_ns > self.end_min_ns):
             self.end_min_ns = t_ns
 
-    def end_ns(self, now_ns: int, margin_ns: int) -> int:
-        """The end admission uses now: the prediction, or the arrival bound where later."""
-        bound = self.t_pred_end_ns
-        if self.end_min_ns is not None:
-            bound = max(bound, self.end_min_ns - margin_ns)
+    def bound_ns(self, now_ns: int, margin_ns: int, maker_from_ns: int | None = None
+                 ) -> int | None:
+        """The arrival bound alone (no prediction), or None. maker_from_ns: no sooner than this
+        can the op making the message start (the maker's own bubble's bound, when known)."""
+        bound = None if self.end_min_ns is None else self.end_min_ns - margin_ns
         if self.pending:   # its first byte comes no sooner than now, or than it is made
-            first = max(now_ns, self.end_min_ns or 0) if self.made \
-                else now_ns + (self.made_ns or 0)
+            if self.made:
+                first = max(now_ns, self.end_min_ns or 0)
+            else:
+                first = max(now_ns, maker_from_ns or 0) + (self.made_ns or 0)
             rolling = first + (self.wire_ns or 0) - margin_ns
             if rolling > now_ns:   # (else it says nothing)
-                bound = max(bound, rolling)
-        if bound > self.t_pred_end_ns:
-            self.t_bound_end_ns = max(self.t_bound_end_ns, bound)
+                bound = rolling if bound is None else max(bound, rolling)
+        return bound
+
+    def end_ns(self, now_ns: int, margin_ns: int, maker_from_ns: int | None = None) -> int:
+        """The end admission uses now: the prediction, or the arrival bound where later."""
+        bound = self.bound_ns(now_ns, margin_ns, maker_from_ns)
+        if bound is None or bound <= self.t_pred_end_ns:
+            return self.t_pred_end_ns
+        self.t_bound_end_ns = max(self.t_bound_end_ns, bound)
         return bound
 
     def extend(self, now_ns: int, margin_ns: int) -> bool:
@@ -279,10 +297,19 @@ class Controller:
                        t_bound_end_ns=b.t_bound_end_ns or None)
 
     def end_of(self, b: Bubble, now_ns: int) -> int:   # under self.cv
-        """b's end as admission sees it now (with the arrival bound where it is on)."""
+        """b's end as admission sees it now (with the arrival bound where it is on). While the
+        message b awaits is not yet being made by a host of this DC that is itself in the
+        bubble before the op making it, that op starts no sooner than that bubble's own bound
+        (the bound chains; predictions do not)."""
         if not self.cfg.arrival_bound:
             return b.t_pred_end_ns
-        return b.end_ns(now_ns, self.arrival_margin_ns)
+        maker_from = None
+        if b.pending and not b.made and b.maker is not None:
+            host, iteration, op = b.maker
+            mb = self.bubbles.get(host)
+            if mb is not None and not mb.closed and (mb.iteration, mb.op) == (iteration, op):
+                maker_from = mb.bound_ns(now_ns, self.arrival_margin_ns)
+        return b.end_ns(now_ns, self.arrival_margin_ns, maker_from)
 
     def _close(self, host: str, b: Bubble) -> None:   # under self.cv
         if self.bubbles[host] is b:
@@ -339,7 +366,7 @@ class Controller:
             self._close(host, old)
         b = Bubble(n.t_idle_ns, n.t_pred_end_ns, n.iteration, n.op, n.gaps_ns,
                    t_first_pred_end_ns=n.t_pred_end_ns, awaits=n.awaits, pending=n.pending,
-                   wire_ns=n.wire_ns, made_ns=n.made_ns)
+                   wire_ns=n.wire_ns, made_ns=n.made_ns, maker=n.maker)
         b.raise_end_min(n.end_min_ns)
         if n.awaits is not None and n.awaits in self.pending_bounds[host]:
             b.made = True

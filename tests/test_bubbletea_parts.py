@@ -403,6 +403,54 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
         ctl.log.close()
 
 
+def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp_path):
+    import json as _json
+    from prefill.controller import Controller, ControllerSpec, Endpoint, parse_notice
+    (tmp_path / "requests.json").write_text(_json.dumps([]))
+    spec = ControllerSpec(dc="a", host="a-d1", ip="127.0.0.1", notice_port=0,
+                          records_path=str(tmp_path / "records.jsonl"),
+                          requests_path=str(tmp_path / "requests.json"),
+                          prefill_servers=[Endpoint(host=h, ip="127.0.0.1", port=9)
+                                           for h in ("a-h1", "a-h2")],
+                          decode_servers=[Endpoint(host="a-d1", ip="127.0.0.1", port=9)],
+                          bubbletea=BubbleTeaConfig().to_dict())
+    ctl = Controller(spec)
+    m = ctl.arrival_margin_ns
+    try:
+        with ctl.cv:
+            # a-h1 waits for B1 of iteration 3, made by a-h2's op 4 (hold 50), 1 ms of wire
+            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 0, "t_pred_end_ns": 30 * MS,
+                                         "awaits": [2, 3, 1], "pending": True, "wire_ns": MS,
+                                         "made_ns": 50 * MS, "maker": ["a-h2", 3, 4]}))
+            b1 = ctl.bubbles["a-h1"]
+            assert b1.maker == ("a-h2", 3, 4)
+            assert ctl.end_of(b1, 10 * MS) == 61 * MS - m        # a-h2 not idle: from now
+            # a-h2 sits in the bubble before op 4 of iteration 3, waiting for a WAN message
+            # of 60 ms of wire; its prediction (200) is not a bound and is not chained
+            ctl._on_notice(parse_notice({"host": "a-h2", "t_idle_ns": 5 * MS,
+                                         "t_pred_end_ns": 200 * MS, "iteration": 3, "op": 4,
+                                         "awaits": [2, 3, 1], "pending": True,
+                                         "wire_ns": 60 * MS}))
+            # a-h2 starts op 4 no sooner than 10 + 60 - m; then 50 of hold and 1 of wire
+            assert ctl.end_of(b1, 10 * MS) == 10 * MS + 60 * MS - m + 51 * MS - m
+            # another op's bubble of a-h2 says nothing about this one
+            ctl.bubbles["a-h2"].op = 2
+            assert ctl.end_of(b1, 10 * MS) == 61 * MS - m
+            ctl.bubbles["a-h2"].op = 4
+            # a-h2's message arrives (first byte at 40: in at 100): a-h2 starts >= 100 - m
+            ctl._on_notice(parse_notice({"host": "a-h2", "t_idle_ns": 5 * MS,
+                                         "end_min_ns": 100 * MS}))
+            assert ctl.end_of(b1, 50 * MS) == 100 * MS - m + 51 * MS - m
+            # a-h2 starts op 4 at 101: its output notice; no more chaining
+            ctl._on_notice(parse_notice({"host": "a-h2", "busy_ns": 101 * MS}))
+            ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 1],
+                                         "end_min_ns": 151 * MS}))
+            assert ctl.end_of(b1, 110 * MS) == 152 * MS - m
+    finally:
+        ctl._sock.close()
+        ctl.log.close()
+
+
 def test_timeline_marks_an_overlap(tmp_path):
     from trainer.timeline_plot import plot_timeline
     spans = [dict(span("F", f"h{st}", 100 * it + 10 * st, 100 * it + 10 * st + 20, it, st),

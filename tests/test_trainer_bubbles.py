@@ -199,9 +199,12 @@ def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
         wire = int(r["bytes"] * 8 / (rate_mbit * 1e6) * 1e9)
         if n.get("pending"):          # not begun when the notice went: its first byte after
             assert n["wire_ns"] == wire and r["t_first_ns"] >= n["t_idle_ns"], (n, r)
-            assert ("made_ns" in n) == same_dc
+            assert ("made_ns" in n) == ("maker" in n) == same_dc
             if same_dc:
                 assert n["made_ns"] == int(inbound["hold_ms"] * 1e6) > 0
+                maker = [s for s in result.specs if s.host != n["host"]][0]
+                assert n["maker"] == [maker.host, n["iteration"],
+                                      rows[maker.stage].index(op)], n
             pending[(n["host"], n["t_idle_ns"])] = r
         elif "end_min_ns" in n:       # begun: first byte + wire time
             assert n["end_min_ns"] == r["t_first_ns"] + wire, (n, r)
@@ -253,7 +256,7 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     for n in notices:
         assert {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"} <= set(n) \
             <= {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns", "awaits",
-                "pending", "wire_ns", "made_ns", "end_min_ns"}, n
+                "pending", "wire_ns", "made_ns", "maker", "end_min_ns"}, n
         gaps = n["gaps_ns"]                                      # learned gaps, ascending
         assert gaps == sorted(gaps) and n["t_pred_end_ns"] - n["t_idle_ns"] == gaps[0], n
         assert n["host"] in ops and 0 <= n["op"] < len(ops[n["host"]]), n

@@ -32,9 +32,9 @@ neighbour, the bubble lasts at least until that message's last byte is in, and a
 bytes needs at least N * 8 / rate after its first byte (rate: the lowest on its way). So the
 notice of a bubble that waits for a message names it ("awaits": [kind, iteration, micro-batch])
 and, when the message has not begun to arrive, says so ("pending": true) with "wire_ns" (its
-least wire time) and, if the neighbour making it is in this DC, "made_ns" (that op's hold): the
-controller may count the bubble as lasting until now + made_ns + wire_ns for as long as it hears
-nothing more. When the message has begun: "end_min_ns" (first byte + wire time). When its first
+least wire time) and, if the neighbour making it is in this DC, "made_ns" (that op's hold) and
+"maker" ([its host, iteration, op index in its row]): the controller may count the bubble as
+lasting until now + made_ns + wire_ns for as long as it hears nothing more. When the message has begun: "end_min_ns" (first byte + wire time). When its first
 byte comes later, the channel's reader thread sends {"host", "t_idle_ns", "end_min_ns"} at once
 (trainer.transport's on_arrival); and a worker that starts an op whose output goes to a
 neighbour in its own DC (the same controller) sends {"host": that neighbour, "awaits": [...],
@@ -125,6 +125,12 @@ class StageWorker:
         # rate_mbit); the notice and the reader thread's arrival notice take turns under the lock
         self._awaiting: tuple[tuple[int, int, int], int, float | None] | None = None
         self._await_lock = threading.Lock()
+        # the schedule rows of the neighbours that make this worker's inputs (their op index
+        # names the op making a message, for the notices' "maker")
+        table = schedule_table(self.cfg.schedule, self.cfg.stages, self.cfg.micro_batches)
+        self._maker_rows = {KIND_ACT: table[spec.stage - 1] if spec.stage > 0 else [],
+                            KIND_GRAD: table[spec.stage + 1] if spec.stage + 1 < self.cfg.stages
+                            else []}
 
     # -- lifecycle ------------------------------------------------------------------------
     def run(self) -> None:
@@ -313,6 +319,9 @@ class StageWorker:
                 out["wire_ns"] = wire_ns(int(inbound["bytes"]), rate)
             if inbound["same_dc"] and inbound["hold_ms"] > 0:
                 out["made_ns"] = int(inbound["hold_ms"] * 1e6)
+                maker = self.spec.prev if code == KIND_ACT else self.spec.next
+                row = self._maker_rows[code]
+                out["maker"] = [maker.host, it, row.index(f"{kind}{mb}")]
         elif not got.complete and rate is not None:
             out["end_min_ns"] = got.t_first_ns + wire_ns(got.total_bytes, rate)
         return out
