@@ -26,7 +26,10 @@ neighbour's op + its hold; kept until the bubble it belongs to is announced) eac
 "end_min_ns": the bubble lasts until the latest of them - margin. While the maker (named in
 the notice: host, iteration, op index) has not begun that op and sits in the bubble before it,
 it begins no sooner than that bubble's own bound: bounds chain across the DC's hosts (learned
-predictions do not). Never less than the learned prediction.
+predictions do not). Never less than the learned prediction, except that once the message has
+begun, a prediction past its expected end ("end_max_ns": first byte + the longest first-to-last
+byte time of that channel's last messages) is cut to that: the message is nearly in, and a
+prefill admitted past it would make training wait (the admission's guard is the slack).
 margin (`arrival_margin_ms`, wall clock) covers the notices' latency, the reader thread's wait
 for the GIL before it reads the first byte's time, and bytes that arrive together (HTB's
 bucket). Bubbles end later than the learned minimum whenever Atlas's slots come
@@ -127,6 +130,7 @@ class Notice:
     made_ns: int | None = None
     maker: tuple[str, int, int] | None = None
     end_min_ns: int | None = None
+    end_max_ns: int | None = None
 
 
 def _opt_int(n: dict, key: str) -> int | None:
@@ -155,11 +159,12 @@ def parse_notice(n: dict) -> Notice:
                       op=_opt_int(n, "op"), gaps_ns=sorted(int(g) for g in n.get("gaps_ns", [])),
                       awaits=awaits, pending=bool(n.get("pending", False)),
                       wire_ns=_opt_int(n, "wire_ns"), made_ns=_opt_int(n, "made_ns"),
-                      maker=maker, end_min_ns=_opt_int(n, "end_min_ns"))
+                      maker=maker, end_min_ns=_opt_int(n, "end_min_ns"),
+                      end_max_ns=_opt_int(n, "end_max_ns"))
     end_min = int(n["end_min_ns"])
     if "t_idle_ns" in n:
         return Notice(kind="arrival", host=host, t_idle_ns=int(n["t_idle_ns"]),
-                      end_min_ns=end_min)
+                      end_min_ns=end_min, end_max_ns=_opt_int(n, "end_max_ns"))
     if awaits is None:
         raise KeyError("awaits")
     return Notice(kind="output", host=host, awaits=awaits, end_min_ns=end_min,
@@ -190,7 +195,9 @@ class Bubble:
     made: bool = False             # that op has begun (its output notice came)
     maker: tuple[str, int, int] | None = None   # (host, iteration, op index) of that op
     end_min_ns: int | None = None
+    end_max_ns: int | None = None  # begun: its last byte expected by then (its history)
     t_bound_end_ns: int = 0        # the latest end the bound gave past the prediction
+    t_cap_end_ns: int = 0          # the earliest end end_max_ns gave before the prediction
 
     def raise_end_min(self, t_ns: int | None) -> None:
         if t_ns is not None and (self.end_min_ns is None or t_ns > self.end_min_ns):
@@ -212,11 +219,17 @@ class Bubble:
         return bound
 
     def end_ns(self, now_ns: int, margin_ns: int, maker_from_ns: int | None = None) -> int:
-        """The end admission uses now: the prediction, or the arrival bound where later."""
+        """The end admission uses now: the prediction, cut to the begun message's expected end
+        where that is sooner, or the arrival bound where that is later."""
+        est = self.t_pred_end_ns
+        if self.end_max_ns is not None and self.end_max_ns < est:
+            est = self.end_max_ns     # (the admission's guard is the slack)
+            self.t_cap_end_ns = min(self.t_cap_end_ns or est, est)
         bound = self.bound_ns(now_ns, margin_ns, maker_from_ns)
-        if bound is None or bound <= self.t_pred_end_ns:
-            return self.t_pred_end_ns
-        self.t_bound_end_ns = max(self.t_bound_end_ns, bound)
+        if bound is None or bound <= est:
+            return est
+        if bound > self.t_pred_end_ns:
+            self.t_bound_end_ns = max(self.t_bound_end_ns, bound)
         return bound
 
     def extend(self, now_ns: int, margin_ns: int) -> bool:
@@ -293,8 +306,9 @@ class Controller:
                        t_pred_end_ns=b.t_pred_end_ns, iteration=b.iteration, op=b.op,
                        dispatched=b.dispatched, end=b.reason, extended=b.extended,
                        t_first_pred_end_ns=b.t_first_pred_end_ns, wire_ns=b.wire_ns,
-                       made_ns=b.made_ns, end_min_ns=b.end_min_ns,
-                       t_bound_end_ns=b.t_bound_end_ns or None)
+                       made_ns=b.made_ns, end_min_ns=b.end_min_ns, end_max_ns=b.end_max_ns,
+                       t_bound_end_ns=b.t_bound_end_ns or None,
+                       t_cap_end_ns=b.t_cap_end_ns or None)
 
     def end_of(self, b: Bubble, now_ns: int) -> int:   # under self.cv
         """b's end as admission sees it now (with the arrival bound where it is on). While the
@@ -348,6 +362,7 @@ class Controller:
                 old.pending = False
                 old.made = True
                 old.raise_end_min(n.end_min_ns)
+                old.end_max_ns = n.end_max_ns
                 self.cv.notify_all()
             return
         if n.kind == "output":      # the neighbour began the op whose output this host awaits
@@ -366,7 +381,8 @@ class Controller:
             self._close(host, old)
         b = Bubble(n.t_idle_ns, n.t_pred_end_ns, n.iteration, n.op, n.gaps_ns,
                    t_first_pred_end_ns=n.t_pred_end_ns, awaits=n.awaits, pending=n.pending,
-                   wire_ns=n.wire_ns, made_ns=n.made_ns, maker=n.maker)
+                   wire_ns=n.wire_ns, made_ns=n.made_ns, maker=n.maker,
+                   end_max_ns=n.end_max_ns)
         b.raise_end_min(n.end_min_ns)
         if n.awaits is not None and n.awaits in self.pending_bounds[host]:
             b.made = True

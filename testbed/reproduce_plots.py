@@ -88,7 +88,8 @@ def draw_timelines(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes],
             if not spans_path.is_file():
                 continue
             prefill_path = r.path / name / "prefill_records.jsonl"
-            extra = ([x for x in read_jsonl(prefill_path) if x["name"] == "PREFILL"]
+            extra = ([x for x in read_jsonl(prefill_path) if x["name"] == "PREFILL"
+                      or (x["name"] == "BUBBLE" and x.get("t_bound_end_ns"))]
                      if prefill_path.is_file() else None)
             bt = r.metrics["systems"][name].get("bubbletea")
             iteration = bt["iterations"][len(bt["iterations"]) // 2] if bt else None

@@ -211,7 +211,8 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                                        if k != "per_dc"},
                                                  crashed=crashed)
         metrics["bubbletea"]["cpu_s"] = prefill_cpu
-        extra = [r for r in records if r["name"] == "PREFILL"]
+        extra = [r for r in records if r["name"] == "PREFILL"
+                 or (r["name"] == "BUBBLE" and r.get("t_bound_end_ns"))]
         filled = metrics["bubbletea"]["iterations"]    # draw one the prefills could fill
         shown_iteration = filled[len(filled) // 2]
     if cross_results is not None:

@@ -277,8 +277,8 @@ def test_notices_parse_by_kind_and_refuse_malformed_ones():
     old = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9})   # no bound fields
     assert (old.awaits, old.pending, old.wire_ns, old.made_ns) == (None, False, None, None)
     assert parse_notice({"host": "h1", "busy_ns": 12}).kind == "busy"
-    a = parse_notice({"host": "h1", "t_idle_ns": 5, "end_min_ns": 30})
-    assert (a.kind, a.t_idle_ns, a.end_min_ns) == ("arrival", 5, 30)
+    a = parse_notice({"host": "h1", "t_idle_ns": 5, "end_min_ns": 30, "end_max_ns": 33})
+    assert (a.kind, a.t_idle_ns, a.end_min_ns, a.end_max_ns) == ("arrival", 5, 30, 33)
     o = parse_notice({"host": "h1", "awaits": [2, 3, 1], "end_min_ns": 40})
     assert (o.kind, o.awaits, o.end_min_ns) == ("output", (2, 3, 1), 40)
     for bad in ({}, {"host": 3, "busy_ns": 1}, {"host": "h1", "end_min_ns": 4},
@@ -305,6 +305,14 @@ def test_arrival_bound_rolls_while_nothing_is_heard_then_holds():
     assert b.t_bound_end_ns == 113 * MS                 # the latest it gave
     b.raise_end_min(20 * MS)                            # a lower bound never lowers it
     assert b.end_min_ns == 115 * MS
+    # a begun message's expected end cuts a longer prediction (never below the bound)
+    late = Bubble(t_idle_ns=0, t_pred_end_ns=90 * MS, iteration=3, op=1, end_min_ns=40 * MS,
+                  end_max_ns=45 * MS)
+    assert late.end_ns(20 * MS, margin) == 45 * MS and late.t_cap_end_ns == 45 * MS
+    late.end_max_ns = 30 * MS                           # an estimate under the bound: the bound
+    assert late.end_ns(20 * MS, margin) == 38 * MS
+    assert Bubble(t_idle_ns=0, t_pred_end_ns=30 * MS, iteration=3, op=1,
+                  end_max_ns=45 * MS).end_ns(0, margin) == 30 * MS   # never lengthens
     plain = Bubble(t_idle_ns=0, t_pred_end_ns=30 * MS, iteration=3, op=1)
     assert plain.end_ns(10 * MS, margin) == 30 * MS and plain.t_bound_end_ns == 0
     short = Bubble(t_idle_ns=0, t_pred_end_ns=30 * MS, iteration=3, op=1, pending=True,
@@ -369,8 +377,9 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
             assert b.made and b.end_min_ns == 90 * MS and ctl.pending_bounds["a-h1"] == {}
             assert ctl.end_of(b, 20 * MS) == 91 * MS - margin     # made at 90, then 1 of wire
             ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 10 * MS,
-                                         "end_min_ns": 95 * MS}))   # its first byte came
-            assert not b.pending and ctl.end_of(b, 93 * MS) == 95 * MS - margin
+                                         "end_min_ns": 95 * MS, "end_max_ns": 97 * MS}))
+            assert not b.pending and b.end_max_ns == 97 * MS   # its first byte came
+            assert ctl.end_of(b, 93 * MS) == 95 * MS - margin
             # the next bubble: its output notice comes while it is open
             ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 200 * MS,
                                          "t_pred_end_ns": 230 * MS, "awaits": [2, 3, 2],

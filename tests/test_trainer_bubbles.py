@@ -196,6 +196,8 @@ def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
         inbound = specs[n["host"]].inbound_prev if code == 1 else specs[n["host"]].inbound_next
         assert inbound["rate_mbit"] == rate_mbit and inbound["same_dc"] == same_dc
         r = recv[(n["host"], op[0], n["iteration"], int(op[1:]))]
+        # a message already in when the op before ended: that op starts at once, no notice
+        assert r["t_arrived_ns"] >= n["t_idle_ns"], (n, r)
         wire = int(r["bytes"] * 8 / (rate_mbit * 1e6) * 1e9)
         if n.get("pending"):          # not begun when the notice went: its first byte after
             assert n["wire_ns"] == wire and r["t_first_ns"] >= n["t_idle_ns"], (n, r)
@@ -217,6 +219,13 @@ def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
         r = pending[(b["host"], b["t_idle_ns"])]
         assert b["end_min_ns"] == r["t_first_ns"] + int(r["bytes"] * 8 / (rate_mbit * 1e6)
                                                           * 1e9)
+        # its expected end: first byte + the longest first-to-last-byte time of the host's
+        # last 8 messages of that kind taken before it (iteration 0 left out)
+        before = sorted((x for x in recv.values() if x["host"] == r["host"]
+                         and x["name"] == r["name"] and x["iteration"] > 0
+                         and x["t_end_ns"] < r["t_first_ns"]), key=lambda x: x["t_end_ns"])
+        spreads = [x["t_arrived_ns"] - x["t_first_ns"] for x in before][-8:]
+        assert b.get("end_max_ns") == (r["t_first_ns"] + max(spreads) if spreads else None), b
     if not same_dc:
         assert outputs == []          # another DC's controller would hear it a WAN delay late
         return
@@ -256,7 +265,7 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     for n in notices:
         assert {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"} <= set(n) \
             <= {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns", "awaits",
-                "pending", "wire_ns", "made_ns", "maker", "end_min_ns"}, n
+                "pending", "wire_ns", "made_ns", "maker", "end_min_ns", "end_max_ns"}, n
         gaps = n["gaps_ns"]                                      # learned gaps, ascending
         assert gaps == sorted(gaps) and n["t_pred_end_ns"] - n["t_idle_ns"] == gaps[0], n
         assert n["host"] in ops and 0 <= n["op"] < len(ops[n["host"]]), n

@@ -10,7 +10,10 @@ Shared GPU (BubbleTea): a worker's GPU_WAIT spans (it waited for the host's GPU 
 overran the bubble) are drawn in red on its row, its IDLE spans (announced bubbles, from the
 notice to the predicted end) as a thin strip above the row, and `extra_spans` records named
 PREFILL ({"host", "t_start_ns", "t_end_ns"}, the prefill servers' records) on the row(s) of their
-host, so the prefills appear inside the bubbles; a prefill that overlaps a training op of its
+host, so the prefills appear inside the bubbles, and records named BUBBLE with a t_bound_end_ns
+(the controller's: the arrival bound kept the bubble open past its announced end, prefill/
+controller.py) as a strip of another colour from the announced end to that bound, beside the
+announced one; a prefill that overlaps a training op of its
 host (which the GPU lock forbids) is outlined and hatched in black. These are drawn wherever
 they overlap the iteration's window (clipped to it), whatever their iteration field says.
 """
@@ -26,11 +29,12 @@ from trainer.metrics import iteration_windows
 COLOURS = {"F": "#8ecae6", "B": "#1d4e89", "OPT": "#6c757d", "RECV_F": "#f4a261",
            "RECV_B": "#e76f51", "ALLREDUCE": "#e9c46a", "SEND_F": "#2a9d8f", "SEND_B": "#2a9d8f",
            "idle": "#f1f1f1", "GPU_WAIT": "#d62828", "PREFILL": "#9d4edd", "IDLE": "#adb5bd",
-           "OVERLAP": "#000000"}
+           "BOUND": "#00b4d8", "OVERLAP": "#000000"}
 LABELS = {"F": "forward", "B": "backward", "OPT": "optimizer", "RECV_F": "wait activation",
           "RECV_B": "wait gradient", "ALLREDUCE": "all-reduce", "SEND_F": "sending",
           "idle": "idle (bubble)", "GPU_WAIT": "training waits for GPU",
           "PREFILL": "prefill", "IDLE": "announced bubble",
+          "BOUND": "bubble kept open by the arrival bound",
           "OVERLAP": "prefill overlapping training (defect)"}
 
 
@@ -43,7 +47,7 @@ def pick_iteration(spans: Sequence[dict]) -> int:
 def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | None = None,
                   title: str = "", extra_spans: Sequence[dict] | None = None) -> Path:
     """Draw one iteration (default: pick_iteration) of the run's spans to out_png.
-    extra_spans: other processes' records to draw on their host's row (PREFILL)."""
+    extra_spans: other processes' records to draw on their host's row (PREFILL, BUBBLE)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -90,6 +94,14 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
     # the waits it fills (a little narrower, so what the worker was waiting for still shows).
     compute = [r for r in records if r["name"] in ("F", "B", "OPT")]
     for r in extra_spans or ():
+        if r.get("name") == "BUBBLE":
+            if r.get("t_bound_end_ns") and r["t_bound_end_ns"] > r["t_pred_end_ns"]:
+                xw = clipped({"t_start_ns": r["t_pred_end_ns"], "t_end_ns": r["t_bound_end_ns"]})
+                for y in rows_of_host.get(r.get("host", ""), []) if xw is not None else []:
+                    ax.barh(y + 0.42, xw[1], left=xw[0], height=0.1, color=COLOURS["BOUND"],
+                            edgecolor="none")
+                    shown.add("BOUND")
+            continue
         xw = clipped(r) if r.get("name") == "PREFILL" else None
         for y in rows_of_host.get(r.get("host", ""), []) if xw is not None else []:
             ax.barh(y, xw[1], left=xw[0], height=0.56, color=COLOURS["PREFILL"],
@@ -123,7 +135,7 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
     ax.set_xlabel(f"time since iteration {it} start (ms)")
     ax.set_title(title or f"iteration {it}")
     keys = ["F", "B", "OPT", "RECV_F", "RECV_B", "ALLREDUCE", "SEND_F", "idle"]
-    keys += [k for k in ("PREFILL", "GPU_WAIT", "IDLE", "OVERLAP") if k in shown]
+    keys += [k for k in ("PREFILL", "GPU_WAIT", "IDLE", "BOUND", "OVERLAP") if k in shown]
     legend_rows = -(-len(keys) // 8)
     fig.set_figheight(fig_h_in + 0.2 * (legend_rows - 1))
     fig.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in keys],

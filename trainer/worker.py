@@ -20,7 +20,8 @@ the hold ends, before sending the output (network, not GPU); the all-reduce stay
 lock. A wait for the lock (a prefill overran its bubble) is a GPU_WAIT span {op, iteration,
 microbatch} from t_want to the acquisition. Every op's idle gap (t_want minus the end of the
 previous compute op) feeds a BubblePredictor (trainer/bubbles.py); after each op, when the
-predicted gap before the next op is >= MIN_NOTICE_MS and spec.bubble_notify is set, one UDP
+predicted gap before the next op is >= MIN_NOTICE_MS, the message that op awaits (if any) is
+not already in (then it starts at once) and spec.bubble_notify is set, one UDP
 datagram {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"} (gaps_ns: the
 learned gaps before that op, ascending) goes to the DC's controller, and at each acquisition of
 the GPU one {"host", "busy_ns"} (the bubble is over)
@@ -36,7 +37,10 @@ least wire time) and, if the neighbour making it is in this DC, "made_ns" (that 
 "maker" ([its host, iteration, op index in its row]): the controller may count the bubble as
 lasting until now + made_ns + wire_ns for as long as it hears nothing more. When the message has begun: "end_min_ns" (first byte + wire time). When its first
 byte comes later, the channel's reader thread sends {"host", "t_idle_ns", "end_min_ns"} at once
-(trainer.transport's on_arrival); and a worker that starts an op whose output goes to a
+(trainer.transport's on_arrival). Once a message has begun, both also carry "end_max_ns": first
+byte + the longest first-to-last-byte time of the last SPREAD_HISTORY messages of its kind (an
+estimate from this channel's own history, not a bound: a learned prediction that promised more
+is cut to it). And a worker that starts an op whose output goes to a
 neighbour in its own DC (the same controller) sends {"host": that neighbour, "awaits": [...],
 "end_min_ns": the op's start + its profile hold}. These are bounds from the configured link and
 the profile, not predictions.
@@ -47,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+from collections import deque
 import sys
 import threading
 import time
@@ -77,6 +82,9 @@ def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.
     # weight_decay=0 and foreach=False: the per-parameter update must not depend on how the
     # parameters are grouped, so a stage and a single process step identically.
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, foreach=False)
+
+
+SPREAD_HISTORY = 8    # messages whose first-to-last-byte time gives an arrival's expected end
 
 
 def wire_ns(n_bytes: int, rate_mbit: float) -> int:
@@ -125,6 +133,10 @@ class StageWorker:
         # rate_mbit); the notice and the reader thread's arrival notice take turns under the lock
         self._awaiting: tuple[tuple[int, int, int], int, float | None] | None = None
         self._await_lock = threading.Lock()
+        # per kind: how long the last messages took from first byte to last (ns; iteration 0,
+        # warm-up, left out): once a message has begun, its last byte is expected by then
+        self._spreads: dict[int, deque[int]] = {KIND_ACT: deque(maxlen=SPREAD_HISTORY),
+                                                KIND_GRAD: deque(maxlen=SPREAD_HISTORY)}
         # the schedule rows of the neighbours that make this worker's inputs (their op index
         # names the op making a message, for the notices' "maker")
         table = schedule_table(self.cfg.schedule, self.cfg.stages, self.cfg.micro_batches)
@@ -224,6 +236,9 @@ class StageWorker:
         """Wait for one message from a neighbour, recording the wait as RECV_F / RECV_B."""
         t = time.time_ns()
         got = channel.recv(kind, it, mb, self.spec.recv_timeout_s)
+        if it > 0:
+            with self._await_lock:
+                self._spreads[kind].append(got.t_last_ns - got.t_first_ns)
         self.log.span("RECV_F" if kind == KIND_ACT else "RECV_B", t, time.time_ns(), it, mb,
                       bytes=got.payload_bytes + got.pad_bytes, t_arrived_ns=got.t_last_ns,
                       t_first_ns=got.t_first_ns)
@@ -286,16 +301,20 @@ class StageWorker:
                   "t_pred_end_ns": t_pred_end_ns, "iteration": next_it, "op": next_k,
                   "gaps_ns": self.bubbles.history_ns(next_k)}
         with self._await_lock:
-            notice.update(self._arrival_bound(next_it, next_k, t_idle_ns))
+            bound = self._arrival_bound(next_it, next_k, t_idle_ns)
+            if bound is None:       # its input is already in: the op starts now, no bubble
+                return
+            notice.update(bound)
             self._send(notice)
         op = self.bubbles.ops[next_k]
         self.log.span("IDLE", t_idle_ns, t_pred_end_ns, next_it,
                       None if op == OPT else parse_action(op)[1], op=next_k,
                       **{k: notice[k] for k in ("wire_ns", "end_min_ns") if k in notice})
 
-    def _arrival_bound(self, it: int, k: int, t_idle_ns: int) -> dict:
+    def _arrival_bound(self, it: int, k: int, t_idle_ns: int) -> dict | None:
         """The notice's arrival bound for op k (module docstring), and what the reader thread
-        is to watch for (under self._await_lock)."""
+        is to watch for (under self._await_lock); None when the message op k awaits is
+        already in (op k starts at once: there is no bubble to announce)."""
         self._awaiting = None
         op = self.bubbles.ops[k]
         if op == OPT:
@@ -308,10 +327,12 @@ class StageWorker:
         else:
             return {}
         out: dict = {"awaits": [code, it, mb]}
+        got = channel.arrival(code, it, mb)
+        if got is not None and got.complete:
+            return None
         if inbound is None:
             return out
         rate = inbound["rate_mbit"]
-        got = channel.arrival(code, it, mb)
         if got is None:       # not begun: notices follow when it does (and when it is made)
             self._awaiting = ((code, it, mb), t_idle_ns, rate)
             out["pending"] = True
@@ -322,9 +343,17 @@ class StageWorker:
                 maker = self.spec.prev if code == KIND_ACT else self.spec.next
                 row = self._maker_rows[code]
                 out["maker"] = [maker.host, it, row.index(f"{kind}{mb}")]
-        elif not got.complete and rate is not None:
-            out["end_min_ns"] = got.t_first_ns + wire_ns(got.total_bytes, rate)
+        else:
+            if rate is not None:
+                out["end_min_ns"] = got.t_first_ns + wire_ns(got.total_bytes, rate)
+            out.update(self._expected_end(code, got.t_first_ns))
         return out
+
+    def _expected_end(self, code: int, t_first_ns: int) -> dict:
+        """{"end_max_ns": first byte + the longest first-to-last-byte time of the last
+        messages of this kind} (an estimate, not a bound), or {} without history."""
+        spreads = self._spreads[code]
+        return {"end_max_ns": t_first_ns + max(spreads)} if spreads else {}
 
     def _announce_output(self, code: int, it: int, mb: int, t_start_ns: int,
                          hold_ms: float) -> None:
@@ -348,7 +377,8 @@ class StageWorker:
             self._awaiting = None
             self._send({"host": self.spec.host, "t_idle_ns": w[1],
                         "end_min_ns": a.t_first_ns + (0 if w[2] is None
-                                                      else wire_ns(a.total_bytes, w[2]))})
+                                                      else wire_ns(a.total_bytes, w[2])),
+                        **self._expected_end(a.kind, a.t_first_ns)})
 
     # -- one iteration --------------------------------------------------------------------
     def iteration(self, it: int) -> list[float]:
