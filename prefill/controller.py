@@ -28,8 +28,9 @@ the notice: host, iteration, op index) has not begun that op and sits in the bub
 it begins no sooner than that bubble's own bound: bounds chain across the DC's hosts (learned
 predictions do not). Never less than the learned prediction, except that once the message has
 begun, a prediction past its expected end ("end_max_ns": first byte + the longest first-to-last
-byte time of that channel's last messages) is cut to that: the message is nearly in, and a
-prefill admitted past it would make training wait (the admission's guard is the slack).
+byte time of that channel's last messages; or, made by a host of this DC, the end of the op
+making it + that time, "spread_ns") is cut to that: the message is nearly in, and a prefill
+admitted past it would make training wait (the admission's guard is the slack).
 margin (`arrival_margin_ms`, wall clock) covers the notices' latency, the reader thread's wait
 for the GIL before it reads the first byte's time, and bytes that arrive together (HTB's
 bucket). Bubbles end later than the learned minimum whenever Atlas's slots come
@@ -129,6 +130,7 @@ class Notice:
     wire_ns: int | None = None
     made_ns: int | None = None
     maker: tuple[str, int, int] | None = None
+    spread_ns: int | None = None
     end_min_ns: int | None = None
     end_max_ns: int | None = None
 
@@ -159,8 +161,8 @@ def parse_notice(n: dict) -> Notice:
                       op=_opt_int(n, "op"), gaps_ns=sorted(int(g) for g in n.get("gaps_ns", [])),
                       awaits=awaits, pending=bool(n.get("pending", False)),
                       wire_ns=_opt_int(n, "wire_ns"), made_ns=_opt_int(n, "made_ns"),
-                      maker=maker, end_min_ns=_opt_int(n, "end_min_ns"),
-                      end_max_ns=_opt_int(n, "end_max_ns"))
+                      maker=maker, spread_ns=_opt_int(n, "spread_ns"),
+                      end_min_ns=_opt_int(n, "end_min_ns"), end_max_ns=_opt_int(n, "end_max_ns"))
     end_min = int(n["end_min_ns"])
     if "t_idle_ns" in n:
         return Notice(kind="arrival", host=host, t_idle_ns=int(n["t_idle_ns"]),
@@ -194,6 +196,7 @@ class Bubble:
     made_ns: int | None = None     # the hold of the neighbour's op making it (same DC)
     made: bool = False             # that op has begun (its output notice came)
     maker: tuple[str, int, int] | None = None   # (host, iteration, op index) of that op
+    spread_ns: int | None = None   # once made, it is expected in within this (its history)
     end_min_ns: int | None = None
     end_max_ns: int | None = None  # begun: its last byte expected by then (its history)
     t_bound_end_ns: int = 0        # the latest end the bound gave past the prediction
@@ -202,6 +205,14 @@ class Bubble:
     def raise_end_min(self, t_ns: int | None) -> None:
         if t_ns is not None and (self.end_min_ns is None or t_ns > self.end_min_ns):
             self.end_min_ns = t_ns
+
+    def made_at(self, t_ns: int) -> None:
+        """The output notice: the op making the message ends no sooner than t_ns; the message
+        is then expected in within spread_ns (an estimate, until its own arrival notice)."""
+        self.made = True
+        self.raise_end_min(t_ns)
+        if self.pending and self.spread_ns is not None:
+            self.end_max_ns = t_ns + self.spread_ns
 
     def bound_ns(self, now_ns: int, margin_ns: int, maker_from_ns: int | None = None
                  ) -> int | None:
@@ -367,8 +378,7 @@ class Controller:
             return
         if n.kind == "output":      # the neighbour began the op whose output this host awaits
             if old is not None and old.awaits == n.awaits:
-                old.made = True
-                old.raise_end_min(n.end_min_ns)
+                old.made_at(n.end_min_ns)
                 self.cv.notify_all()
             else:                   # it may come before the host goes idle
                 pending = self.pending_bounds[host]
@@ -382,11 +392,10 @@ class Controller:
         b = Bubble(n.t_idle_ns, n.t_pred_end_ns, n.iteration, n.op, n.gaps_ns,
                    t_first_pred_end_ns=n.t_pred_end_ns, awaits=n.awaits, pending=n.pending,
                    wire_ns=n.wire_ns, made_ns=n.made_ns, maker=n.maker,
-                   end_max_ns=n.end_max_ns)
+                   spread_ns=n.spread_ns, end_max_ns=n.end_max_ns)
         b.raise_end_min(n.end_min_ns)
         if n.awaits is not None and n.awaits in self.pending_bounds[host]:
-            b.made = True
-            b.raise_end_min(self.pending_bounds[host].pop(n.awaits))
+            b.made_at(self.pending_bounds[host].pop(n.awaits))
         self.bubbles[host] = b
         self.started.set()
         self.cv.notify_all()

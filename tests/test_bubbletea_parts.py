@@ -270,10 +270,10 @@ def test_notices_parse_by_kind_and_refuse_malformed_ones():
     from prefill.controller import parse_notice
     b = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9, "iteration": 3, "op": 2,
                       "gaps_ns": [9, 4], "awaits": [1, 3, 0], "pending": True, "wire_ns": 7,
-                      "made_ns": 6})
+                      "made_ns": 6, "spread_ns": 2})
     assert (b.kind, b.t_idle_ns, b.t_pred_end_ns, b.gaps_ns, b.awaits) == \
         ("bubble", 5, 9, [4, 9], (1, 3, 0))
-    assert (b.pending, b.wire_ns, b.made_ns, b.end_min_ns) == (True, 7, 6, None)
+    assert (b.pending, b.wire_ns, b.made_ns, b.spread_ns, b.end_min_ns) == (True, 7, 6, 2, None)
     old = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9})   # no bound fields
     assert (old.awaits, old.pending, old.wire_ns, old.made_ns) == (None, False, None, None)
     assert parse_notice({"host": "h1", "busy_ns": 12}).kind == "busy"
@@ -372,9 +372,10 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
             ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 10 * MS,
                                          "t_pred_end_ns": 40 * MS, "awaits": [2, 3, 1],
                                          "pending": True, "wire_ns": 1 * MS,
-                                         "made_ns": 50 * MS}))
+                                         "made_ns": 50 * MS, "spread_ns": 3 * MS}))
             b = ctl.bubbles["a-h1"]
             assert b.made and b.end_min_ns == 90 * MS and ctl.pending_bounds["a-h1"] == {}
+            assert b.end_max_ns == 93 * MS       # made at 90: expected in by 90 + 3
             assert ctl.end_of(b, 20 * MS) == 91 * MS - margin     # made at 90, then 1 of wire
             ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 10 * MS,
                                          "end_min_ns": 95 * MS, "end_max_ns": 97 * MS}))
@@ -394,6 +395,7 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
             ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 2],
                                          "end_min_ns": 250 * MS}))
             assert b2.made and ctl.end_of(b2, 215 * MS) == 251 * MS - margin
+            assert b2.end_max_ns is None         # no history of spreads: no estimate
             ctl._on_notice(parse_notice({"host": "a-h1", "busy_ns": 252 * MS}))
             assert b2.closed and ctl.bubbles["a-h1"] is None
         off = Controller(dataclasses.replace(

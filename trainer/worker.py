@@ -34,8 +34,10 @@ bytes needs at least N * 8 / rate after its first byte (rate: the lowest on its 
 notice of a bubble that waits for a message names it ("awaits": [kind, iteration, micro-batch])
 and, when the message has not begun to arrive, says so ("pending": true) with "wire_ns" (its
 least wire time) and, if the neighbour making it is in this DC, "made_ns" (that op's hold) and
-"maker" ([its host, iteration, op index in its row]): the controller may count the bubble as
-lasting until now + made_ns + wire_ns for as long as it hears nothing more. When the message has begun: "end_min_ns" (first byte + wire time). When its first
+"maker" ([its host, iteration, op index in its row]) and "spread_ns" (the longest recent
+first-to-last-byte time of that kind: once made, it is expected in within this): the controller
+may count the bubble as lasting until now + made_ns + wire_ns for as long as it hears nothing
+more. When the message has begun: "end_min_ns" (first byte + wire time). When its first
 byte comes later, the channel's reader thread sends {"host", "t_idle_ns", "end_min_ns"} at once
 (trainer.transport's on_arrival). Once a message has begun, both also carry "end_max_ns": first
 byte + the longest first-to-last-byte time of the last SPREAD_HISTORY messages of its kind (an
@@ -343,6 +345,8 @@ class StageWorker:
                 maker = self.spec.prev if code == KIND_ACT else self.spec.next
                 row = self._maker_rows[code]
                 out["maker"] = [maker.host, it, row.index(f"{kind}{mb}")]
+                if self._spreads[code]:   # made, it is expected in within this
+                    out["spread_ns"] = max(self._spreads[code])
         else:
             if rate is not None:
                 out["end_min_ns"] = got.t_first_ns + wire_ns(got.total_bytes, rate)
