@@ -22,7 +22,9 @@ Used by every system whose name ends in "+bubbletea" (testbed.systems); testbed.
                                  # round trip between two prefills of a bubble)
       arrival_bound: true        # a bubble waiting for a message lasts at least until its last
                                  # byte can be in: while it has not begun, now + its wire time at
-                                 # the lowest rate on its way; once it has, first byte + that
+                                 # the lowest rate on its way (+ the hold of the op making it, if
+                                 # that is in this DC and has not begun); once it has, first
+                                 # byte + that (off by itself under WAN jitter or delay/rate faults)
       arrival_margin_ms: 8       # taken off that bound, in this machine's wall-clock ms (not
                                  # dilated: what it covers is the emulation's own latency, the
                                  # notices' and the reader thread's wait for the GIL; seen up to

@@ -22,11 +22,12 @@ had not begun ("pending", with "wire_ns" and, when the neighbour making it is in
 "made_ns") and no arrival notice has come since, the bubble counts as lasting until now +
 wire_ns (+ made_ns until that neighbour's output notice comes) - margin: it rolls forward.
 The arrival notice (first byte + wire time) and the output notice (the start of the
-neighbour's op + its hold; kept until the bubble it belongs to is announced) each give an
+neighbour's op + its hold; kept until the bubble it belongs to is announced, at most into the
+next iteration) each give an
 "end_min_ns": the bubble lasts until the latest of them - margin. While the maker (named in
 the notice: host, iteration, op index) has not begun that op and sits in the bubble before it,
-it begins no sooner than that bubble's own bound: bounds chain across the DC's hosts (learned
-predictions do not). Never less than the learned prediction, except that once the message has
+it begins no sooner than that bubble's own bound: bounds chain, one host back (the maker's bound
+without its own maker's; learned predictions do not chain). Never less than the learned prediction, except that once the message has
 begun, a prediction past its expected end ("end_max_ns": first byte + the longest first-to-last
 byte time of that channel's last messages; or, made by a host of this DC, the end of the op
 making it + that time, "spread_ns") is cut to that: the message is nearly in, and a prefill
@@ -34,7 +35,9 @@ admitted past it would make training wait (the admission's guard is the slack).
 margin (`arrival_margin_ms`, wall clock) covers the notices' latency, the reader thread's wait
 for the GIL before it reads the first byte's time, and bytes that arrive together (HTB's
 bucket). Bubbles end later than the learned minimum whenever Atlas's slots come
-in another order; this is how the controller uses that time.
+in another order; this is how the controller uses that time. The bound holds as long as no
+notice that would lower it is lost: every worker numbers its datagrams, and the controller
+counts the numbers it never saw (SUMMARY's notices_lost). The Bubble logic is prefill/bubble.py.
 
 Records (JSONL, docs/bubbletea/design.md): REQUEST per request (outcome served | late | expired
 | failed | unserved), DISPATCH per message answered, BUBBLE per notice (what went in, and why
@@ -56,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from prefill.admission import Admission, Pending, choose, chunk_hold_ns, make_pending
+from prefill.bubble import Bubble, Notice, parse_notice
 from prefill.config import BubbleTeaConfig
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
@@ -106,155 +110,6 @@ def prompt_for(request_id: str, n_tokens: int, vocab_size: int) -> list[int]:
     return [rng.randrange(vocab_size) for _ in range(n_tokens)]
 
 
-PENDING_KEEP_NS = 10**9   # an output notice for a bubble not yet announced is kept 1 s
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Notice:
-    """One datagram from a training worker (trainer/worker.py): kind "bubble" (the GPU is idle
-    from t_idle_ns until about t_pred_end_ns), "busy" (t_ns: it took the GPU again), "arrival"
-    (the message the bubble from t_idle_ns awaits began to arrive: it is in no sooner than
-    end_min_ns) or "output" (a neighbour in this DC began the op that makes the message
-    `awaits`, which host then awaits: not in before end_min_ns)."""
-
-    kind: str
-    host: str
-    t_ns: int = 0
-    t_idle_ns: int = 0
-    t_pred_end_ns: int = 0
-    iteration: int | None = None
-    op: int | None = None
-    gaps_ns: list[int] = field(default_factory=list)
-    awaits: tuple[int, int, int] | None = None
-    pending: bool = False
-    wire_ns: int | None = None
-    made_ns: int | None = None
-    maker: tuple[str, int, int] | None = None
-    spread_ns: int | None = None
-    end_min_ns: int | None = None
-    end_max_ns: int | None = None
-
-
-def _opt_int(n: dict, key: str) -> int | None:
-    return None if n.get(key) is None else int(n[key])
-
-
-def parse_notice(n: dict) -> Notice:
-    """A notice from its JSON object; KeyError, TypeError or ValueError if malformed."""
-    host = n["host"]
-    if not isinstance(host, str):
-        raise TypeError("host must be a string")
-    awaits = None if n.get("awaits") is None else tuple(int(x) for x in n["awaits"])
-    if awaits is not None and len(awaits) != 3:
-        raise ValueError("awaits must be [kind, iteration, micro-batch]")
-    if "busy_ns" in n:
-        return Notice(kind="busy", host=host, t_ns=int(n["busy_ns"]))
-    maker = None
-    if n.get("maker") is not None:
-        host_m, it_m, op_m = n["maker"]
-        if not isinstance(host_m, str):
-            raise TypeError("maker host must be a string")
-        maker = (host_m, int(it_m), int(op_m))
-    if "t_pred_end_ns" in n:
-        return Notice(kind="bubble", host=host, t_idle_ns=int(n["t_idle_ns"]),
-                      t_pred_end_ns=int(n["t_pred_end_ns"]), iteration=_opt_int(n, "iteration"),
-                      op=_opt_int(n, "op"), gaps_ns=sorted(int(g) for g in n.get("gaps_ns", [])),
-                      awaits=awaits, pending=bool(n.get("pending", False)),
-                      wire_ns=_opt_int(n, "wire_ns"), made_ns=_opt_int(n, "made_ns"),
-                      maker=maker, spread_ns=_opt_int(n, "spread_ns"),
-                      end_min_ns=_opt_int(n, "end_min_ns"), end_max_ns=_opt_int(n, "end_max_ns"))
-    end_min = int(n["end_min_ns"])
-    if "t_idle_ns" in n:
-        return Notice(kind="arrival", host=host, t_idle_ns=int(n["t_idle_ns"]),
-                      end_min_ns=end_min, end_max_ns=_opt_int(n, "end_max_ns"))
-    if awaits is None:
-        raise KeyError("awaits")
-    return Notice(kind="output", host=host, awaits=awaits, end_min_ns=end_min,
-                  t_ns=int(n.get("t_ns", end_min)))
-
-
-@dataclass
-class Bubble:
-    t_idle_ns: int
-    t_pred_end_ns: int
-    iteration: int | None
-    op: int | None
-    gaps_ns: list[int] = field(default_factory=list)   # the worker's learned gaps, ascending
-    dispatched: list[str] = field(default_factory=list)
-    reason: str = "no_request"
-    extended: int = 0
-    t_first_pred_end_ns: int = 0
-    in_flight: int = 0           # prefills of this bubble awaiting their replies (recorded after)
-    closed: bool = False
-    # the arrival bound (module docstring): the message the next op waits for, as
-    # [kind, iteration, micro-batch]; its least wire time while it has not begun to arrive;
-    # the latest known time before which it cannot be in (first byte + wire time, or the end
-    # of the neighbour's op that makes it)
-    awaits: tuple[int, int, int] | None = None
-    pending: bool = False          # the message had not begun to arrive, and nothing since
-    wire_ns: int | None = None     # its least wire time
-    made_ns: int | None = None     # the hold of the neighbour's op making it (same DC)
-    made: bool = False             # that op has begun (its output notice came)
-    maker: tuple[str, int, int] | None = None   # (host, iteration, op index) of that op
-    spread_ns: int | None = None   # once made, it is expected in within this (its history)
-    end_min_ns: int | None = None
-    end_max_ns: int | None = None  # begun: its last byte expected by then (its history)
-    t_bound_end_ns: int = 0        # the latest end the bound gave past the prediction
-    t_cap_end_ns: int = 0          # the earliest end end_max_ns gave before the prediction
-
-    def raise_end_min(self, t_ns: int | None) -> None:
-        if t_ns is not None and (self.end_min_ns is None or t_ns > self.end_min_ns):
-            self.end_min_ns = t_ns
-
-    def made_at(self, t_ns: int) -> None:
-        """The output notice: the op making the message ends no sooner than t_ns; the message
-        is then expected in within spread_ns (an estimate, until its own arrival notice)."""
-        self.made = True
-        self.raise_end_min(t_ns)
-        if self.pending and self.spread_ns is not None:
-            self.end_max_ns = t_ns + self.spread_ns
-
-    def bound_ns(self, now_ns: int, margin_ns: int, maker_from_ns: int | None = None
-                 ) -> int | None:
-        """The arrival bound alone (no prediction), or None. maker_from_ns: no sooner than this
-        can the op making the message start (the maker's own bubble's bound, when known)."""
-        bound = None if self.end_min_ns is None else self.end_min_ns - margin_ns
-        if self.pending:   # its first byte comes no sooner than now, or than it is made
-            if self.made:
-                first = max(now_ns, self.end_min_ns or 0)
-            else:
-                first = max(now_ns, maker_from_ns or 0) + (self.made_ns or 0)
-            rolling = first + (self.wire_ns or 0) - margin_ns
-            if rolling > now_ns:   # (else it says nothing)
-                bound = rolling if bound is None else max(bound, rolling)
-        return bound
-
-    def end_ns(self, now_ns: int, margin_ns: int, maker_from_ns: int | None = None) -> int:
-        """The end admission uses now: the prediction, cut to the begun message's expected end
-        where that is sooner, or the arrival bound where that is later."""
-        est = self.t_pred_end_ns
-        if self.end_max_ns is not None and self.end_max_ns < est:
-            est = self.end_max_ns     # (the admission's guard is the slack)
-            self.t_cap_end_ns = min(self.t_cap_end_ns or est, est)
-        bound = self.bound_ns(now_ns, margin_ns, maker_from_ns)
-        if bound is None or bound <= est:
-            return est
-        if bound > self.t_pred_end_ns:
-            self.t_bound_end_ns = max(self.t_bound_end_ns, bound)
-        return bound
-
-    def extend(self, now_ns: int, margin_ns: int) -> bool:
-        """The GPU is still idle past the predicted end (no busy notice): the gap is one of
-        the longer ones seen before this op; expect the next of those. False if none is left."""
-        elapsed = now_ns - self.t_idle_ns
-        longer = [g for g in self.gaps_ns if g > elapsed + margin_ns]
-        if not longer:
-            return False
-        self.t_pred_end_ns = self.t_idle_ns + longer[0]
-        self.extended += 1
-        return True
-
-
 @dataclass(kw_only=True)
 class Job:
     """One prefill message sent to a host's server, awaiting its reply."""
@@ -283,7 +138,8 @@ class Controller:
         self.started = threading.Event()
         self.bubbles: dict[str, Bubble | None] = {e.host: None for e in spec.prefill_servers}
         self.counts = {k: 0 for k in ("arrived", "served", "late", "expired", "failed",
-                                      "unserved", "retried", "notices")}
+                                      "unserved", "retried", "notices", "notices_lost")}
+        self.last_seq: dict[str, int] = {}   # per host: the highest notice number heard
         self._decode_rr = 0
         self.waiting = 0      # host agents waiting for an arrival inside an open bubble
         self.extend_margin_ns = int(EXTEND_MARGIN_MS * spec.time_scale * 1e6)
@@ -352,17 +208,27 @@ class Controller:
         while not self.stop.is_set():
             try:
                 data, _ = self._sock.recvfrom(MAX_NOTICE_BYTES)
-                n = parse_notice(json.loads(data))
+                raw = json.loads(data)
+                n = parse_notice(raw)
+                seq = raw.get("seq")
             except socket.timeout:
                 continue
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, ArithmeticError):
                 continue   # a malformed notice is ignored; training never waits on us
             if n.host not in self.bubbles:
                 continue
             with self.cv:
+                if isinstance(seq, int):
+                    self._count_lost(n.host, seq)
                 self._on_notice(n)
 
-    def _on_notice(self, n: "Notice") -> None:   # under self.cv
+    def _count_lost(self, host: str, seq: int) -> None:   # under self.cv
+        last = self.last_seq.get(host, -1)     # workers start after the controller: from 0
+        if seq > last + 1:
+            self.counts["notices_lost"] += seq - last - 1
+        self.last_seq[host] = max(last, seq)
+
+    def _on_notice(self, n: Notice) -> None:   # under self.cv
         host, old = n.host, self.bubbles[n.host]
         if n.kind == "busy":        # training took the GPU: that bubble is over
             if old is not None and old.t_idle_ns <= n.t_ns:
@@ -383,8 +249,6 @@ class Controller:
             else:                   # it may come before the host goes idle
                 pending = self.pending_bounds[host]
                 pending[n.awaits] = max(pending.get(n.awaits, 0), n.end_min_ns)
-                for key in [k for k, t in pending.items() if t < n.t_ns - PENDING_KEEP_NS]:
-                    del pending[key]
             return
         self.counts["notices"] += 1
         if old is not None:
@@ -396,6 +260,10 @@ class Controller:
         b.raise_end_min(n.end_min_ns)
         if n.awaits is not None and n.awaits in self.pending_bounds[host]:
             b.made_at(self.pending_bounds[host].pop(n.awaits))
+        if n.iteration is not None:   # output notices for iterations before the last are stale
+            pending = self.pending_bounds[host]
+            for key in [k for k in pending if k[1] < n.iteration - 1]:
+                del pending[key]
         self.bubbles[host] = b
         self.started.set()
         self.cv.notify_all()

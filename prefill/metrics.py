@@ -22,7 +22,10 @@ iterations of the system without BubbleTea).
   latency), and after the last prefill (or the whole gap) the bubble's end reason from the
   controller: no_request, none_fitted, guard, rejected, host_down, filled (ran to the predicted
   end), allreduce (the gap before the optimizer step, not announced unless fill_allreduce), or
-  not_predicted (no notice: a gap under 1 ms, no history yet, or a lost datagram).
+  not_predicted (no notice: a gap under 1 ms, no history yet, the awaited message already in
+  when the op before ended, or a lost datagram).
+- notices_lost: worker datagrams the controllers never got (their numbers are missing); the
+  arrival bound holds only if none that would lower it is lost.
 Times are emulated; figures are in real time (divided by time_scale).
 """
 
@@ -172,6 +175,8 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
             "share_by_cause": {c: (unused[c] / total_unused if total_unused else 0.0)
                                for c in REASONS},
         },
+        "notices_lost": sum(r.get("notices_lost", 0) for r in records
+                            if r["name"] == "SUMMARY"),
         "load": load or {},
         "crashed": list(crashed),
     }

@@ -80,7 +80,7 @@ def figures(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes], Path],
 
 
 def draw_timelines(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes], Path]) -> list[Path]:
-    from trainer.timeline_plot import plot_timeline
+    from trainer.timeline_plot import plot_timeline, timeline_extras
     out = []
     for r in runs:
         for name in r.metrics["systems"]:
@@ -88,8 +88,7 @@ def draw_timelines(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes],
             if not spans_path.is_file():
                 continue
             prefill_path = r.path / name / "prefill_records.jsonl"
-            extra = ([x for x in read_jsonl(prefill_path) if x["name"] == "PREFILL"
-                      or (x["name"] == "BUBBLE" and x.get("t_bound_end_ns"))]
+            extra = (timeline_extras(list(read_jsonl(prefill_path)))
                      if prefill_path.is_file() else None)
             bt = r.metrics["systems"][name].get("bubbletea")
             iteration = bt["iterations"][len(bt["iterations"]) // 2] if bt else None

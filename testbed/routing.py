@@ -118,16 +118,3 @@ def dc_paths(scenario: "Scenario") -> list[Path]:
     """The path every ordered DC pair's traffic takes in a scenario (configured delays)."""
     return paths([dc.name for dc in scenario.dcs], edges_of(scenario), scenario.routing)
 
-
-def bottleneck_mbit(scenario: "Scenario", src: str, dst: str) -> float | None:
-    """The lowest rate (Mbit/s, as given in `scenario`: pass `scenario.emulated()` for what the
-    network shapes) on the way from a host in DC src to one in DC dst: both host links and,
-    between two DCs, every WAN link of the routed path. None when nothing on the way is shaped
-    (hosts of one DC on unshaped veths)."""
-    dcs = {d.name: d for d in scenario.dcs}
-    rates = [dcs[dc].rate_mbit for dc in (src, dst) if dcs[dc].rate_mbit is not None]
-    if src != dst:
-        path = next(p for p in dc_paths(scenario) if (p.src, p.dst) == (src, dst))
-        rate = {frozenset((w.a, w.b)): w.rate_mbit for w in scenario.wan}
-        rates += [rate[frozenset(hop)] for hop in zip(path.dcs, path.dcs[1:])]
-    return min(rates) if rates else None

@@ -29,11 +29,11 @@ from testbed.machine import CpuTimes
 from testbed.network import Network
 from testbed.placement import place_for_system
 from testbed.results import write_json, write_text
-from testbed.routing import bottleneck_mbit
 from testbed.slotplan import plan_slots
 from testbed.runcheck import check_faults
 from testbed.timeouts import timeouts_for
-from testbed.systems import System, connections_for
+from testbed.systems import (System, arrival_bounds_hold, connections_for,
+                             host_path_rate_mbit)
 
 # SCHED_FIFO of the workers' stage-to-stage I/O threads (below the delay lines' and arbiters'
 # 50): a sender granted a slot, or a reader whose bytes arrived, runs at once instead of after
@@ -53,7 +53,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     from trainer.launch import HostInfo, launch
     from trainer.events import read_jsonl
     from trainer.metrics import congestion_control_in_use, in_real_time, metrics_from_records
-    from trainer.timeline_plot import plot_timeline
+    from trainer.timeline_plot import plot_timeline, timeline_extras
 
     placement = place_for_system(scenario, cfg, system)
     prediction = None
@@ -88,10 +88,16 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
             net.wan_stats()  # start this system's interval of WAN packet counts
             cpu_before = CpuTimes.now()
             sharing = temporal.start(net, slots, placement, sys_dir) if system.temporal else None
-            prefill = None
+            prefill = inbound = None
             try:
                 if system.fill_bubbles:
                     prefill = bubbletea.start(net, scenario, cfg, placement, sys_dir, system.name)
+                    why_not = arrival_bounds_hold(scenario)
+                    if scenario.bubbletea.arrival_bound and why_not is None:
+                        inbound = lambda a, b: host_path_rate_mbit(emulated, a, b)  # noqa: E731
+                    elif scenario.bubbletea.arrival_bound:
+                        progress(f"bubbletea: no arrival bound ({why_not}: bytes can come "
+                                 f"faster than the configured rates)")
                     progress(f"bubbletea: {prefill.load['kept']} requests over "
                              f"{', '.join(f'{dc} {len(r)}' for dc, r in prefill.load['per_dc'].items())}"
                              f" ({prefill.load['refused']} refused, {prefill.load['truncated']} "
@@ -117,8 +123,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                  gate=None if sharing is None else sharing.gate_for,
                                  io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
                                  gpu_share=None if prefill is None else prefill.gpu_share,
-                                 inbound_rate=None if prefill is None else
-                                 lambda a, b: bottleneck_mbit(emulated, a, b))
+                                 inbound_rate=inbound)
                 except BaseException:
                     stopped_s = None if runner is None else round(runner.now_s(), 3)
                     raise
@@ -211,8 +216,11 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                                        if k != "per_dc"},
                                                  crashed=crashed)
         metrics["bubbletea"]["cpu_s"] = prefill_cpu
-        extra = [r for r in records if r["name"] == "PREFILL"
-                 or (r["name"] == "BUBBLE" and r.get("t_bound_end_ns"))]
+        why_not = arrival_bounds_hold(scenario)
+        metrics["bubbletea"]["arrival_bound"] = (
+            "off" if not scenario.bubbletea.arrival_bound else
+            "on" if why_not is None else f"off: {why_not}")
+        extra = timeline_extras(records)
         filled = metrics["bubbletea"]["iterations"]    # draw one the prefills could fill
         shown_iteration = filled[len(filled) // 2]
     if cross_results is not None:

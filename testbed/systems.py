@@ -133,6 +133,28 @@ def path_rate_mbit(scenario: "Scenario", src_dc: str, dst_dc: str) -> float:
     return min(rate[frozenset(hop)] for hop in zip(dcs, dcs[1:]))
 
 
+def host_path_rate_mbit(scenario: "Scenario", src_dc: str, dst_dc: str) -> float | None:
+    """The lowest rate (Mbit/s, as given in `scenario`: pass `scenario.emulated()` for what the
+    network shapes) from a host in src_dc to one in dst_dc: both host links and, between two
+    DCs, path_rate_mbit. None when nothing on the way is shaped (one DC's unshaped veths)."""
+    dcs = {d.name: d for d in scenario.dcs}
+    rates = [dcs[dc].rate_mbit for dc in {src_dc, dst_dc} if dcs[dc].rate_mbit is not None]
+    if src_dc != dst_dc:
+        rates.append(path_rate_mbit(scenario, src_dc, dst_dc))
+    return min(rates) if rates else None
+
+
+def arrival_bounds_hold(scenario: "Scenario") -> str | None:
+    """Why a message's bytes could come faster than the configured rates allow, so that
+    BubbleTea's arrival bound would not be a bound (None: they cannot): jitter on a WAN link (a
+    message's packets squeezed together), or faults that change a link's delay or rate."""
+    jittery = [f"{w.a}-{w.b}" for w in scenario.wan if w.jitter_ms > 0]
+    if jittery:
+        return f"jitter on {', '.join(jittery)}"
+    changed = sorted({f.kind for f in scenario.faults if f.kind in ("delay", "rate")})
+    return f"{' and '.join(changed)} faults" if changed else None
+
+
 def scenario_connections(scenario: "Scenario", src_dc: str, dst_dc: str) -> int:
     """The scenario's K for transfers src_dc -> dst_dc: its `connections`, or the auto rule."""
     if src_dc == dst_dc:

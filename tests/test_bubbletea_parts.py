@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -258,7 +256,7 @@ def test_metrics_utilization_overlap_wait_and_unused_causes():
 
 
 def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
-    from prefill.controller import Bubble
+    from prefill.bubble import Bubble
     b = Bubble(t_idle_ns=0, t_pred_end_ns=38 * MS, iteration=3, op=2,
                gaps_ns=[38 * MS, 77 * MS, 96 * MS], t_first_pred_end_ns=38 * MS)
     assert b.extend(39 * MS, 1 * MS) and b.t_pred_end_ns == 77 * MS and b.extended == 1
@@ -267,7 +265,7 @@ def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
 
 
 def test_notices_parse_by_kind_and_refuse_malformed_ones():
-    from prefill.controller import parse_notice
+    from prefill.bubble import parse_notice
     b = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9, "iteration": 3, "op": 2,
                       "gaps_ns": [9, 4], "awaits": [1, 3, 0], "pending": True, "wire_ns": 7,
                       "made_ns": 6, "spread_ns": 2})
@@ -281,15 +279,19 @@ def test_notices_parse_by_kind_and_refuse_malformed_ones():
     assert (a.kind, a.t_idle_ns, a.end_min_ns, a.end_max_ns) == ("arrival", 5, 30, 33)
     o = parse_notice({"host": "h1", "awaits": [2, 3, 1], "end_min_ns": 40})
     assert (o.kind, o.awaits, o.end_min_ns) == ("output", (2, 3, 1), 40)
+    assert parse_notice({"host": "h1", "busy_ns": 3, "awaits": "junk"}).kind == "busy"
     for bad in ({}, {"host": 3, "busy_ns": 1}, {"host": "h1", "end_min_ns": 4},
                 {"host": "h1", "awaits": [1, 2], "end_min_ns": 4},
-                {"host": "h1", "t_idle_ns": "x", "t_pred_end_ns": 2}):
-        with pytest.raises((KeyError, TypeError, ValueError)):
+                {"host": "h1", "awaits": "123", "end_min_ns": 4},
+                {"host": "h1", "t_idle_ns": 1, "t_pred_end_ns": 2, "maker": [1, 2, 3]},
+                {"host": "h1", "t_idle_ns": "x", "t_pred_end_ns": 2},
+                {"host": "h1", "t_idle_ns": float("inf"), "t_pred_end_ns": 2}):
+        with pytest.raises((KeyError, TypeError, ValueError, OverflowError)):
             parse_notice(bad)
 
 
 def test_arrival_bound_rolls_while_nothing_is_heard_then_holds():
-    from prefill.controller import Bubble
+    from prefill.bubble import Bubble
     margin = 2 * MS
     b = Bubble(t_idle_ns=0, t_pred_end_ns=30 * MS, iteration=3, op=1, pending=True,
                wire_ns=50 * MS, made_ns=20 * MS, awaits=(2, 3, 1))
@@ -331,7 +333,7 @@ def test_arrival_bound_never_passes_the_message(made_start_ms, hold_ms, wait_ms,
     (the WAN slot), whose bytes take at least their wire time (more when slower): with every
     notice heard within the margin, the end admission sees, past the prediction, is never later
     than the last byte."""
-    from prefill.controller import Bubble
+    from prefill.bubble import Bubble
     margin = 2 * MS
     made_end = made_start_ms + hold_ms
     first = made_end + wait_ms
@@ -352,16 +354,8 @@ def test_arrival_bound_never_passes_the_message(made_start_ms, hold_ms, wait_ms,
 
 
 def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
-    import json as _json
-    from prefill.controller import Controller, ControllerSpec, Endpoint, parse_notice
-    (tmp_path / "requests.json").write_text(_json.dumps([]))
-    spec = ControllerSpec(dc="a", host="a-d1", ip="127.0.0.1", notice_port=0,
-                          records_path=str(tmp_path / "records.jsonl"),
-                          requests_path=str(tmp_path / "requests.json"),
-                          prefill_servers=[Endpoint(host="a-h1", ip="127.0.0.1", port=9)],
-                          decode_servers=[Endpoint(host="a-d1", ip="127.0.0.1", port=9)],
-                          bubbletea=BubbleTeaConfig().to_dict(), time_scale=4.0)
-    ctl = Controller(spec)
+    from prefill.bubble import parse_notice
+    ctl = make_controller(tmp_path)
     try:
         margin = ctl.arrival_margin_ns
         assert margin == 8 * MS                         # wall clock: not x time_scale
@@ -398,8 +392,11 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
             assert b2.end_max_ns is None         # no history of spreads: no estimate
             ctl._on_notice(parse_notice({"host": "a-h1", "busy_ns": 252 * MS}))
             assert b2.closed and ctl.bubbles["a-h1"] is None
-        off = Controller(dataclasses.replace(
-            spec, bubbletea=BubbleTeaConfig(arrival_bound=False).to_dict()))
+            # stale output notices (two iterations back) go when a bubble is announced
+            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 400 * MS,
+                                         "t_pred_end_ns": 430 * MS, "iteration": 5}))
+            assert (2, 3, 9) not in ctl.pending_bounds["a-h1"]
+        off = make_controller(tmp_path, arrival_bound=False)
         try:
             with off.cv:
                 off._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 0,
@@ -407,25 +404,47 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
                                              "wire_ns": 50 * MS}))
                 assert off.end_of(off.bubbles["a-h1"], 0) == 30 * MS   # the prediction only
         finally:
-            off._sock.close()
-            off.log.close()
+            close_controller(off)
     finally:
-        ctl._sock.close()
-        ctl.log.close()
+        close_controller(ctl)
+
+
+def test_controller_counts_the_notices_it_never_got(tmp_path):
+    ctl = make_controller(tmp_path, hosts=("a-h1", "a-h2"))
+    try:
+        with ctl.cv:
+            for host, seq in (("a-h1", 0), ("a-h1", 1), ("a-h2", 0), ("a-h1", 4), ("a-h1", 3),
+                              ("a-h2", 1), ("a-h2", 5)):
+                ctl._count_lost(host, seq)
+        assert ctl.counts["notices_lost"] == 2 + 3     # a-h1: 2 (3 came late), a-h2: 2, 3, 4
+    finally:
+        close_controller(ctl)
+
+
+def make_controller(tmp_path, hosts=("a-h1",), **settings):
+    """A real Controller (its UDP socket bound on loopback) whose threads are not started: the
+    tests feed it notices by hand."""
+    import json as _json
+    from prefill.controller import Controller, ControllerSpec, Endpoint
+    (tmp_path / "requests.json").write_text(_json.dumps([]))
+    spec = ControllerSpec(dc="a", host="a-d1", ip="127.0.0.1", notice_port=0,
+                          records_path=str(tmp_path / f"records-{len(settings)}.jsonl"),
+                          requests_path=str(tmp_path / "requests.json"),
+                          prefill_servers=[Endpoint(host=h, ip="127.0.0.1", port=9)
+                                           for h in hosts],
+                          decode_servers=[Endpoint(host="a-d1", ip="127.0.0.1", port=9)],
+                          bubbletea=BubbleTeaConfig(**settings).to_dict(), time_scale=4.0)
+    return Controller(spec)
+
+
+def close_controller(ctl) -> None:
+    ctl._sock.close()
+    ctl.log.close()
 
 
 def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp_path):
-    import json as _json
-    from prefill.controller import Controller, ControllerSpec, Endpoint, parse_notice
-    (tmp_path / "requests.json").write_text(_json.dumps([]))
-    spec = ControllerSpec(dc="a", host="a-d1", ip="127.0.0.1", notice_port=0,
-                          records_path=str(tmp_path / "records.jsonl"),
-                          requests_path=str(tmp_path / "requests.json"),
-                          prefill_servers=[Endpoint(host=h, ip="127.0.0.1", port=9)
-                                           for h in ("a-h1", "a-h2")],
-                          decode_servers=[Endpoint(host="a-d1", ip="127.0.0.1", port=9)],
-                          bubbletea=BubbleTeaConfig().to_dict())
-    ctl = Controller(spec)
+    from prefill.bubble import parse_notice
+    ctl = make_controller(tmp_path, hosts=("a-h1", "a-h2"))
     m = ctl.arrival_margin_ns
     try:
         with ctl.cv:
@@ -458,8 +477,7 @@ def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp
                                          "end_min_ns": 151 * MS}))
             assert ctl.end_of(b1, 110 * MS) == 152 * MS - m
     finally:
-        ctl._sock.close()
-        ctl.log.close()
+        close_controller(ctl)
 
 
 def test_timeline_marks_an_overlap(tmp_path):

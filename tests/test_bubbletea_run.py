@@ -10,8 +10,9 @@ lock) and one decode server killed by the scenario's faults. Checked from the re
 - every decoded continuation equals a plain greedy generation of the same prompt by the same
   model (the KV cache went over the emulated network to the decode host);
 - every admitted prefill fitted the bubble it was admitted into, by the controller's own numbers;
-- the arrival bound (a bubble waiting for a WAN message lasts at least its wire time) is used,
-  and no prefill it admitted was given an end past the training op's start (beyond the margin);
+- the arrival bound (a bubble waiting for a WAN message lasts until its first byte + its wire
+  time) is heard and holds: no bound, and no prefill it admitted, ended past the training op's
+  start (beyond the margin);
 - deadline misses are counted: every arrived request has one outcome, and expired + late ones
   add up to the reported misses;
 - GPU utilization with BubbleTea is above the training-only figure.
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from prefill.config import BubbleTeaConfig
 from prefill.controller import prompt_for
 from prefill.model import InferenceConfig, build_model, greedy_generate
 from prefill.server import FAULT_EXIT_ENV
@@ -151,11 +153,15 @@ def test_admitted_prefills_fitted_their_bubbles(result):
 
 
 def test_the_arrival_bound_is_used_and_holds(result):
-    """Stage 1's bubbles wait for activations over the WAN: their notices carry the message's
-    wire time, and every prefill admitted past the learned prediction (on the arrival bound)
-    was admitted for an end no later than the training op's start, give or take the margin
-    (the emulation's own latency, prefill/config.py)."""
-    _, spans, records, _ = result
+    """Both stages' bubbles wait for messages over the WAN: their notices carry the message's
+    wire time, and every bound heard (a first byte + the wire time) came no later than the
+    training op that took the GPU, give or take the margin (the emulation's own latency,
+    prefill/config.py); so did the end of every prefill admitted past the learned prediction
+    on the bound. (On this scenario's K = 1 baseline a message takes several round trips, so
+    the bound rarely passes the prediction; atlas_bubbletea is where it does, README.)"""
+    doc, spans, records, _ = result
+    bt = doc["systems"]["baseline+bubbletea"]["bubbletea"]
+    assert bt["arrival_bound"] == "on" and isinstance(bt["notices_lost"], int)
     bubbles = {(r["host"], r["t_idle_ns"]): r for r in records if r["name"] == "BUBBLE"}
     assert [b for b in bubbles.values() if b["wire_ns"] and b["host"] == "we-h1"]
     starts: dict[str, list[int]] = {}
@@ -164,14 +170,21 @@ def test_the_arrival_bound_is_used_and_holds(result):
             starts.setdefault(r["host"], []).append(r["t_start_ns"])
     for v in starts.values():
         v.sort()
-    margin_ns = 8e6
+
+    def op_start(host: str, t_idle_ns: int) -> int:
+        return min(t for t in starts[host] if t > t_idle_ns)
+
+    margin_ns = BubbleTeaConfig().arrival_margin_ms * 1e6     # the scenario's default
+    bounded = [b for b in bubbles.values() if b["end_min_ns"]]
+    assert len(bounded) >= 4, bounded
+    for b in bounded:
+        assert b["end_min_ns"] - margin_ns <= op_start(b["host"], b["t_idle_ns"]), b
     for q in records:
         if q["name"] != "DISPATCH" or not q["ok"]:
             continue
         b = bubbles[(q["host"], q["bubble_t_idle_ns"])]
         if q["bubble_end_ns"] > b["t_pred_end_ns"]:
-            op_start = min(t for t in starts[q["host"]] if t > b["t_idle_ns"])
-            assert q["bubble_end_ns"] <= op_start + margin_ns, (q, op_start)
+            assert q["bubble_end_ns"] <= op_start(q["host"], b["t_idle_ns"]) + margin_ns, q
 
 
 def test_every_request_has_one_outcome_and_misses_are_counted(result):

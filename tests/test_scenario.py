@@ -740,7 +740,7 @@ def test_host_sysctls_real_server_buffers_at_every_scale_and_dilated_rto_min():
 
 
 def test_bottleneck_is_the_lowest_rate_on_the_routed_path():
-    from testbed.routing import bottleneck_mbit
+    from testbed.systems import arrival_bounds_hold, host_path_rate_mbit as bottleneck_mbit
     data = {"name": "line", "dcs": [{"name": "a", "hosts": 1, "rate_mbit": 1000},
                                      {"name": "b", "hosts": 1},
                                      {"name": "c", "hosts": 1, "rate_mbit": 40}],
@@ -753,3 +753,10 @@ def test_bottleneck_is_the_lowest_rate_on_the_routed_path():
     assert bottleneck_mbit(sc, "a", "a") == 1000         # one DC: its host links
     assert bottleneck_mbit(sc, "b", "b") is None         # unshaped veths
     assert bottleneck_mbit(sc.emulated(), "a", "c") == 10   # what the network shapes (/4)
+    # where bytes can come faster than the configured rates, there is no arrival bound
+    assert arrival_bounds_hold(sc) is None
+    data["wan"][1]["jitter_ms"] = 2
+    assert arrival_bounds_hold(parse_scenario(data)) == "jitter on b-c"
+    data["wan"][1]["jitter_ms"] = 0
+    data["faults"] = [{"kind": "rate", "link": ["a", "b"], "at_s": 1, "rate_mbit": 500}]
+    assert arrival_bounds_hold(parse_scenario(data)) == "rate faults"

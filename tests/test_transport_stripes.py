@@ -198,6 +198,11 @@ def test_arrival_is_seen_at_the_first_stripe_header_once_per_message():
         socks[2].sendall(f[2][HEADER.size + 10:])
         for i in (0, 1, 3):
             socks[i].sendall(f[i])
+        deadline = time.monotonic() + 5
+        while not ch.arrival(KIND_ACT, 7, 2).complete and time.monotonic() < deadline:
+            time.sleep(0.001)
+        done = ch.arrival(KIND_ACT, 7, 2)
+        assert done.complete and (done.t_first_ns, done.total_bytes) == (a.t_first_ns, 100_000)
         got = ch.recv(KIND_ACT, 7, 2, timeout_s=5)
         assert torch.equal(got.tensor, tensor) and got.t_first_ns == a.t_first_ns
         assert ch.arrival(KIND_ACT, 7, 2) is None                   # taken

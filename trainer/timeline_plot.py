@@ -38,6 +38,13 @@ LABELS = {"F": "forward", "B": "backward", "OPT": "optimizer", "RECV_F": "wait a
           "OVERLAP": "prefill overlapping training (defect)"}
 
 
+def timeline_extras(prefill_records: Sequence[dict]) -> list[dict]:
+    """What plot_timeline draws from a +bubbletea system's prefill records: the prefills, and
+    the bubbles the arrival bound held open past their announced end."""
+    return [r for r in prefill_records if r["name"] == "PREFILL"
+            or (r["name"] == "BUBBLE" and r.get("t_bound_end_ns"))]
+
+
 def pick_iteration(spans: Sequence[dict]) -> int:
     """The second iteration when there is one (the first includes warm-up)."""
     its = sorted(iteration_windows(spans))

@@ -39,6 +39,8 @@ timing policy (trainer/worker.py decides what to send when).
   header, when, and the message's bytes), and `on_arrival` (settable, None by default) is called
   from the reader thread, outside the channel's lock, when a message's first stripe header
   arrives: `on_arrival(Arrival)` (BubbleTea: the wire time still ahead bounds a bubble's end).
+  It must not raise: an exception fails the channel like a receive error. `arrival()` is None
+  both before a message's first byte and after recv() took it.
   A connection i that ends cleanly between frames ends only its own reader, unless a message
   still lacks its stripe i (an error, as above); once all K have ended, recv() reports the
   peer closed.

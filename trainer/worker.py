@@ -51,12 +51,13 @@ the profile, not predictions.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import socket
-from collections import deque
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -135,6 +136,7 @@ class StageWorker:
         # rate_mbit); the notice and the reader thread's arrival notice take turns under the lock
         self._awaiting: tuple[tuple[int, int, int], int, float | None] | None = None
         self._await_lock = threading.Lock()
+        self._seq = itertools.count()   # the notices' numbers (next() is atomic in CPython)
         # per kind: how long the last messages took from first byte to last (ns; iteration 0,
         # warm-up, left out): once a message has begun, its last byte is expected by then
         self._spreads: dict[int, deque[int]] = {KIND_ACT: deque(maxlen=SPREAD_HISTORY),
@@ -268,7 +270,10 @@ class StageWorker:
         return t_got
 
     def _send(self, notice: dict) -> None:
+        """One datagram to the controller, numbered (the controller counts the numbers it never
+        sees: notices lost, here or on the way)."""
         assert self._notify is not None and self.spec.bubble_notify is not None
+        notice = dict(notice, seq=next(self._seq))
         try:
             self._notify.sendto(json.dumps(notice).encode(),
                                 (self.spec.bubble_notify["ip"], self.spec.bubble_notify["port"]))
