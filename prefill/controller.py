@@ -65,6 +65,7 @@ from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
 from prefill.wire import recv_msg, send_msg
 from trainer.spec import SpecFile
+from trainer.transport import set_thread_fifo
 
 MAX_NOTICE_BYTES = 2048
 REPLY_MARGIN_S = 10.0    # a prefill server that has not answered prediction + this is down
@@ -94,6 +95,7 @@ class ControllerSpec(SpecFile):
     compute: str = "profile"         # the training's: profile | measured
     time_scale: float = 1.0
     connect_timeout_s: float = 60.0
+    notice_priority: int | None = None   # SCHED_FIFO of the notice thread (None: as the process)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ControllerSpec":
@@ -139,7 +141,8 @@ class Controller:
         self.bubbles: dict[str, Bubble | None] = {e.host: None for e in spec.prefill_servers}
         self.counts = {k: 0 for k in ("arrived", "served", "late", "expired", "failed",
                                       "unserved", "retried", "notices", "notices_lost")}
-        self.last_seq: dict[str, int] = {}   # per host: the highest notice number heard
+        self.last_seq: dict[object, int] = {}   # per sender: the highest number heard
+        self.notice_realtime = "off"     # what the notice thread got (notice_priority)
         self._decode_rr = 0
         self.waiting = 0      # host agents waiting for an arrival inside an open bubble
         self.extend_margin_ns = int(EXTEND_MARGIN_MS * spec.time_scale * 1e6)
@@ -205,9 +208,11 @@ class Controller:
 
     # -- threads ----------------------------------------------------------------------------
     def notices(self) -> None:
+        if self.spec.notice_priority is not None:
+            self.notice_realtime = set_thread_fifo(self.spec.notice_priority)
         while not self.stop.is_set():
             try:
-                data, _ = self._sock.recvfrom(MAX_NOTICE_BYTES)
+                data, sender = self._sock.recvfrom(MAX_NOTICE_BYTES)
                 raw = json.loads(data)
                 n = parse_notice(raw)
                 seq = raw.get("seq")
@@ -219,14 +224,16 @@ class Controller:
                 continue
             with self.cv:
                 if isinstance(seq, int):
-                    self._count_lost(n.host, seq)
+                    self._count_lost(sender, seq)
                 self._on_notice(n)
 
-    def _count_lost(self, host: str, seq: int) -> None:   # under self.cv
-        last = self.last_seq.get(host, -1)     # workers start after the controller: from 0
+    def _count_lost(self, sender: object, seq: int) -> None:   # under self.cv
+        """Per sender (a worker's socket address: an output notice names another host), the
+        numbers skipped."""
+        last = self.last_seq.get(sender, -1)   # workers start after the controller: from 0
         if seq > last + 1:
             self.counts["notices_lost"] += seq - last - 1
-        self.last_seq[host] = max(last, seq)
+        self.last_seq[sender] = max(last, seq)
 
     def _on_notice(self, n: Notice) -> None:   # under self.cv
         host, old = n.host, self.bubbles[n.host]
@@ -525,7 +532,7 @@ class Controller:
                 for host, b in self.bubbles.items():
                     if b is not None and not b.closed:
                         self._bubble_record(host, b)
-                self.log.write("SUMMARY", **self.counts)
+                self.log.write("SUMMARY", notice_realtime=self.notice_realtime, **self.counts)
             self.log.close()
 
 

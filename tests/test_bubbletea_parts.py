@@ -413,10 +413,13 @@ def test_controller_counts_the_notices_it_never_got(tmp_path):
     ctl = make_controller(tmp_path, hosts=("a-h1", "a-h2"))
     try:
         with ctl.cv:
-            for host, seq in (("a-h1", 0), ("a-h1", 1), ("a-h2", 0), ("a-h1", 4), ("a-h1", 3),
-                              ("a-h2", 1), ("a-h2", 5)):
-                ctl._count_lost(host, seq)
-        assert ctl.counts["notices_lost"] == 2 + 3     # a-h1: 2 (3 came late), a-h2: 2, 3, 4
+            for sender, seq in ((("10.0.0.1", 5000), 0), (("10.0.0.1", 5000), 1),
+                                (("10.0.0.2", 5000), 0), (("10.0.0.1", 5000), 4),
+                                (("10.0.0.1", 5000), 3), (("10.0.0.2", 5000), 1),
+                                (("10.0.0.2", 5000), 5)):
+                ctl._count_lost(sender, seq)
+        # .1: 2 (3 came late), .2: 2, 3, 4 (numbers are per sender, whatever host they name)
+        assert ctl.counts["notices_lost"] == 2 + 3
     finally:
         close_controller(ctl)
 

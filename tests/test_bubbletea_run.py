@@ -162,6 +162,8 @@ def test_the_arrival_bound_is_used_and_holds(result):
     doc, spans, records, _ = result
     bt = doc["systems"]["baseline+bubbletea"]["bubbletea"]
     assert bt["arrival_bound"] == "on" and isinstance(bt["notices_lost"], int)
+    # the controllers heard the notices at real-time priority (as the workers' I/O threads)
+    assert {r["notice_realtime"] for r in records if r["name"] == "SUMMARY"} == {"fifo:10"}
     bubbles = {(r["host"], r["t_idle_ns"]): r for r in records if r["name"] == "BUBBLE"}
     assert [b for b in bubbles.values() if b["wire_ns"] and b["host"] == "we-h1"]
     starts: dict[str, list[int]] = {}
