@@ -134,6 +134,14 @@ class Bubble:
         if self.pending and self.spread_ns is not None:
             self.end_max_ns = t_ns + self.spread_ns
 
+    def arrived(self, end_min_ns: int, end_max_ns: int | None) -> None:
+        """The arrival notice: the message began to arrive (so it was made); it is in no sooner
+        than end_min_ns and expected by end_max_ns."""
+        self.pending = False
+        self.made = True
+        self.raise_end_min(end_min_ns)
+        self.end_max_ns = end_max_ns
+
     def bound_ns(self, now_ns: int, margin_ns: int, maker_from_ns: int | None = None
                  ) -> int | None:
         """The arrival bound alone (no prediction), or None. maker_from_ns: no sooner than this

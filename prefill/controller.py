@@ -243,10 +243,7 @@ class Controller:
             return
         if n.kind == "arrival":     # the awaited message began to arrive
             if old is not None and old.t_idle_ns == n.t_idle_ns:
-                old.pending = False
-                old.made = True
-                old.raise_end_min(n.end_min_ns)
-                old.end_max_ns = n.end_max_ns
+                old.arrived(n.end_min_ns, n.end_max_ns)
                 self.cv.notify_all()
             return
         if n.kind == "output":      # the neighbour began the op whose output this host awaits
@@ -337,18 +334,20 @@ class Controller:
                         b.reason = "host_down"
                     self.cv.wait(0.2)
                     continue
-                if b is not None and now >= self.end_of(b, now) + self.extend_margin_ns:
+                bubble_end = None if b is None else self.end_of(b, now)
+                if b is not None and now >= bubble_end + self.extend_margin_ns:
                     # past the predicted end and no busy notice: the GPU is still idle
-                    if not (self.cfg.extend_bubbles and b.extend(now, self.extend_margin_ns)):
+                    if self.cfg.extend_bubbles and b.extend(now, self.extend_margin_ns):
+                        bubble_end = self.end_of(b, now)
+                    else:
                         self._close(host, b)
                         b = None
-                if b is None or now >= self.end_of(b, now):
+                if b is None or now >= bubble_end:
                     self.cv.wait(0.05 if b is None else 0.002)
                     continue
                 self._expire(now)
                 # the prefill starts one message later: pick as of then
                 pick_at = now + self.latency_ns[host]
-                bubble_end = self.end_of(b, now)
                 r, chunk, not_after, reason = self._choose(host, pick_at, bubble_end)
                 if r is None:
                     b.reason = reason

@@ -117,4 +117,3 @@ def edges_of(scenario: "Scenario") -> list[Edge]:
 def dc_paths(scenario: "Scenario") -> list[Path]:
     """The path every ordered DC pair's traffic takes in a scenario (configured delays)."""
     return paths([dc.name for dc in scenario.dcs], edges_of(scenario), scenario.routing)
-

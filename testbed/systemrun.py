@@ -70,6 +70,9 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     write_json(sys_dir / "slot_plan.json", slots.to_dict())
     T = scenario.time_scale
     emulated = scenario.emulated()   # the rates the network shapes
+    why_not = arrival_bounds_hold(scenario) if system.fill_bubbles else None
+    arrival = ("off" if not system.fill_bubbles or not scenario.bubbletea.arrival_bound else
+               "on" if why_not is None else f"off: {why_not}")   # BubbleTea's arrival bound
     check_faults(scenario, system)   # load_run checked it too; a caller may not have
     runner = cross = None
     up = False            # past the build: a failure from here on leaves partial results
@@ -92,10 +95,9 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
             try:
                 if system.fill_bubbles:
                     prefill = bubbletea.start(net, scenario, cfg, placement, sys_dir, system.name)
-                    why_not = arrival_bounds_hold(scenario)
-                    if scenario.bubbletea.arrival_bound and why_not is None:
+                    if arrival == "on":
                         inbound = lambda a, b: host_path_rate_mbit(emulated, a, b)  # noqa: E731
-                    elif scenario.bubbletea.arrival_bound:
+                    elif arrival != "off":
                         progress(f"bubbletea: no arrival bound ({why_not}: bytes can come "
                                  f"faster than the configured rates)")
                     progress(f"bubbletea: {prefill.load['kept']} requests over "
@@ -216,10 +218,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                                        if k != "per_dc"},
                                                  crashed=crashed)
         metrics["bubbletea"]["cpu_s"] = prefill_cpu
-        why_not = arrival_bounds_hold(scenario)
-        metrics["bubbletea"]["arrival_bound"] = (
-            "off" if not scenario.bubbletea.arrival_bound else
-            "on" if why_not is None else f"off: {why_not}")
+        metrics["bubbletea"]["arrival_bound"] = arrival
         extra = timeline_extras(records)
         filled = metrics["bubbletea"]["iterations"]    # draw one the prefills could fill
         shown_iteration = filled[len(filled) // 2]

@@ -240,7 +240,7 @@ class StageWorker:
         """Wait for one message from a neighbour, recording the wait as RECV_F / RECV_B."""
         t = time.time_ns()
         got = channel.recv(kind, it, mb, self.spec.recv_timeout_s)
-        if it > 0:
+        if it > 0 and self._notify is not None:   # (what the notices need)
             with self._await_lock:
                 self._spreads[kind].append(got.t_last_ns - got.t_first_ns)
         self.log.span("RECV_F" if kind == KIND_ACT else "RECV_B", t, time.time_ns(), it, mb,
@@ -371,9 +371,8 @@ class StageWorker:
         another DC would hear it one WAN delay late: not sent.)"""
         if self._notify is None or hold_ms <= 0:
             return
-        peer = self.next if code == KIND_ACT else self.prev
         to = self.spec.next if code == KIND_ACT else self.spec.prev
-        if peer is None or to is None or to.dc != self.spec.dc:
+        if to is None or to.dc != self.spec.dc:
             return
         self._send({"host": to.host, "awaits": [code, it, mb],
                     "end_min_ns": t_start_ns + int(hold_ms * 1e6)})
@@ -427,8 +426,7 @@ class StageWorker:
             got = self._recv(self.prev, KIND_ACT, it, mb)
             inp = got.tensor.to(self.device).requires_grad_(True)
         t_start = self._gpu_acquire(it, mb, k)
-        if not self.plan.last:
-            self._announce_output(KIND_ACT, it, mb, t_start, spec.hold_forward_ms)
+        self._announce_output(KIND_ACT, it, mb, t_start, spec.hold_forward_ms)
         out = self.module(inp, targets.to(self.device) if self.plan.last else None)
         if self.plan.last:
             losses.append(out.item())    # .item() syncs the device
@@ -445,15 +443,13 @@ class StageWorker:
         cfg, spec = self.cfg, self.spec
         if self.plan.last:
             t_start = self._gpu_acquire(it, mb, k)
-            if not self.plan.first:
-                self._announce_output(KIND_GRAD, it, mb, t_start, spec.hold_backward_ms)
+            self._announce_output(KIND_GRAD, it, mb, t_start, spec.hold_backward_ms)
             (out / cfg.micro_batches).backward()   # mean over this replica's M micro-batches
         else:
             assert self.next is not None
             got = self._recv(self.next, KIND_GRAD, it, mb)
             t_start = self._gpu_acquire(it, mb, k)
-            if not self.plan.first:
-                self._announce_output(KIND_GRAD, it, mb, t_start, spec.hold_backward_ms)
+            self._announce_output(KIND_GRAD, it, mb, t_start, spec.hold_backward_ms)
             out.backward(got.tensor.to(self.device))
         self._sync()
         t_compute = time.time_ns()
