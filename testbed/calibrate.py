@@ -49,7 +49,8 @@ BASE_PORT = 5201
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
     seconds: float = 6.0     # per iperf3 test, after a 1 s omitted warm-up; goodput is over the
-                             # receiver's intervals from 2 s on (so seconds >= 2)
+                             # receiver's intervals from 2 s on, or from 1 s for seconds < 3
+                             # (iperf.steady_cut_s), so seconds >= 2
     streams: int = 4
     ping_count: int = 21
     ping_interval_s: float = 0.1
@@ -301,7 +302,7 @@ def measure_goodput(net: Network, src: str, dst: str, port: int, seconds: float,
         server.wait(5)
     finally:
         server.stop()
-    return iperf.parse_iperf(out, steady_from_s=2.0 * time_scale)
+    return iperf.parse_iperf(out, steady_from_s=iperf.steady_cut_s(seconds) * time_scale)
 
 
 def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings,
@@ -326,4 +327,5 @@ def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s
     if rc != 0:
         raise TestbedError(f"the load for rtt_loaded_ms ({src} -> {dst}) failed with exit code "
                            f"{rc}: {client.output(400)}")
-    return ping.parse_ping(out), iperf.parse_iperf(client.output(10_000_000), steady_from_s=2.0 * t)
+    return ping.parse_ping(out), iperf.parse_iperf(client.output(10_000_000),
+                                                   steady_from_s=iperf.steady_cut_s(s.seconds) * t)

@@ -632,6 +632,14 @@ def test_parse_iperf_steady_from():
         pytest.approx(20.0)
 
 
+def test_steady_cut_leaves_two_whole_intervals():
+    # client_argv's -t is seconds + 1 s omitted; the receiver's clock restarts after the omit,
+    # so its intervals run to seconds + 1: the cut leaves two whole ones, never slow start's.
+    for seconds, cut in [(2, 1.0), (2.5, 1.5), (3, 2.0), (6, 2.0)]:
+        assert iperf.steady_cut_s(seconds) == cut
+        assert seconds + 1 - cut >= 2
+
+
 def test_parse_iperf_error_key():
     with pytest.raises(iperf.IperfError, match="unable to connect"):
         iperf.parse_iperf(json.dumps({"start": {}, "intervals": [], "end": {},
@@ -651,8 +659,12 @@ def test_parse_iperf_no_json():
 
 
 def test_parse_iperf_too_short():
-    with pytest.raises(iperf.IperfError, match="no interval after"):
-        iperf.parse_iperf(json.dumps(iperf_doc([interval(0, 1, 1), interval(1, 1, 1)])))
+    # What a late interval timer leaves: nothing whole past the cut. The error lists them.
+    ivs = [interval(0, 1, 1), interval(1, 1.6, 1), interval(2.6, 0.4, 1)]
+    with pytest.raises(iperf.IperfError,
+                       match=r"after 2 s \(its intervals, start\+seconds: 0.00\+1.00, 1.00\+1.60, "
+                             r"2.60\+0.40\)"):
+        iperf.parse_iperf(json.dumps(iperf_doc(ivs)))
 
 
 def test_iperf_client_argv():

@@ -67,6 +67,15 @@ def listening(pid: int, port: int) -> bool:
     return False
 
 
+def steady_cut_s(seconds: float) -> float:
+    """Where the steady window starts, on the receiver's clock (which restarts at 0 after the
+    omitted warm-up), for a client_argv test of `seconds` whose -t is seconds + 1 s of omit: 2 s
+    in, or earlier for a short test, so that two whole intervals always lie past it. With one,
+    a receiver whose interval timer fires late (a busy machine) leaves only a short tail, which
+    is no measurement. Never before 1 s: slow start is left out."""
+    return max(1.0, min(2.0, seconds - 1.0))
+
+
 def parse_iperf(text: str, steady_from_s: float = 2.0) -> IperfResult:
     try:
         doc = json.loads(text[text.index("{"):])
@@ -80,7 +89,9 @@ def parse_iperf(text: str, steady_from_s: float = 2.0) -> IperfResult:
     intervals = [i["sum"] for i in server.get("intervals", []) if not i["sum"].get("omitted")]
     steady = [s for s in intervals if s["start"] >= steady_from_s - 1e-3 and s["seconds"] >= 0.5]
     if not steady:
-        raise IperfError(f"iperf3 server reported no interval after {steady_from_s} s; "
+        got = ", ".join(f"{i['start']:.2f}+{i['seconds']:.2f}" for i in intervals) or "none"
+        raise IperfError(f"iperf3 server reported no interval of 0.5 s or more starting at or "
+                         f"after {steady_from_s:g} s (its intervals, start+seconds: {got}); "
                          "run longer")
     secs = sum(s["seconds"] for s in steady)
     end = doc["end"]
