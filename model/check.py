@@ -51,7 +51,8 @@ def emulation_overheads(metrics: dict[str, Any], predicted_allreduce_ms: list[fl
                         ) -> dict[str, Any]:
     """What this machine's emulation added that the model (and the real system) would not, in
     real ms: compute ops past their profile holds (trainer.metrics' compute_overruns, per
-    averaged iteration), each stage's all-reduce past the model's, and per temporal WAN slot the
+    averaged iteration; beside them the workers' start latency the holds absorbed, summed over
+    workers), each stage's all-reduce past the model's, and per temporal WAN slot the
     arbiter's turn-taking (testbed.temporal.slot_overheads_ms). Where a run misses the model,
     these say how much of the miss is the emulation's."""
     over = metrics.get("compute_overruns") or {}
@@ -68,6 +69,7 @@ def emulation_overheads(metrics: dict[str, Any], predicted_allreduce_ms: list[fl
     measured_ar = [a["measured_ms"] for a in metrics.get("allreduce", [])]
     return {"compute_overrun_ms_per_iteration": over.get("total_ms", 0.0) / n,
             "compute_overruns": over.get("count", 0),
+            "start_latency_ms_per_iteration": over.get("start_latency_total_ms", 0.0) / n,
             "allreduce_over_model_ms": [m - p for m, p in zip(measured_ar,
                                                               predicted_allreduce_ms)],
             "wan_slots": slots}
@@ -86,7 +88,11 @@ def _emulation_clause(e: dict[str, Any] | None) -> str:
     for link, v in sorted(e["wan_slots"].items()):
         parts.append(f"{link} slots +{v['over_wire_ms']:.1f} ms held and {v['handover_ms']:.1f} "
                      f"ms hand-over each ({v['per_iteration']:.0f} per iteration)")
-    return "; the emulation added " + ", ".join(parts) if parts else ""
+    clause = "; the emulation added " + ", ".join(parts) if parts else ""
+    if e.get("start_latency_ms_per_iteration", 0.0) >= 0.05:
+        clause += (f"; the holds absorbed {e['start_latency_ms_per_iteration']:.1f} ms per "
+                   "iteration of the workers' start latency")
+    return clause
 
 
 def compare_bubbletea(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, Any]:

@@ -251,22 +251,27 @@ def test_metrics_on_a_perfect_gpipe_timeline():
 
 
 def test_metrics_count_compute_overruns():
-    """An op whose real compute (compute_ns) outlasted its profile hold is counted, with its
-    excess; warm-up and ops without a hold are not."""
+    """An op whose start latency and real compute (late_ns + compute_ns) outlasted its profile
+    hold is counted, with its excess; warm-up and ops without a hold are not."""
     spans, losses, plan = fake_run()
     for w in plan["workers"]:
         w.update(hold_forward_ms=10.0, hold_backward_ms=20.0, hold_opt_ms=0.0)
     for r in spans:
         r["compute_ns"] = 1_000_000                      # 1 ms: within every hold
-    late = [r for r in spans if r["iteration"] == 1 and r["name"] == "B"][:2]
-    late[0]["compute_ns"], late[1]["compute_ns"] = 23_000_000, 20_500_000
+    late = [r for r in spans if r["iteration"] == 1 and r["name"] == "B"][:3]
+    late[0]["compute_ns"], late[1]["compute_ns"] = 23_000_000, 18_500_000
+    late[1]["late_ns"] = 2_000_000           # 2 ms late + 18.5 ms of CPU: 0.5 ms past 20
+    late[2]["late_ns"] = 5_000_000           # 5 ms late + 1 ms of CPU: absorbed by the hold
     next(r for r in spans if r["iteration"] == 0)["compute_ns"] = 99_000_000   # warm-up
     m = metrics_from_records(spans, losses, plan)
     over = m["compute_overruns"]
     assert over["count"] == 2 and over["ops"] == 2 * 2 * 8
     assert over["total_ms"] == pytest.approx(3.5) and over["max_ms"] == pytest.approx(3.0)
     assert over["by_op"] == {"F": 0, "B": 2, "OPT": 0}
-    assert in_real_time(m, 2.0)["compute_overruns"]["total_ms"] == pytest.approx(1.75)
+    assert over["start_latency_total_ms"] == pytest.approx(7.0)
+    assert over["start_latency_max_ms"] == pytest.approx(5.0)
+    real = in_real_time(m, 2.0)["compute_overruns"]
+    assert real["total_ms"] == pytest.approx(1.75) and real["start_latency_max_ms"] == 2.5
 
 
 def test_optimizer_step_estimate():

@@ -18,10 +18,14 @@ target's tokens (D * M * profile.micro_batch * profile.seq per iteration) and
 `model_tokens_per_s` the small model's own (D * M * micro_batch_size * seq_len); in measured mode
 both are the small model's.
 
-`compute_overruns`: in profile mode every F, B and OPT is held to its profile time; an op whose
-real CPU time (its span's compute_ns: the small model's work, before the hold) exceeds that hold
-lasted longer than the profile says. They are counted over the measured iterations (count, of how
-many ops, total and largest excess) and the run's summary warns: the emulation added that time.
+`compute_overruns`: in profile mode every F, B and OPT is held to its profile time from the
+moment a GPU would have started it (trainer.worker); an op whose process got there late_ns after
+that and then spent compute_ns of CPU on the small model lasted longer than the profile says when
+late_ns + compute_ns exceeds the hold. They are counted over the measured iterations (count, of
+how many ops, total and largest excess) and the run's summary warns: the emulation added that
+time. Beside them, `start_latency_total_ms` / `start_latency_max_ms`: the late_ns of every held
+op (the worker's wake-up after the input came in, the GIL after a send), which the holds absorbed
+where they fit: time the emulation spends that a GPU would not, hidden unless it overran.
 
 `pipeline_bubble_fraction` is the same over F and B only (window from the first forward to the
 last backward of the iteration, excluding the all-reduce, the optimizer step and the gap to the
@@ -80,7 +84,10 @@ def _count_overrun(over: dict, span: dict, holds: dict[str, float]) -> None:
     if hold_ms <= 0 or "compute_ns" not in span:
         return
     over["ops"] += 1
-    excess_ms = span["compute_ns"] / 1e6 - hold_ms
+    late_ms = span.get("late_ns", 0) / 1e6
+    over["start_latency_total_ms"] += late_ms
+    over["start_latency_max_ms"] = max(over["start_latency_max_ms"], late_ms)
+    excess_ms = span["compute_ns"] / 1e6 + late_ms - hold_ms
     if excess_ms > 0:
         over["count"] += 1
         over["by_op"][span["name"]] += 1
@@ -109,7 +116,8 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
                                          "OPT": w.get("hold_opt_ms", 0.0)}
              for w in plan["workers"]}
     over = {"count": 0, "ops": 0, "total_ms": 0.0, "max_ms": 0.0,
-            "by_op": {"F": 0, "B": 0, "OPT": 0}}
+            "by_op": {"F": 0, "B": 0, "OPT": 0},
+            "start_latency_total_ms": 0.0, "start_latency_max_ms": 0.0}
     for r in spans:
         it, dur = r.get("iteration"), r["t_end_ns"] - r["t_start_ns"]
         if r["name"] in COMPUTE_SPANS and it is not None:
@@ -193,8 +201,9 @@ def in_real_time(metrics: dict[str, Any], time_scale: float) -> dict[str, Any]:
     for c in metrics["communication"].values():
         c["total_s"] /= t
     if "compute_overruns" in metrics:
-        metrics["compute_overruns"]["total_ms"] /= t
-        metrics["compute_overruns"]["max_ms"] /= t
+        for key in ("total_ms", "max_ms", "start_latency_total_ms", "start_latency_max_ms"):
+            if key in metrics["compute_overruns"]:
+                metrics["compute_overruns"][key] /= t
     if metrics.get("predicted", {}).get("iteration_time_s") is not None:
         metrics["predicted"] = dict(metrics["predicted"],
                                     iteration_time_s=metrics["predicted"]["iteration_time_s"] / t)
