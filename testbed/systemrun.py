@@ -366,6 +366,5 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
                      f"profile hold ({over['total_ms']:.1f} ms in all, max {over['max_ms']:.2f} "
                      f"ms; F {over['by_op']['F']}, B {over['by_op']['B']}, OPT "
                      f"{over['by_op']['OPT']}): the small model's CPU time exceeded the "
-                     "target's GPU time there (with the worker's start latency), and the run "
-                     "is that much slower")
+                     "target's GPU time there, and the run is that much slower")
     return lines

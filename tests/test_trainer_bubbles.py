@@ -10,9 +10,8 @@
   its wire time while it has not begun (then one arrival notice at its first byte) or first byte
   + wire time once it has, and between hosts of one DC the maker's output notices at the start
   of the op making each message; all checked against the run's spans;
-- every held op starts (its span, its hold) when a GPU would have: when its input's last byte
-  was in and the previous op over, or, after a prefill that overran, when the prefill ended;
-  the worker's own later arrival is the span's late_ns; the GPU lock carries the release time;
+- every compute span's late_ns (the worker's start latency) is how long after the op was ready
+  (its input's last byte in, the previous op or all-reduce over) the worker got to it;
 - without gpu_share the run has no lock, no notices, no new spans.
 """
 
@@ -43,30 +42,13 @@ HOG_OVERRUN_MS = 30.0
 
 
 # -- predictor ------------------------------------------------------------------------------
-def test_gpu_lock_hands_on_the_release_time(tmp_path):
-    a, b = GpuLock(tmp_path / "h.lock"), GpuLock(tmp_path / "h.lock")
-    try:
-        assert a.try_acquire() and a.released_ns == 0          # a fresh lock: nobody before
-        assert not b.try_acquire()
-        a.release(at_ns=123_456_789)
-        assert b.acquire() == 0 and b.released_ns == 123_456_789
-        t0 = time.time_ns()
-        b.release()                                            # default: now
-        assert a.try_acquire() and t0 <= a.released_ns <= time.time_ns()
-        a.release()
-    finally:
-        a.close()
-        b.close()
-
-
-def check_gpu_starts(spans: list[dict]) -> int:
-    """Every held op of iterations >= 1 starts at max(the previous compute op's or all-reduce's
-    end on its host, its input's last byte), or at the end of the GPU_WAIT that starts there;
-    late_ns is how much later the worker got there. Returns how many ops were late by > 0.1 ms
-    (so the check had something to check)."""
+def check_start_latency(spans: list[dict], exact: bool) -> int:
+    """Every op of iterations >= 1 was ready at max(the previous compute op's or all-reduce's
+    end on its host, its input's last byte); the worker got to it late_ns later: exactly at its
+    span's start without a GPU lock (exact), at or before it with one (taking the lock takes a
+    moment, a prefill may hold it). Returns how many ops were late by > 0.1 ms."""
     recv = {(r["host"], r["name"][-1], r["iteration"], r["microbatch"]): r["t_arrived_ns"]
             for r in spans if r["name"] in ("RECV_F", "RECV_B")}
-    waits = {(r["host"], r["t_start_ns"]): r for r in spans if r["name"] == "GPU_WAIT"}
     late = 0
     for host in sorted({r["host"] for r in spans}):
         ops = sorted((r for r in spans if r["host"] == host
@@ -77,10 +59,11 @@ def check_gpu_starts(spans: list[dict]) -> int:
                 continue
             arrived = recv.get((host, r["name"], r["iteration"], r["microbatch"]))
             ready = max(prev["t_end_ns"], arrived or 0)
-            wait = waits.get((host, ready))
-            start = wait["t_end_ns"] if wait is not None else ready
-            assert r["t_start_ns"] == start, (r, prev, arrived, wait)
-            assert r["late_ns"] >= 0 and r["compute_ns"] > 0, r
+            assert r["late_ns"] >= 0, r
+            if exact:
+                assert r["t_start_ns"] - r["late_ns"] == ready, (r, prev, arrived)
+            else:
+                assert ready <= r["t_start_ns"] - r["late_ns"] <= r["t_start_ns"], (r, prev)
             late += r["late_ns"] > 100_000
     return late
 
@@ -368,8 +351,8 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
 
     # (c) the arrival bounds: every field as the spans say (hosts in two DCs: no output notice)
     check_bounds(result, controller, 50.0, same_dc=False)
-    # (d) the ops' GPU starts
-    assert check_gpu_starts(spans) > 0
+    # (d) the workers' start latency
+    assert check_start_latency(spans, exact=False) > 0
 
     # the timeline draws the waits and, given the hog's intervals as prefills, those too
     from trainer.timeline_plot import plot_timeline
@@ -400,7 +383,7 @@ def test_without_gpu_share_nothing_changes(tmp_path):
     assert all(w["gpu_lock_path"] is None and w["bubble_notify"] is None
                for w in plan["workers"])
     assert sum(r["name"] == "F" for r in spans) == 6 * 4 * 2
-    assert check_gpu_starts(spans) > 0
+    assert check_start_latency(spans, exact=True) > 0
 
 
 def test_plan_checks_gpu_share(tmp_path):

@@ -10,22 +10,15 @@ worker records (GPU_WAIT) as the slowdown it is.
 
 The lock is flock(2) on a file in the run folder (Mininet hosts are network namespaces of one
 kernel and share the filesystem), so it is released by the kernel when its holder dies: a crashed
-prefill server cannot wedge training. A holder writes the time it releases the GPU into the file
-(8 bytes, time_ns) before unlocking, and the next holder reads it (`released_ns`): the training
-worker's op, whose GPU start can precede the moment its process got the lock (trainer.worker),
-never starts before the last compute on the host ended.
+prefill server cannot wedge training.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import struct
 import time
 from pathlib import Path
-
-
-_STAMP = struct.Struct("<q")
 
 
 class GpuLock:
@@ -36,7 +29,6 @@ class GpuLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.held = False
-        self.released_ns = 0    # when the holder before this one released the GPU (0: never)
 
     def acquire(self) -> int:
         """Block until this process holds the GPU; returns the nanoseconds waited (0 if free)."""
@@ -44,7 +36,7 @@ class GpuLock:
             return 0
         t0 = time.time_ns()
         fcntl.flock(self._fd, fcntl.LOCK_EX)
-        self._took()
+        self.held = True
         return time.time_ns() - t0
 
     def try_acquire(self) -> bool:
@@ -53,19 +45,11 @@ class GpuLock:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        self._took()
+        self.held = True
         return True
 
-    def _took(self) -> None:
-        self.held = True
-        last = os.pread(self._fd, _STAMP.size, 0)
-        self.released_ns = _STAMP.unpack(last)[0] if len(last) == _STAMP.size else 0
-
-    def release(self, at_ns: int | None = None) -> None:
-        """Give the GPU back, stamping the file with at_ns (default: now), the end of this
-        holder's compute."""
+    def release(self) -> None:
         if self.held:
-            os.pwrite(self._fd, _STAMP.pack(time.time_ns() if at_ns is None else at_ns), 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             self.held = False
 

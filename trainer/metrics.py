@@ -18,14 +18,12 @@ target's tokens (D * M * profile.micro_batch * profile.seq per iteration) and
 `model_tokens_per_s` the small model's own (D * M * micro_batch_size * seq_len); in measured mode
 both are the small model's.
 
-`compute_overruns`: in profile mode every F, B and OPT is held to its profile time from the
-moment a GPU would have started it (trainer.worker); an op whose process got there late_ns after
-that and then spent compute_ns of CPU on the small model lasted longer than the profile says when
-late_ns + compute_ns exceeds the hold. They are counted over the measured iterations (count, of
-how many ops, total and largest excess) and the run's summary warns: the emulation added that
-time. Beside them, `start_latency_total_ms` / `start_latency_max_ms`: the late_ns of every held
-op (the worker's wake-up after the input came in, the GIL after a send), which the holds absorbed
-where they fit: time the emulation spends that a GPU would not, hidden unless it overran.
+`compute_overruns`: in profile mode every F, B and OPT is held to its profile time; an op whose
+real CPU time (its span's compute_ns: the small model's work, before the hold) exceeds that hold
+lasted longer than the profile says. They are counted over the measured iterations (count, of how
+many ops, total and largest excess) and the run's summary warns: the emulation added that time.
+Beside them, `start_latency_total_ms` / `start_latency_max_ms`: the late_ns of those ops (the
+worker got to an op that long after it was ready: trainer.worker), time a GPU would not lose.
 
 `pipeline_bubble_fraction` is the same over F and B only (window from the first forward to the
 last backward of the iteration, excluding the all-reduce, the optimizer step and the gap to the
@@ -87,7 +85,7 @@ def _count_overrun(over: dict, span: dict, holds: dict[str, float]) -> None:
     late_ms = span.get("late_ns", 0) / 1e6
     over["start_latency_total_ms"] += late_ms
     over["start_latency_max_ms"] = max(over["start_latency_max_ms"], late_ms)
-    excess_ms = span["compute_ns"] / 1e6 + late_ms - hold_ms
+    excess_ms = span["compute_ns"] / 1e6 - hold_ms
     if excess_ms > 0:
         over["count"] += 1
         over["by_op"][span["name"]] += 1

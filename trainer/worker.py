@@ -12,25 +12,18 @@ replicas (gloo) and step the optimizer. Every step is a span in this worker's JS
 
 compute=profile: each F/B still runs the real model, then sleeps until the profile's duration for
 the target model has passed since it started, and messages are padded to the target's bytes.
-An op starts (on the emulated GPU's timeline: its span's t_start_ns, and where its hold counts
-from) when a GPU would start it: once its input's last byte is in and the previous op, or the
-all-reduce, is over, and not before the last compute of another process on the host (BubbleTea's
-prefill, GpuLock.released_ns) ended. This process gets there later: its thread wakes up, takes
-the GIL from the I/O threads after a send, and so on, 0.1-20 ms on this 2-core machine, time a
-GPU fed by a launch queue would not lose. That start latency is absorbed by the hold while the
-small model's CPU work still fits in it; the span records it as late_ns (compute_ns is the CPU
-work, from the moment the process got there), and an op whose late_ns + compute_ns outlast the
-hold is a compute overrun (trainer.metrics). With compute=measured (no hold) an op starts when
-the process gets there.
+Every F, B and OPT span records late_ns, the worker's start latency: how long after the op was
+ready (its input's last byte in, the previous op or the all-reduce over) this process got to it
+(its thread woke up, took the GIL back from the I/O threads after a send, ...). A GPU fed by a
+launch queue loses none of that; trainer.metrics sums it beside the compute overruns.
 
 Shared GPU (BubbleTea, spec.gpu_lock_path set; docs/bubbletea/design.md): the worker holds the
-host's GpuLock (trainer/gpulock.py) for each F, B and OPT: it asks for the lock when it gets
-to the op, computes once it has it, and releases it when the hold ends, before sending the
-output (network, not GPU); the all-reduce stays outside the lock. The op's GPU start is never
-before the last prefill on the host ended; a prefill that ran past the time the op was ready (it
-overran its bubble) is a GPU_WAIT span {op, iteration, microbatch} from that time to the
-prefill's end. Every op's idle gap (the time it was ready minus the end of the previous compute
-op) feeds a BubblePredictor (trainer/bubbles.py); after each op, when the
+host's GpuLock (trainer/gpulock.py) for each F, B and OPT: it asks for the lock when the op's
+inputs are ready (t_want), computes once it has it (the span starts there), and releases it when
+the hold ends, before sending the output (network, not GPU); the all-reduce stays outside the
+lock. A wait for the lock (a prefill overran its bubble) is a GPU_WAIT span {op, iteration,
+microbatch} from t_want to the acquisition. Every op's idle gap (t_want minus the end of the
+previous compute op) feeds a BubblePredictor (trainer/bubbles.py); after each op, when the
 predicted gap before the next op is >= MIN_NOTICE_MS, the message that op awaits (if any) is
 not already in (then it starts at once) and spec.bubble_notify is set, one UDP
 datagram {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"} (gaps_ns: the
@@ -265,26 +258,25 @@ class StageWorker:
             torch.cuda.synchronize()
 
     # -- the shared GPU (no-ops without spec.gpu_lock_path) ------------------------------
-    def _gpu_acquire(self, it: int, mb: int | None, k: int, t_input_ns: int | None,
-                     hold_ms: float) -> tuple[int, int]:
-        """This process got to op k (its input, if any, last came in at t_input_ns): take the
-        host's GPU lock, if shared. Returns (start, t_got): t_got is now, start the op's GPU
-        start (module docstring), t_got itself without a hold."""
+    def _gpu_acquire(self, it: int, mb: int | None, k: int,
+                     t_input_ns: int | None = None) -> tuple[int, int]:
+        """Op k wants the GPU now (its input, if any, last came in at t_input_ns): take the
+        host's lock (recording the gap before op k and any wait as GPU_WAIT). Returns the compute
+        start (time_ns) and the start latency (module docstring: late_ns)."""
         t_want = time.time_ns()
         ready = max((t for t in (self._free_ns, t_input_ns) if t is not None), default=t_want)
-        ready = min(ready, t_want) if hold_ms > 0 else t_want
+        late_ns = max(0, t_want - ready)
         if self.gpu is None:
-            return ready, t_want
+            return t_want, late_ns
         if self._op_end_ns is not None:
-            self.bubbles.observe(it, k, ready - self._op_end_ns)
-        self.gpu.acquire()
+            self.bubbles.observe(it, k, t_want - self._op_end_ns)
+        waited_ns = self.gpu.acquire()
         t_got = time.time_ns()
-        start = max(ready, self.gpu.released_ns) if hold_ms > 0 else t_got
         if self._notify is not None and self.spec.bubble_notify is not None:
-            self._send({"host": self.spec.host, "busy_ns": start})   # the bubble is over
-        if start > ready:     # another process computed on the GPU into the time we wanted it
-            self.log.span("GPU_WAIT", ready, start, it, mb, op=k)
-        return start, t_got
+            self._send({"host": self.spec.host, "busy_ns": t_got})   # the bubble is over
+        if waited_ns > 0:
+            self.log.span("GPU_WAIT", t_want, t_got, it, mb, op=k)
+        return t_got, late_ns
 
     def _send(self, notice: dict) -> None:
         """One datagram to the controller, numbered (the controller counts the numbers it never
@@ -303,7 +295,7 @@ class StageWorker:
         before the next op."""
         t_end = time.time_ns()
         if self.gpu is not None:
-            self.gpu.release(t_end)
+            self.gpu.release()
         self._free_ns = t_end
         self.log.span(name, t_start, t_end, it, mb, **extra)
         if self.gpu is not None:
@@ -423,14 +415,14 @@ class StageWorker:
             self._free_ns = time.time_ns()
             self.log.span("ALLREDUCE", t, self._free_ns, it, bytes=n_bytes)
         k_opt = len(self.table_row)
-        t, t_got = self._gpu_acquire(it, None, k_opt, None, spec.hold_opt_ms)
+        t, late_ns = self._gpu_acquire(it, None, k_opt)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self._sync()
         t_compute = time.time_ns()
         _hold(t, spec.hold_opt_ms)     # profile mode: the target's estimated step
-        self._compute_done("OPT", it, None, k_opt, t, compute_ns=t_compute - t_got,
-                           late_ns=t_got - t)
+        self._compute_done("OPT", it, None, k_opt, t, compute_ns=t_compute - t,
+                           late_ns=late_ns)
         return losses
 
     def forward(self, it: int, mb: int, losses: list[float],
@@ -447,7 +439,7 @@ class StageWorker:
             got = self._recv(self.prev, KIND_ACT, it, mb)
             inp = got.tensor.to(self.device).requires_grad_(True)
             t_input = got.t_last_ns
-        t_start, t_got = self._gpu_acquire(it, mb, k, t_input, spec.hold_forward_ms)
+        t_start, late_ns = self._gpu_acquire(it, mb, k, t_input)
         self._announce_output(KIND_ACT, it, mb, t_start, spec.hold_forward_ms)
         out = self.module(inp, targets.to(self.device) if self.plan.last else None)
         if self.plan.last:
@@ -455,8 +447,8 @@ class StageWorker:
         self._sync()
         t_compute = time.time_ns()
         _hold(t_start, spec.hold_forward_ms)
-        self._compute_done("F", it, mb, k, t_start, compute_ns=t_compute - t_got,
-                           late_ns=t_got - t_start)
+        self._compute_done("F", it, mb, k, t_start, compute_ns=t_compute - t_start,
+                           late_ns=late_ns)
         if not self.plan.last:
             assert self.next is not None
             self.next.send(KIND_ACT, it, mb, out.detach(), pad_to_bytes=spec.pad_bytes)
@@ -465,20 +457,20 @@ class StageWorker:
     def backward(self, it: int, mb: int, inp: torch.Tensor, out: torch.Tensor, k: int) -> None:
         cfg, spec = self.cfg, self.spec
         if self.plan.last:
-            t_start, t_got = self._gpu_acquire(it, mb, k, None, spec.hold_backward_ms)
+            t_start, late_ns = self._gpu_acquire(it, mb, k)
             self._announce_output(KIND_GRAD, it, mb, t_start, spec.hold_backward_ms)
             (out / cfg.micro_batches).backward()   # mean over this replica's M micro-batches
         else:
             assert self.next is not None
             got = self._recv(self.next, KIND_GRAD, it, mb)
-            t_start, t_got = self._gpu_acquire(it, mb, k, got.t_last_ns, spec.hold_backward_ms)
+            t_start, late_ns = self._gpu_acquire(it, mb, k, got.t_last_ns)
             self._announce_output(KIND_GRAD, it, mb, t_start, spec.hold_backward_ms)
             out.backward(got.tensor.to(self.device))
         self._sync()
         t_compute = time.time_ns()
         _hold(t_start, spec.hold_backward_ms)
-        self._compute_done("B", it, mb, k, t_start, compute_ns=t_compute - t_got,
-                           late_ns=t_got - t_start)
+        self._compute_done("B", it, mb, k, t_start, compute_ns=t_compute - t_start,
+                           late_ns=late_ns)
         if not self.plan.first:
             assert self.prev is not None and inp.grad is not None
             self.prev.send(KIND_GRAD, it, mb, inp.grad, pad_to_bytes=spec.pad_bytes)
