@@ -52,9 +52,9 @@ def emulation_overheads(metrics: dict[str, Any], predicted_allreduce_ms: list[fl
     """What this machine's emulation added that the model (and the real system) would not, in
     real ms: compute ops past their profile holds (trainer.metrics' compute_overruns, per
     averaged iteration; beside them the workers' start latency, summed over workers: only the
-    part on the critical path slows the iteration), each stage's all-reduce past the model's, and per temporal WAN slot the
-    arbiter's turn-taking (testbed.temporal.slot_overheads_ms). Where a run misses the model,
-    these say how much of the miss is the emulation's."""
+    part on the critical path slows the iteration), each stage's all-reduce past the model's,
+    and per temporal WAN slot the arbiter's turn-taking (testbed.temporal.slot_overheads_ms).
+    Where a run misses the model, these say how much of the miss is the emulation's."""
     over = metrics.get("compute_overruns") or {}
     n = len(metrics.get("iterations_averaged") or []) or 1
     T = metrics.get("time_scale") or 1.0

@@ -200,8 +200,7 @@ def in_real_time(metrics: dict[str, Any], time_scale: float) -> dict[str, Any]:
         c["total_s"] /= t
     if "compute_overruns" in metrics:
         for key in ("total_ms", "max_ms", "start_latency_total_ms", "start_latency_max_ms"):
-            if key in metrics["compute_overruns"]:
-                metrics["compute_overruns"][key] /= t
+            metrics["compute_overruns"][key] /= t
     if metrics.get("predicted", {}).get("iteration_time_s") is not None:
         metrics["predicted"] = dict(metrics["predicted"],
                                     iteration_time_s=metrics["predicted"]["iteration_time_s"] / t)
