@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from host.realtime import set_fifo
 from prefill.admission import Admission, Pending, choose, chunk_hold_ns, make_pending
 from prefill.bubble import Bubble, Notice, parse_notice
 from prefill.config import BubbleTeaConfig
@@ -65,7 +66,6 @@ from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
 from prefill.wire import recv_msg, send_msg
 from trainer.spec import SpecFile
-from trainer.transport import set_thread_fifo
 
 MAX_NOTICE_BYTES = 2048
 REPLY_MARGIN_S = 10.0    # a prefill server that has not answered prediction + this is down
@@ -209,7 +209,7 @@ class Controller:
     # -- threads ----------------------------------------------------------------------------
     def notices(self) -> None:
         if self.spec.notice_priority is not None:
-            self.notice_realtime = set_thread_fifo(self.spec.notice_priority)
+            self.notice_realtime = set_fifo(self.spec.notice_priority)
         while not self.stop.is_set():
             try:
                 data, sender = self._sock.recvfrom(MAX_NOTICE_BYTES)

@@ -612,8 +612,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from pyroute2 import IPRoute  # noqa: PLC0415
 
-    from testbed.delayline import (  # noqa: PLC0415
-        RT_PRIORITY, RT_SOFT_S, _set_timer_slack_ns, set_normal_priority, set_realtime)
+    from host.realtime import (  # noqa: PLC0415
+        PRIORITY, RT_SOFT_S, process_threads, set_fifo, set_normal)
+    from testbed.delayline import _set_timer_slack_ns  # noqa: PLC0415
     try:
         spec = ArbiterSpec.from_json(Path(args.spec).read_text())
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -628,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         arb.stop = True
 
     def on_rttime(signum, frame):  # noqa: ARG001
-        set_normal_priority()
+        set_normal(process_threads())
         arb.rt_status = "demoted:rttime"
         print(f"arbiter: ran {RT_SOFT_S:g} s at real-time priority without blocking; back to "
               f"normal priority", file=sys.stderr, flush=True)
@@ -649,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
             arb.restore()
         return 1
     _set_timer_slack_ns(1000)
-    arb.rt_status = "off" if args.no_realtime else set_realtime(RT_PRIORITY)
+    arb.rt_status = ("off" if args.no_realtime
+                     else set_fifo(PRIORITY["arbiter"], process_threads()))
     arb.record({"kind": "start", "pid": os.getpid(), "rt": arb.rt_status,
                 "listen": f"{spec.listen_ip}:{spec.port}", "links": [asdict(x) for x in spec.links]})
     print(f"READY rt={arb.rt_status} links={','.join(arb.links)} listen={spec.listen_ip}:{spec.port}",

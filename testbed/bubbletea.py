@@ -12,8 +12,8 @@ the servers, and merge every record into <system dir>/prefill_records.jsonl.
 The prefill-side processes run at nice BUBBLETEA_NICE: on a real server the inference stack has
 CPU cores of its own, here it shares 2 cores with the training workers, whose holds and
 transport must not wait behind it (that wait would be a slowdown the real system does not have).
-The controller's notice thread alone runs at SCHED_FIFO NOTICE_PRIORITY (where the network runs
-real-time): the arrival bound needs the notices heard within its margin.
+The controller's notice thread alone runs at SCHED_FIFO (host.realtime's "notice", where the
+network runs real-time): the arrival bound needs the notices heard within its margin.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from host.realtime import PRIORITY
 from testbed.errors import ScenarioError, TestbedError
 from testbed.procs import HostProcess, stop_all
 
@@ -40,10 +41,6 @@ PREFILL_PORT = 28000
 DECODE_PORT = 28100
 NOTICE_PORT = 28200
 BUBBLETEA_NICE = 10
-# The controller's notice thread at SCHED_FIFO (as the training workers' I/O threads): at nice
-# 10 on 2 busy cores it heard a message's first byte 15 ms late once, past the arrival bound's
-# margin; a real controller has a CPU of its own. It only parses datagrams.
-NOTICE_PRIORITY = 10
 READY_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0   # a controller waits for its in-flight prefills before it records
 
@@ -231,7 +228,7 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
                                    decode_servers=decoders, bubbletea=cfg.to_dict(),
                                    compute=train_cfg.compute, time_scale=scenario.time_scale,
                                    connect_timeout_s=60.0 * scenario.time_scale,
-                                   notice_priority=NOTICE_PRIORITY if net.realtime else None)
+                                   notice_priority=PRIORITY["notice"] if net.realtime else None)
             path = base / "specs" / f"controller-{dc}.json"
             cspec.write(path)
             run.record_paths.append(Path(cspec.records_path))

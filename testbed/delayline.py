@@ -30,7 +30,7 @@ CPUs (the trainer's processes) cannot hold a release back; READY says `rt=fifo:5
 `rt=refused:<errno name>` when the kernel refuses (no CAP_SYS_NICE, a container's RT budget of 0)
 and it carries on at normal priority. The loop always blocks in poll() or sleep() when there is
 nothing to do; the kernel's RT throttling (sched_rt_runtime_us, 950000 of 1000000 us by default;
-if it is off we refuse RT) and RLIMIT_RTTIME (set_realtime) bound what a bug could take.
+if it is off we refuse RT) and RLIMIT_RTTIME (host.realtime.set_fifo) bound what a bug could take.
 
 Accounting (`--stats PATH`): SIGUSR1 asks for a report. The handler only sets a flag (the loop
 writes the report at its next turn; a wake-up pipe ends the poll at once), so the per-packet path
@@ -67,7 +67,6 @@ import gc
 import json
 import os
 import random
-import resource
 import select
 import signal
 import socket
@@ -76,6 +75,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from host.realtime import PRIORITY, RT_SOFT_S, process_threads, set_fifo, set_normal
 from testbed.delaysched import ID_MASK, RELEASE_GRACE_S, LeadControl, QueueSchedule, next_deadline
 
 NETLINK_NETFILTER = 12
@@ -111,9 +111,6 @@ PACKET_MSG_TYPE = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
 PR_SET_TIMERSLACK = 29
 NFQUEUE_PROC = "/proc/net/netfilter/nfnetlink_queue"   # this network namespace's queues
 NETLINK_PROC = "/proc/net/netlink"
-RT_PRIORITY = 50
-RT_SOFT_S = 5.0    # RLIMIT_RTTIME: CPU seconds at RT priority without blocking -> SIGXCPU (demote)
-RT_HARD_S = 10.0   # ... -> SIGKILL (the supervisor then stops the run, naming the links)
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _NFGENMSG = struct.Struct("!BBH")  # family, version, res_id (queue number, big endian)
@@ -483,49 +480,6 @@ def _open_socket() -> socket.socket:
     return sock
 
 
-# ---- real-time priority ------------------------------------------------------------------------
-def _threads() -> list[int]:
-    return [int(t) for t in os.listdir("/proc/self/task")]
-
-
-def set_realtime(priority: int = RT_PRIORITY) -> str:
-    """Every thread of this process to SCHED_FIFO at priority: 'fifo:<priority>', or
-    'refused:<errno name>' (left at normal priority). Guards against a runaway loop hogging a
-    CPU: it refuses when the kernel's RT throttling is off (sched_rt_runtime_us = -1; by
-    default RT tasks get at most 95% of each second), and sets RLIMIT_RTTIME so that RT_SOFT_S
-    of CPU without ever blocking sends SIGXCPU (main() then demotes us) and RT_HARD_S kills."""
-    try:
-        with open("/proc/sys/kernel/sched_rt_runtime_us") as f:
-            if int(f.read()) < 0:
-                return "refused:unthrottled"
-    except (OSError, ValueError):
-        pass
-    soft, hard = resource.getrlimit(resource.RLIMIT_RTTIME)
-    want_hard = int(RT_HARD_S * 1e6)
-    new_hard = want_hard if hard == resource.RLIM_INFINITY else min(hard, want_hard)
-    try:
-        resource.setrlimit(resource.RLIMIT_RTTIME, (min(int(RT_SOFT_S * 1e6), new_hard), new_hard))
-    except (OSError, ValueError) as exc:
-        return f"refused:rlimit-{errno.errorcode.get(getattr(exc, 'errno', 0) or 0, 'EINVAL')}"
-    tids = _threads()
-    try:
-        for tid in tids:
-            os.sched_setscheduler(tid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK,
-                                  os.sched_param(priority))
-    except OSError as exc:
-        set_normal_priority()
-        return f"refused:{errno.errorcode.get(exc.errno, str(exc.errno))}"
-    return f"fifo:{priority}"
-
-
-def set_normal_priority() -> None:
-    for tid in _threads():
-        try:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        except OSError:
-            pass
-
-
 def _set_timer_slack_ns(ns: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -559,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         line.control_wanted = True
 
     def on_rttime(signum, frame):  # noqa: ARG001 - RLIMIT_RTTIME's soft limit: never block again?
-        set_normal_priority()
+        set_normal(process_threads())
         line.rt_status = "demoted:rttime"
         print(f"delayline: ran {RT_SOFT_S:g} s at real-time priority without blocking; "
               f"back to normal priority", file=sys.stderr, flush=True)
@@ -575,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR2, on_control)
     signal.signal(signal.SIGXCPU, on_rttime)
     _set_timer_slack_ns(1000)
-    line.rt_status = "off" if args.no_realtime else set_realtime(RT_PRIORITY)
+    line.rt_status = ("off" if args.no_realtime
+                      else set_fifo(PRIORITY["delayline"], process_threads()))
     try:
         line.bind()
     except OSError as exc:

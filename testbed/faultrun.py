@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyroute2 import IPRoute
 
+from host.realtime import PRIORITY, set_fifo
 from testbed import shaping, wanshare
 from testbed.errors import TestbedError
 from testbed.faults import Event, Fault, events_of
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from testbed.topo import WanPlan
 
 SAMPLE_S = 0.05
-FAULT_PRIORITY = 20       # SCHED_FIFO of the fault thread (the delay lines run at 50)
 ACK_TIMEOUT_S = 2.0
 FIND_PROCESS_S = 2.0      # a crash at t = 0 may come before its process is spawned
 PROCESS_MARKERS = {"trainer": "trainer.worker", "prefill": "prefill.server",
@@ -140,11 +140,8 @@ class FaultRunner:
     def _apply_all(self) -> None:
         if self.net.realtime:
             # On time though the trainers and delay lines keep the CPUs busy (below the delay
-            # lines' priority 50); measured without: rate changes applied up to 70 ms late.
-            try:
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FAULT_PRIORITY))
-            except OSError:
-                pass
+            # lines); refused, it runs on at normal priority.
+            set_fifo(PRIORITY["fault"])
         for ev in self.events:
             if self._stop.wait(max(0.0, ev.at_s * self.T - (time.monotonic() - self.mono0))):
                 return

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from host.realtime import PRIORITY
 from testbed import bubbletea, linkuse, report, temporal, wanstats
 from testbed.allreduce import allreduce_report
 from testbed.errors import ScenarioError, TestbedError
@@ -35,12 +36,6 @@ from testbed.timeouts import timeouts_for
 from testbed.systems import (System, arrival_bounds_hold, connections_for,
                              host_path_rate_mbit)
 
-# SCHED_FIFO of the workers' stage-to-stage I/O threads (below the delay lines' and arbiters'
-# 50): a sender granted a slot, or a reader whose bytes arrived, runs at once instead of after
-# its CPU-bound neighbours on a 2-core machine, as a GPU server's NIC path would. Without it a
-# granted worker took up to 70 ms (p90 12-15 ms) to put its first byte on the wire at D = 4,
-# holding the link idle in its slot.
-TRANSPORT_IO_PRIORITY = 10
 
 if TYPE_CHECKING:
     from testbed.scenario import Scenario
@@ -123,7 +118,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                                  congestion_control=scenario.congestion_control,
                                  connections=lambda a, b: connections_for(scenario, system, a, b),
                                  gate=None if sharing is None else sharing.gate_for,
-                                 io_priority=TRANSPORT_IO_PRIORITY if net.realtime else None,
+                                 io_priority=PRIORITY["worker_io"] if net.realtime else None,
                                  gpu_share=None if prefill is None else prefill.gpu_share,
                                  inbound_rate=inbound)
                 except BaseException:

@@ -1,5 +1,5 @@
-"""trainer.dp: gloo's threads run at the I/O priority asked for (they inherit it from the thread
-that joins the group, which is real-time only for that call), the all-reduce averages the real
+"""trainer.dp: gloo's threads run at the I/O priority asked for (set by thread id after they
+are made; the thread that joins the group stays normal), the all-reduce averages the real
 gradients and leaves the padding zero. Two real processes on loopback; SCHED_FIFO needs root."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer.transport import set_thread_fifo
+from host.realtime import process_threads, set_fifo
 
 _SIOCGIFADDR = 0x8915
 
@@ -42,21 +42,18 @@ def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, wo
     all-reduce and sum the buffer, and its transport's I/O loop) run at SCHED_FIFO io_priority,
     like the stage-to-stage channels' I/O threads (trainer.transport): a GPU all-reduce runs on
     the GPU and the NIC and does not wait for CPU-bound neighbours; on 2 cores a normal-priority
-    one did. Linux threads inherit the creating thread's policy and gloo makes its threads in
-    init_process_group, so this thread is real-time only for that call (so is any other thread
-    made then: on rank 0 the store's server thread, idle after the rendezvous). Returns what
-    was set: "off", "fifo:N" or "refused:ERRNO" (tests/test_dp.py checks gloo's threads hold it)."""
+    one did. gloo makes its threads in init_process_group; they are set after it, by thread id
+    (host.realtime: a thread an RT thread starts does not inherit RT), and so is any other
+    thread made then (on rank 0 the store's server thread, idle after the rendezvous). Returns
+    what was set: "off", "fifo:N" or "refused:ERRNO" (tests/test_dp.py checks gloo's threads)."""
     os.environ["GLOO_SOCKET_IFNAME"] = interface_for_ip(my_ip)
-    before = os.sched_getscheduler(0), os.sched_getparam(0)
-    status = "off" if io_priority is None else set_thread_fifo(io_priority)
-    try:
-        dist.init_process_group(backend="gloo", init_method=f"tcp://{master_ip}:{master_port}",
-                                rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
-    finally:
-        if status.startswith("fifo"):
-            os.sched_setscheduler(0, *before)
-    return status
+    before = set(process_threads())
+    dist.init_process_group(backend="gloo", init_method=f"tcp://{master_ip}:{master_port}",
+                            rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    if io_priority is None:
+        return "off"
+    return set_fifo(io_priority, [t for t in process_threads() if t not in before])
 
 
 _BUFFERS: dict[tuple[int, torch.dtype], torch.Tensor] = {}   # (elements, dtype) -> buffer

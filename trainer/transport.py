@@ -54,8 +54,6 @@ timing policy (trainer/worker.py decides what to send when).
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import queue
 import socket
 import struct
@@ -66,6 +64,7 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
+from host.realtime import set_fifo
 from trainer.stripes import MIN_STRIPE_BYTES, stripe_plan  # noqa: F401 - re-exported
 from traffic.tcpcc import set_congestion_control
 
@@ -205,16 +204,6 @@ def _recv_exact(sock: socket.socket, buf: memoryview) -> bool:
     return True
 
 
-def set_thread_fifo(priority: int) -> str:
-    """The calling thread (alone: Linux applies sched_setscheduler(0) to it) to SCHED_FIFO at
-    priority: "fifo:<priority>", or "refused:<errno name>" and it stays as it was."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-    except OSError as exc:
-        return f"refused:{errno.errorcode.get(exc.errno, exc.errno)}"
-    return f"fifo:{priority}"
-
-
 class FrameError(ValueError):
     """A received frame header that this side cannot decode or accept."""
 
@@ -296,13 +285,12 @@ class Channel:
             t.start()
 
     def _io(self, loop: Callable[..., None], *args: int) -> None:
-        """An I/O thread: at SCHED_FIFO io_priority when asked (the thread alone: Linux applies
-        sched_setscheduler(0) to the calling thread), so a thread that waits for a grant or for
-        bytes runs as soon as they come instead of after the CPU-bound compute of 2-core
-        neighbours; it blocks on its socket or queue otherwise. The kernel's RT throttling
-        (sched_rt_runtime_us) still bounds it. Refused: it runs on at normal priority."""
+        """An I/O thread: at SCHED_FIFO io_priority when asked (this thread alone; host.realtime
+        with its guards), so a thread that waits for a grant or for bytes runs as soon as they
+        come instead of after the CPU-bound compute of 2-core neighbours; it blocks on its
+        socket or queue otherwise. Refused: it runs on at normal priority."""
         if self._io_priority is not None:
-            self.io_realtime = set_thread_fifo(self._io_priority)
+            self.io_realtime = set_fifo(self._io_priority)
         loop(*args)
 
     def _conn(self, i: int) -> str:

@@ -1,0 +1,88 @@
+"""Real-time priority for every thread the testbed runs at SCHED_FIFO: one table, one helper.
+
+PRIORITY names each real-time user. set_fifo is the only way any of them gets there, with the
+guards that keep a runaway loop from taking the machine: it refuses while the kernel's RT
+throttling is off (sched_rt_runtime_us = -1; by default RT tasks get at most 95% of each
+second), it sets RLIMIT_RTTIME, and it sets SCHED_RESET_ON_FORK, so that no process or thread
+created by a real-time thread (pyroute2's fork children, a thread a library starts) inherits
+the priority.
+
+RLIMIT_RTTIME belongs to the process: every RT thread of it may run RT_SOFT_S of CPU without
+blocking before the kernel sends the process SIGXCPU, and RT_HARD_S before it kills it. A
+process that must survive a runaway thread (the delay line, the arbiter) demotes its threads
+on SIGXCPU (set_normal); in any other the default action ends it, and the run reports it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+from collections.abc import Sequence
+
+PRIORITY = {
+    "delayline": 50,   # the emulated WAN's clock: above every other RT thread
+    "arbiter": 50,     # grants WAN slots on that clock
+    "fault": 20,       # faultrun's thread: rate changes were up to 70 ms late without it
+    # The workers' stage-to-stage channel I/O threads and gloo's threads (one io_priority): a
+    # granted sender took up to 70 ms (p90 12-15 ms) to put its first byte on the wire at D = 4
+    # behind its CPU-bound neighbours on 2 cores.
+    "worker_io": 10,
+    # The BubbleTea controller's notice thread: at nice 10 on 2 busy cores it heard a message
+    # 15 ms late once, past the arrival bound's margin. It parses datagrams of at most
+    # MAX_NOTICE_BYTES (prefill.controller).
+    "notice": 10,
+}
+RT_SOFT_S = 5.0    # RLIMIT_RTTIME: CPU seconds at RT priority without blocking -> SIGXCPU
+RT_HARD_S = 10.0   # ... -> SIGKILL
+RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
+
+
+def process_threads() -> list[int]:
+    """Every thread of this process (for set_fifo and set_normal)."""
+    return [int(t) for t in os.listdir("/proc/self/task")]
+
+
+def _errno_name(exc: OSError | ValueError) -> str:
+    code = getattr(exc, "errno", None) or errno.EINVAL
+    return errno.errorcode.get(code, str(code))
+
+
+def set_fifo(priority: int, tids: Sequence[int] = (0,), *, rt_runtime: str = RT_RUNTIME) -> str:
+    """tids (default: the calling thread alone; Linux applies sched_setscheduler(0) to the
+    caller, not the process) to SCHED_FIFO | SCHED_RESET_ON_FORK at priority. Returns
+    'fifo:<priority>', or 'refused:<why>' with every thread left at normal priority:
+    'unthrottled' (rt_runtime reads -1), 'rlimit-<errno>' or the errno of sched_setscheduler.
+
+    SCHED_RESET_ON_FORK applies to every clone, threads too: a thread started by an RT thread
+    runs at normal priority. To make a library's threads RT, pass their ids after they exist."""
+    try:
+        with open(rt_runtime) as f:
+            if int(f.read()) < 0:
+                return "refused:unthrottled"
+    except (OSError, ValueError):
+        pass   # no such file (not Linux's RT scheduler): RLIMIT_RTTIME still bounds us
+    _soft, hard = resource.getrlimit(resource.RLIMIT_RTTIME)
+    want_hard = int(RT_HARD_S * 1e6)
+    new_hard = want_hard if hard == resource.RLIM_INFINITY else min(hard, want_hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_RTTIME, (min(int(RT_SOFT_S * 1e6), new_hard), new_hard))
+    except (OSError, ValueError) as exc:
+        return f"refused:rlimit-{_errno_name(exc)}"
+    try:
+        for tid in tids:
+            os.sched_setscheduler(tid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK,
+                                  os.sched_param(priority))
+    except OSError as exc:
+        set_normal(tids)
+        return f"refused:{_errno_name(exc)}"
+    return f"fifo:{priority}"
+
+
+def set_normal(tids: Sequence[int] = (0,)) -> None:
+    """tids (default: the calling thread) back to SCHED_OTHER; threads gone meanwhile skipped."""
+    for tid in tids:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass

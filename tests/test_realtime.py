@@ -1,0 +1,133 @@
+"""host.realtime: the one way to SCHED_FIFO. A thread it sets forks children (and starts
+threads) at normal priority, RLIMIT_RTTIME is set, it refuses while RT throttling is off, and
+nothing else in the code base calls sched_setscheduler. The priority changes run in a child
+Python process (RLIMIT_RTTIME belongs to the process: the test process keeps its own)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from host.realtime import PRIORITY, RT_HARD_S, RT_SOFT_S, set_fifo
+
+REPO = Path(__file__).resolve().parent.parent
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root (CAP_SYS_NICE)")
+
+# One RT thread, as the transport's I/O threads and the controller's notice thread make it:
+# what it got, its policy, its fork child's, a thread it starts, and the main thread's.
+THREAD_MODE = """
+import json, os, resource, threading
+from host.realtime import set_fifo
+out = {}
+def child_policy():
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, str(os.sched_getscheduler(0)).encode())
+        os._exit(0)
+    os.close(w)
+    policy = int(os.read(r, 32))
+    os.waitpid(pid, 0)
+    return policy
+def started():
+    out["started_thread"] = os.sched_getscheduler(0)
+def rt():
+    out["status"] = set_fifo(%d)
+    out["policy"] = os.sched_getscheduler(0)
+    out["priority"] = os.sched_getparam(0).sched_priority
+    out["fork_child"] = child_policy()
+    t = threading.Thread(target=started)
+    t.start()
+    t.join()
+t = threading.Thread(target=rt)
+t.start()
+t.join()
+out["main"] = os.sched_getscheduler(0)
+out["rttime"] = resource.getrlimit(resource.RLIMIT_RTTIME)
+print(json.dumps(out))
+"""
+
+# Every thread of a process, as the delay line and the arbiter do, and back (SIGXCPU's demotion).
+PROCESS_MODE = """
+import json, os, threading
+from host.realtime import process_threads, set_fifo, set_normal
+hold = threading.Event()
+t = threading.Thread(target=hold.wait)
+t.start()
+status = set_fifo(%d, process_threads())
+rt = sorted({os.sched_getscheduler(tid) for tid in process_threads()})
+set_normal(process_threads())
+normal = sorted({os.sched_getscheduler(tid) for tid in process_threads()})
+hold.set()
+print(json.dumps({"status": status, "rt": rt, "normal": normal}))
+"""
+
+
+def run_child(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+@root_only
+def test_an_rt_thread_forks_and_starts_threads_at_normal_priority():
+    prio = PRIORITY["worker_io"]
+    doc = run_child(THREAD_MODE % prio)
+    assert doc["status"] == f"fifo:{prio}", doc
+    assert doc["policy"] == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK and doc["priority"] == prio, doc
+    assert doc["fork_child"] == os.SCHED_OTHER, doc      # pyroute2's fork children, say
+    assert doc["started_thread"] == os.SCHED_OTHER, doc  # a library's thread
+    assert doc["main"] == os.SCHED_OTHER, doc            # the calling thread alone
+    assert doc["rttime"] == [int(RT_SOFT_S * 1e6), int(RT_HARD_S * 1e6)], doc
+
+
+@root_only
+def test_every_thread_of_a_process_and_back():
+    doc = run_child(PROCESS_MODE % PRIORITY["delayline"])
+    assert doc["status"] == f"fifo:{PRIORITY['delayline']}", doc
+    assert doc["rt"] == [os.SCHED_FIFO | os.SCHED_RESET_ON_FORK], doc
+    assert doc["normal"] == [os.SCHED_OTHER], doc
+
+
+def test_refused_while_rt_throttling_is_off(tmp_path):
+    runtime = tmp_path / "sched_rt_runtime_us"
+    runtime.write_text("-1\n")
+    rttime = resource.getrlimit(resource.RLIMIT_RTTIME)
+    got = {}
+
+    def rt() -> None:
+        got["status"] = set_fifo(PRIORITY["notice"], rt_runtime=str(runtime))
+        got["policy"] = os.sched_getscheduler(0)
+
+    t = threading.Thread(target=rt)
+    t.start()
+    t.join()
+    assert got == {"status": "refused:unthrottled", "policy": os.SCHED_OTHER}, got
+    assert resource.getrlimit(resource.RLIMIT_RTTIME) == rttime
+
+
+def test_no_sched_setscheduler_outside_host_realtime():
+    """Every real-time thread goes through host.realtime's guards: no other module calls
+    sched_setscheduler (by attribute or by name)."""
+    helper = REPO / "host" / "realtime.py"
+    found = []
+    for path in sorted(REPO.rglob("*.py")):
+        rel = path.relative_to(REPO)
+        if rel.parts[0].startswith(".") or path == helper:
+            continue
+        for node in ast.walk(ast.parse(path.read_bytes(), str(rel))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name == "sched_setscheduler":
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, f"sched_setscheduler outside host/realtime.py: {found}"
