@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import re
+import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -93,10 +94,10 @@ def draw_timelines(runs: Sequence, out_dir: Path, write: Callable[[Path, bytes],
             bt = r.metrics["systems"][name].get("bubbletea")
             iteration = bt["iterations"][len(bt["iterations"]) // 2] if bt else None
             slug = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{r.name}-{name}")
-            tmp = out_dir / f".{slug}.tmp.png"
-            plot_timeline(spans_path, tmp, iteration=iteration, extra_spans=extra,
-                          title=f"{r.scenario.get('name', r.name)} {name}")
-            data = tmp.read_bytes()
-            tmp.unlink()
+            with tempfile.TemporaryDirectory(prefix="timeline-") as scratch:   # ours alone (0700)
+                png = plot_timeline(spans_path, Path(scratch) / "timeline.png",
+                                    iteration=iteration, extra_spans=extra,
+                                    title=f"{r.scenario.get('name', r.name)} {name}")
+                data = png.read_bytes()
             out.append(write(out_dir / f"timeline-{slug}.png", data))
     return out

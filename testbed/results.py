@@ -1,18 +1,20 @@
 """Run folders under results/ and atomic writes into them.
 
 One job: where results go. Each run gets a new folder `<scenario>-<UTC time>-<commit>` (a
-suffix is added rather than ever reusing a folder), and every file is written to a temporary
-name and renamed, so a reader never sees half a file and no earlier run is overwritten.
+suffix is added rather than ever reusing a folder), and every file is written to a new temporary
+file of its own and renamed, so a reader never sees half a file and no earlier run is overwritten.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -54,11 +56,37 @@ def write_text(path: Path, text: str) -> Path:
 
 
 def write_bytes(path: Path, data: bytes) -> Path:
-    """path's new content, whole: written to a temporary file beside it, then renamed."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """path's new content, whole: written to a new temporary file of a unique name beside it
+    (mkstemp: never a file someone else made or a link; two writers never share one), synced
+    to disk, renamed over path, and the folder synced so the rename survives a crash. The file
+    gets the mode a plain open would give it (0666 less the umask)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
     return path
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, for every thread)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
 
 
 def provenance() -> dict[str, Any]:

@@ -54,6 +54,17 @@ def test_expansion_is_the_product_in_order():
     assert expand(BASE)[0].doc == BASE                                  # no sweep: one point
 
 
+def test_labels_stay_distinct_when_cut():
+    """Labels are cut to 120 characters (folder and file names); points whose values differ
+    only past the cut still get distinct labels (each starts with its own index)."""
+    long = ["baseline"] * 20
+    points = expand(with_sweep({"systems": [long + ["atlas"], long + ["baseline"]],
+                                "training.seed": list(range(500))}))
+    labels = [p.label for p in points]
+    assert len(labels) == 1000 and len(set(labels)) == 1000
+    assert all(len(x) == 120 and x.startswith(f"p{i:02d}-") for i, x in enumerate(labels))
+
+
 @pytest.mark.parametrize("sweep,field", [
     ({"wan.delay_msec": [1]}, "sweep.wan.delay_msec"),       # a typo is not a new field
     ({"training.replicas": 2}, "sweep.training.replicas"),   # not a list

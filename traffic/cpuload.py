@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,7 +52,7 @@ class CpuLoad:
         logs = []
         for i in range(self.workers):
             log = self.log_dir / f"cpu-load-{i}.log"
-            with open(log, "wb") as f:
+            with _new_file(log) as f:
                 self.procs.append(subprocess.Popen([sys.executable, "-c", LOAD_CODE], stdout=f,
                                                    stderr=subprocess.STDOUT,
                                                    stdin=subprocess.DEVNULL,
@@ -86,12 +87,25 @@ class CpuLoad:
         self.procs.clear()
 
 
+def _new_file(path: Path):
+    """path opened for writing as a new file: never one that exists, nor a link (another
+    user's link in a shared folder would make us, root, write where it points)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+    except FileExistsError:
+        raise TestbedError(f"CPU load log {path} exists; give a new or empty --log-dir") from None
+    return os.fdopen(fd, "wb")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=None, help="default: cores + 1")
-    ap.add_argument("--log-dir", default="/tmp/cpuload")
+    ap.add_argument("--log-dir", help="a new or empty folder (default: a new private one "
+                    "under $TMPDIR)")
     args = ap.parse_args(argv)
-    load = CpuLoad(Path(args.log_dir), args.workers)
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="cpuload-"))
+    load = CpuLoad(log_dir, args.workers)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
@@ -100,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         except TestbedError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        print(f"{load.workers} CPU-bound workers running ({took:.1f} s to start); Ctrl-C stops them",
-              flush=True)
+        print(f"{load.workers} CPU-bound workers running ({took:.1f} s to start, logs in "
+              f"{log_dir}); Ctrl-C stops them", flush=True)
         while not stop:
             time.sleep(0.2)
     except KeyboardInterrupt:
