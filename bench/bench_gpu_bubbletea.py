@@ -38,7 +38,7 @@ overhead and slightly overstates GPU busy time. The gaps are fixed sleeps, so `s
 them as fixed: in a real pipeline a slower stage also stretches the others' bubbles, which the
 stage's `compute_slowdown` shows better (phase 3).
 
-    python bench/bench_gpu_bubbletea.py [--out /tmp/bubbletea_gpu.json] [--prompt-tokens 512]
+    python bench/bench_gpu_bubbletea.py [--out results/bubbletea_gpu.json] [--prompt-tokens 512]
         [--iterations 50] [--stage 1] [--smoke] [--device auto|cuda|cpu]
 
 Default sizes take about a minute on an H200 (well under 4 minutes); --smoke (tiny sizes, CPU
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import math
 import multiprocessing as mp
 import os
@@ -65,12 +64,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from prefill.model import InferenceConfig, InferenceGPT  # noqa: E402
+from testbed.results import write_json  # noqa: E402
 from trainer.gpulock import GpuLock  # noqa: E402
 from trainer.model import Block, GPTConfig  # noqa: E402
 from trainer.schedule import one_f_one_b_table, simulate  # noqa: E402
@@ -535,7 +536,7 @@ def resolve(args: argparse.Namespace) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="/tmp/bubbletea_gpu.json")
+    ap.add_argument("--out", default=str(REPO / "results" / "bubbletea_gpu.json"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, ~10 s on a CPU")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--timeout-s", type=float, default=600.0)
@@ -683,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime_s": time.monotonic() - t_begin,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_json(Path(args.out), result)
     print_table(result)
     print(f"runtime {result['runtime_s']:.1f} s; results: {args.out}")
     return 0

@@ -53,6 +53,7 @@ def set_fifo(priority: int, tids: Sequence[int] = (0,), *, rt_runtime: str = RT_
     caller, not the process) to SCHED_FIFO | SCHED_RESET_ON_FORK at priority. Returns
     'fifo:<priority>', or 'refused:<why>' with every thread left at normal priority:
     'unthrottled' (rt_runtime reads -1), 'rlimit-<errno>' or the errno of sched_setscheduler.
+    A thread of tids that has ended meanwhile is passed over.
 
     SCHED_RESET_ON_FORK applies to every clone, threads too: a thread started by an RT thread
     runs at normal priority. To make a library's threads RT, pass their ids after they exist."""
@@ -69,13 +70,15 @@ def set_fifo(priority: int, tids: Sequence[int] = (0,), *, rt_runtime: str = RT_
         resource.setrlimit(resource.RLIMIT_RTTIME, (min(int(RT_SOFT_S * 1e6), new_hard), new_hard))
     except (OSError, ValueError) as exc:
         return f"refused:rlimit-{_errno_name(exc)}"
-    try:
-        for tid in tids:
+    for tid in tids:
+        try:
             os.sched_setscheduler(tid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK,
                                   os.sched_param(priority))
-    except OSError as exc:
-        set_normal(tids)
-        return f"refused:{_errno_name(exc)}"
+        except ProcessLookupError:
+            continue   # a thread that ended meanwhile
+        except OSError as exc:
+            set_normal(tids)
+            return f"refused:{_errno_name(exc)}"
     return f"fifo:{priority}"
 
 

@@ -218,7 +218,7 @@ class Controller:
                 seq = raw.get("seq")
             except socket.timeout:
                 continue
-            except (OSError, ValueError, KeyError, TypeError, ArithmeticError):
+            except (OSError, ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
                 continue   # a malformed notice is ignored; training never waits on us
             if n.host not in self.bubbles:
                 continue

@@ -9,9 +9,11 @@ import ast
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,22 @@ def test_no_sched_setscheduler_outside_host_realtime():
                 if name == "sched_setscheduler":
                     found.append(f"{rel}:{node.lineno}")
     assert not found, f"sched_setscheduler outside host/realtime.py: {found}"
+
+
+def test_the_rt_notice_thread_survives_a_deeply_nested_datagram(tmp_path):
+    """The controller's notice thread parses datagrams at RT priority: MAX_NOTICE_BYTES bounds
+    their size, but 2,000 '[' (under the cap) raised RecursionError in json.loads, past the
+    thread's error handling: the thread died and the controller heard no notice again."""
+    from tests.test_bubbletea_parts import close_controller, make_controller
+    ctl = make_controller(tmp_path)
+    thread = threading.Thread(target=ctl.notices, daemon=True)
+    thread.start()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b"[" * 2000, ctl._sock.getsockname())
+        time.sleep(0.5)
+        assert thread.is_alive()
+    finally:
+        ctl.stop.set()
+        thread.join(timeout=5)
+        close_controller(ctl)
