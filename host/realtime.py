@@ -63,11 +63,12 @@ def set_fifo(priority: int, tids: Sequence[int] = (0,), *, rt_runtime: str = RT_
                 return "refused:unthrottled"
     except (OSError, ValueError):
         pass   # no such file (not Linux's RT scheduler): RLIMIT_RTTIME still bounds us
-    _soft, hard = resource.getrlimit(resource.RLIMIT_RTTIME)
-    want_hard = int(RT_HARD_S * 1e6)
-    new_hard = want_hard if hard == resource.RLIM_INFINITY else min(hard, want_hard)
+    have_soft, have_hard = (x if x != resource.RLIM_INFINITY else float("inf")
+                            for x in resource.getrlimit(resource.RLIMIT_RTTIME))
+    hard = int(min(RT_HARD_S * 1e6, have_hard))        # lower limits already set stay
+    soft = int(min(RT_SOFT_S * 1e6, have_soft, hard))
     try:
-        resource.setrlimit(resource.RLIMIT_RTTIME, (min(int(RT_SOFT_S * 1e6), new_hard), new_hard))
+        resource.setrlimit(resource.RLIMIT_RTTIME, (soft, hard))
     except (OSError, ValueError) as exc:
         return f"refused:rlimit-{_errno_name(exc)}"
     for tid in tids:

@@ -73,6 +73,28 @@ print(json.dumps({"status": status, "rt": rt, "normal": normal}))
 """
 
 
+# A loop that never blocks, as a delay line's would (its loop is the main thread, where Python
+# runs signal handlers): RLIMIT_RTTIME's soft limit (lowered to 50 ms here; a lower limit already
+# set stays) sends SIGXCPU, and the delay line's handler demotes every thread.
+RUNAWAY = """
+import json, os, resource, signal, time
+from host.realtime import process_threads, set_fifo, set_normal
+resource.setrlimit(resource.RLIMIT_RTTIME, (50_000, 2_000_000))
+demoted = []
+def on_rttime(signum, frame):
+    set_normal(process_threads())
+    demoted.append(time.monotonic())
+signal.signal(signal.SIGXCPU, on_rttime)
+status = set_fifo(%d, process_threads())
+t0 = time.monotonic()
+while not demoted and time.monotonic() - t0 < 1.5:
+    pass
+print(json.dumps({"status": status, "demoted_after_s": demoted and demoted[0] - t0,
+                  "policy": os.sched_getscheduler(0),
+                  "rttime": resource.getrlimit(resource.RLIMIT_RTTIME)}))
+"""
+
+
 def run_child(code: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -98,6 +120,14 @@ def test_every_thread_of_a_process_and_back():
     assert doc["status"] == f"fifo:{PRIORITY['delayline']}", doc
     assert doc["rt"] == [os.SCHED_FIFO | os.SCHED_RESET_ON_FORK], doc
     assert doc["normal"] == [os.SCHED_OTHER], doc
+
+
+@root_only
+def test_a_loop_that_never_blocks_is_demoted():
+    doc = run_child(RUNAWAY % PRIORITY["delayline"])
+    assert doc["status"] == f"fifo:{PRIORITY['delayline']}", doc
+    assert doc["demoted_after_s"] and doc["demoted_after_s"] < 1.0, doc
+    assert doc["policy"] == os.SCHED_OTHER and doc["rttime"][1] == 2_000_000, doc
 
 
 def test_refused_while_rt_throttling_is_off(tmp_path):
