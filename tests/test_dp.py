@@ -24,15 +24,17 @@ status = init_stage_group("127.0.0.1", "127.0.0.1", port, rank, 2, 30,
 p = torch.nn.Parameter(torch.zeros(3))
 p.grad = torch.full((3,), float(rank + 1))
 n = average_gradients([p], 2, pad_bytes=4096)
-threads = {}
+threads, flags = {}, {}
 for tid in os.listdir("/proc/self/task"):
     stat = open(f"/proc/self/task/{tid}/stat").read()
     comm = stat[stat.index("(") + 1:stat.rindex(")")]
     policy = int(stat[stat.rindex(")") + 2:].split()[38])
     threads.setdefault(comm, set()).add(policy)
+    flags.setdefault(comm, set()).add(os.sched_getscheduler(int(tid)) & os.SCHED_RESET_ON_FORK)
 print(json.dumps({"status": status, "grad": p.grad.tolist(), "bytes": n,
                   "main": os.sched_getscheduler(0),
-                  "threads": {k: sorted(v) for k, v in threads.items()}}))
+                  "threads": {k: sorted(v) for k, v in threads.items()},
+                  "reset_on_fork": {k: sorted(v) for k, v in flags.items()}}))
 """
 
 
@@ -72,6 +74,8 @@ def test_gloo_threads_get_the_io_priority_and_the_caller_does_not():
         # the all-reduce's workers and gloo's transport loop, both real-time
         assert {"pt_gloo_runloop", "gloo_tcp_loop"} <= set(gloo), doc
         assert all(v == [os.SCHED_FIFO] for v in gloo.values()), doc
+        # and what they fork or start is not real-time
+        assert all(doc["reset_on_fork"][k] == [os.SCHED_RESET_ON_FORK] for k in gloo), doc
         assert doc["grad"] == [1.5, 1.5, 1.5] and doc["bytes"] == 4096, doc
 
 
