@@ -9,8 +9,9 @@ the priority.
 
 RLIMIT_RTTIME belongs to the process: every RT thread of it may run RT_SOFT_S of CPU without
 blocking before the kernel sends the process SIGXCPU, and RT_HARD_S before it kills it. A
-process that must survive a runaway thread (the delay line, the arbiter) demotes its threads
-on SIGXCPU (set_normal); in any other the default action ends it, and the run reports it.
+process whose RT loop is its main thread, where Python runs signal handlers (the delay line,
+the arbiter), demotes its threads on SIGXCPU (set_normal); in any other SIGXCPU's default
+action ends the process.
 """
 
 from __future__ import annotations
