@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import mmap
 import os
 import queue
@@ -146,7 +147,7 @@ class Expected:
 
     @property
     def payload_bytes(self) -> int:
-        return _numel(self.shape) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,13 +238,6 @@ class _Assembly:
     done: int = 0          # stripes fully read
 
 
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _message_buffer(payload: int) -> mmap.mmap | bytearray:
     """A zeroed buffer of payload bytes that takes memory page by page as it is written (an
     anonymous private mapping), not all at once as a bytearray would."""
@@ -307,7 +301,7 @@ def _check_header(magic: bytes, kind: int, code: int, ndim: int, iteration: int,
         raise FrameError(f"unknown dtype code {code} (known 0..{len(_DTYPES) - 1}; {what})")
     if ndim > MAX_DIMS:
         raise FrameError(f"{ndim} dims, at most {MAX_DIMS} ({what})")
-    if _numel(shape[:ndim]) * _DTYPES[code].itemsize != payload:
+    if math.prod(shape[:ndim]) * _DTYPES[code].itemsize != payload:
         raise FrameError(f"payload does not match shape and dtype ({what})")
     if payload > MAX_PAYLOAD_BYTES:
         raise FrameError(f"payload over {MAX_PAYLOAD_BYTES} bytes ({what})")
