@@ -61,18 +61,20 @@ def frame(mb, payload):
 
 def attack(case):
     lst = Listener("127.0.0.1", 0)
-    peer = socket.create_connection(lst.sock.getsockname(), timeout=5)
-    peer.sendall(hello_frame("s0r0"))
-    kw = {}
+    k = 8 if case == "partial" else 1
+    peers = [socket.create_connection(lst.sock.getsockname(), timeout=5) for _ in range(k)]
+    for i, peer in enumerate(peers):
+        peer.sendall(hello_frame("s0r0", i, k))
+    kw = {"connections": k}
     if case == "expected":
         kw["expect"] = transport.Expect(
             {KIND_ACT: transport.Expected(torch.float32, (2, 16, 32), 4096)}, 4, 2)
     ch = lst.accept("s0r0", timeout_s=5, **kw)
     before = status("VmHWM:")
     if case in ("16gib", "expected"):
-        peer.sendall(frame(0, 1 << 34))               # 84 bytes claiming 16 GiB
-    else:                                             # "partial": 8 headers of 64 MiB, no bytes
-        for mb in range(8):
+        peers[0].sendall(frame(0, 1 << 34))           # 84 bytes claiming 16 GiB
+    else:                   # "partial": a header of 64 MiB on each of 8 connections, no bytes
+        for mb, peer in enumerate(peers):
             peer.sendall(frame(mb, 64 << 20))
     error = cause = None
     try:
