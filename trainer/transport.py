@@ -885,7 +885,8 @@ class Listener:
             for conn in pending:
                 conn.close()
             sel.close()
-            self.sock.setblocking(True)
+            if self.sock.fileno() != -1:     # not closed under it
+                self.sock.setblocking(True)
         return Channel([got[i] for i in range(connections)], expect_hello, on_sent, gate,
                        io_priority, expect)
 
