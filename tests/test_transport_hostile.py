@@ -331,3 +331,25 @@ def test_servers_listen_on_the_address_their_peer_uses(what):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_each_worker_expects_what_its_neighbours_send(tmp_path):
+    from trainer.config import TrainConfig
+    from trainer.launch import HostInfo, plan_workers
+    from trainer.worker import StageWorker
+    model = {"n_layer": 3, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
+    cfg = TrainConfig.from_dict({
+        "model": model, "stages": 3, "micro_batches": 2, "micro_batch_size": 2,
+        "iterations": 2, "compute": "profile",
+        "profile": {"file": "h200-transformer.json", "width": 4096, "seq": 2048,
+                    "micro_batch": 1, "n_layer": 32}})
+    hosts = [HostInfo(name=f"h{i}", ip="127.0.0.1", dc="a") for i in range(3)]
+    specs = plan_workers(cfg, hosts, tmp_path, scale=100)
+    middle = StageWorker(specs[1])
+    payload = 2 * 16 * 32 * 4
+    for kind, peer, sender in ((KIND_ACT, specs[1].prev, specs[0]),
+                               (KIND_GRAD, specs[1].next, specs[2])):
+        assert sender.pad_bytes > payload and peer.pad_bytes == sender.pad_bytes
+        want = middle._expect(kind, peer).kinds[kind]
+        assert want == Expected(torch.float32, SHAPE, max(payload, sender.pad_bytes))
+    middle.log.close()

@@ -10,6 +10,8 @@ timing policy (trainer/worker.py decides what to send when).
   all K. TCP_NODELAY and the congestion control on every socket. A hello frame on each
   connection names the connecting worker, the connection's index and K; the listener checks
   the name, index < K, no index twice and the same K on all, and returns one Channel per peer.
+  It reads pending hellos side by side, each whole within HELLO_TIMEOUT_S and its name within
+  MAX_HELLO_NAME bytes, so a connection that trickles or stalls its hello delays no other.
 - Striping: each message (payload, then zero padding: the virtual byte range [0, payload + pad))
   is cut into n contiguous stripes, stripe i written on connection i:
       n = min(K, max(1, (payload + pad) // MIN_STRIPE_BYTES))
