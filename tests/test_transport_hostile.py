@@ -220,6 +220,27 @@ def test_a_trickling_hello_does_not_keep_the_real_peer_out():
     assert took < 1.5, f"the real peer waited {took:.1f} s behind a trickling hello"
 
 
+def test_a_flood_of_silent_connections_does_not_keep_the_real_peer_out():
+    lst = Listener("127.0.0.1", 0)
+    addr = lst.sock.getsockname()
+    got = {}
+    accepting = threading.Thread(target=lambda: got.update(ch=lst.accept(PEER, timeout_s=4)))
+    accepting.start()
+    silent = [socket.create_connection(addr, timeout=5)
+              for _ in range(transport.MAX_PENDING_HELLOS + 16)]
+    try:
+        sender = connect(*addr, hello=PEER, peer="s1r0", timeout_s=3)
+        accepting.join(5)
+        assert "ch" in got, "the real peer was not accepted behind silent connections"
+        got["ch"].close(timeout_s=1)
+        sender.close(timeout_s=1)
+    finally:
+        accepting.join(5)
+        for s in silent:
+            s.close()
+        lst.close()
+
+
 def test_a_hello_is_dropped_at_its_deadline(monkeypatch):
     monkeypatch.setattr(transport, "HELLO_TIMEOUT_S", 0.3)
     lst = Listener("127.0.0.1", 0)

@@ -71,6 +71,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Sequence
 
@@ -791,7 +792,7 @@ class Listener:
         _check_connections(connections)
         deadline = time.monotonic() + timeout_s
         max_name = max(MAX_HELLO_NAME, len(expect_hello.encode()))
-        rejected: list[str] = []
+        rejected: deque[str] = deque(maxlen=3)     # the last few, for the timeout's message
         got: dict[int, socket.socket] = {}
         pending: dict[socket.socket, _PendingHello] = {}
         sel = selectors.DefaultSelector()
@@ -866,7 +867,7 @@ class Listener:
                     if p.deadline <= now:
                         drop(conn, f"{len(p.data)} bytes of hello in {HELLO_TIMEOUT_S:g} s")
                 if now >= deadline:
-                    why = f"; rejected: {', '.join(rejected[-3:])}" if rejected else ""
+                    why = f"; rejected: {', '.join(rejected)}" if rejected else ""
                     have = (f" ({len(got)} of its {connections} connections came)"
                             if got else "")
                     raise TimeoutError(f"{expect_hello} did not connect to {self.ip}:{self.port} "
