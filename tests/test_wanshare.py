@@ -268,7 +268,8 @@ def arbiter_specs(net: Network, gateways=("sa-gw", "sb-gw")) -> dict[str, Arbite
 
 
 def start_sinks(net: Network, hosts) -> list:
-    sinks = [net.spawn(h, [PY, "-m", "trainer.slotclient", "sink", "--port", str(SINK_PORT)],
+    sinks = [net.spawn(h, [PY, "-m", "trainer.slotclient", "sink", "--ip", net.host_ip(h),
+                           "--port", str(SINK_PORT)],
                        net.run_dir / "logs" / f"{h}-sink.log") for h in hosts]
     for s in sinks:
         wait_output(s, "ready")

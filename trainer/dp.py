@@ -4,7 +4,9 @@ One job: average gradients across replicas. Each worker belongs to exactly one s
 stage's), so the stage group is the process's default group: master = the stage's replica 0 IP
 and port. Gloo picks its own interface from the hostname unless told, which inside a Mininet
 host can resolve to an address that namespace does not have; so we name the interface that
-carries this worker's IP (GLOO_SOCKET_IFNAME), found with SIOCGIFADDR.
+carries this worker's IP (GLOO_SOCKET_IFNAME), found with SIOCGIFADDR. The rendezvous store
+(a TCPStore on replica 0) listens on the master's address alone, not on every interface as
+torch's own would: replica 0 binds the socket and hands it to the store.
 """
 
 from __future__ import annotations
@@ -36,6 +38,28 @@ def interface_for_ip(ip: str) -> str:
     raise RuntimeError(f"no local interface has address {ip}; is the worker in the right host?")
 
 
+def open_store(my_ip: str, master_ip: str, master_port: int, rank: int, world_size: int,
+                timeout_s: float) -> dist.TCPStore:
+    """The stage group's rendezvous store: rank 0 serves it on (master_ip, master_port) only
+    (its own address), the others connect to it."""
+    timeout = timedelta(seconds=timeout_s)
+    if rank != 0:
+        return dist.TCPStore(master_ip, master_port, world_size, False, timeout)
+    if master_ip != my_ip:
+        raise ValueError(f"rank 0 serves the store on its own address {my_ip}, not {master_ip}")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((master_ip, master_port))
+        sock.listen()
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot bind the store's {master_ip}:{master_port}: {exc}") from exc
+    # the store owns the descriptor from here (it closes it when it ends)
+    return dist.TCPStore(master_ip, master_port, world_size, True, timeout,
+                         master_listen_fd=sock.detach())
+
+
 def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, world_size: int,
                      timeout_s: float, io_priority: int | None = None) -> str:
     """Join the stage's gloo group. io_priority: gloo's threads (its workers, which run the
@@ -48,8 +72,8 @@ def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, wo
     what was set: "off", "fifo:N" or "refused:ERRNO" (tests/test_dp.py checks gloo's threads)."""
     os.environ["GLOO_SOCKET_IFNAME"] = interface_for_ip(my_ip)
     before = set(process_threads())
-    dist.init_process_group(backend="gloo", init_method=f"tcp://{master_ip}:{master_port}",
-                            rank=rank, world_size=world_size,
+    store = open_store(my_ip, master_ip, master_port, rank, world_size, timeout_s)
+    dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
     if io_priority is None:
         return "off"

@@ -123,6 +123,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
     P, D = cfg.stages, cfg.replicas
     costs = stage_costs(cfg.profile, P) if cfg.compute == "profile" else None
     block = find_block(cfg.profile) if cfg.profile is not None else None
+    pads = [int(costs[s].activation_bytes / scale) if costs is not None and block is not None
+            else 0 for s in range(P)]
     specs = []
     for s in range(P):
         for r in range(D):
@@ -134,21 +136,20 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, sca
             if s > 0:
                 ph = place[s - 1][r]
                 prev = Peer(name=worker_name(s - 1, r, ph.name), host=ph.name, ip=ph.ip,
-                            port=base_port + s * D + r, dc=ph.dc)
+                            port=base_port + s * D + r, dc=ph.dc, pad_bytes=pads[s - 1])
                 k_prev = k_of(ph, h)
                 gate_prev = gate(h.dc, ph.dc, r) if gate is not None else None
             if s < P - 1:
                 nh = place[s + 1][r]
                 nxt = Peer(name=worker_name(s + 1, r, nh.name), host=nh.name, ip=nh.ip,
-                           port=base_port + (s + 1) * D + r, dc=nh.dc)
+                           port=base_port + (s + 1) * D + r, dc=nh.dc, pad_bytes=pads[s + 1])
                 k_next = k_of(h, nh)
                 gate_next = gate(h.dc, nh.dc, r) if gate is not None else None
             hold_f = hold_b = hold_o = 0.0
-            pad = ar_pad = 0
+            pad, ar_pad = pads[s], 0
             if costs is not None and block is not None:
                 hold_f, hold_b = costs[s].forward_ms * time_scale, costs[s].backward_ms * time_scale
                 hold_o = costs[s].optimizer_ms * time_scale
-                pad = int(costs[s].activation_bytes / scale)
                 ar_pad = int(costs[s].gradient_bytes / scale)
             tag = f"trainer-s{s}r{r}"
             lock_path, notify = _gpu_share_of(gpu_share, h.name)

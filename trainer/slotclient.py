@@ -16,7 +16,8 @@ One TCP connection per client, opened at the first gate and reopened after an er
 it (close(), or the process ending) gives up a waiting request or a held slot.
 
 Also a small load generator for tests and measurements (`python -m trainer.slotclient`):
-    sink --port P                                   accept TCP connections, discard what comes
+    sink --ip IP --port P                           accept TCP connections on IP (this host's
+                                                    address the senders use), discard what comes
     send --arbiter IP --port P --link L --pipeline D --dst IP:PORT
          (--sizes N,N,.. | --random COUNT:MIN:MAX [--seed S]) [--gap-ms G] [--threads T]
          [--abort-after-grant]                      gated transfers; prints one JSON summary
@@ -180,10 +181,10 @@ def _sendall_zeros(sock: socket.socket, n: int) -> None:
         n -= k
 
 
-def _sink(port: int) -> int:
+def _sink(ip: str, port: int) -> int:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("0.0.0.0", port))
+    srv.bind((ip, port))
     srv.listen(64)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="load generator for the WAN arbiter")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("sink")
+    p.add_argument("--ip", required=True, help="the address to listen on (this host's)")
     p.add_argument("--port", type=int, required=True)
     p = sub.add_parser("send")
     p.add_argument("--arbiter", required=True)
@@ -278,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="take the first grant, send a quarter, then disconnect without DONE")
     args = parser.parse_args(argv)
     if args.cmd == "sink":
-        return _sink(args.port)
+        return _sink(args.ip, args.port)
     if not args.sizes and not args.random:
         parser.error("send needs --sizes or --random")
     return _send(args)

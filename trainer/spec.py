@@ -9,6 +9,8 @@ channels; both ends of a channel get the same K. `gpu_lock_path` (trainer/gpuloc
 host's GPU lock the worker holds for every F, B and OPT when the host's GPU is shared with a
 prefill server (BubbleTea), and `bubble_notify` the UDP address of the DC's controller the worker
 announces its predicted bubbles to (trainer/bubbles.py); both None in a plain training run.
+`prev.pad_bytes` / `next.pad_bytes` are what those neighbours pad their messages to: with the
+model config they give the one shape and size a channel accepts (trainer/worker.py).
 `inbound_prev` / `inbound_next` say how fast a message from that neighbour can arrive at most
 (profile mode: its padded bytes and the lowest rate on its way).
 """
@@ -50,6 +52,7 @@ class Peer:
     ip: str
     port: int
     dc: str | None = None
+    pad_bytes: int = 0   # what the peer pads its messages to (its spec's pad_bytes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,6 +10,8 @@ timing policy (trainer/worker.py decides what to send when).
   all K. TCP_NODELAY and the congestion control on every socket. A hello frame on each
   connection names the connecting worker, the connection's index and K; the listener checks
   the name, index < K, no index twice and the same K on all, and returns one Channel per peer.
+  It reads pending hellos side by side, each whole within HELLO_TIMEOUT_S and its name within
+  MAX_HELLO_NAME bytes, so a connection that trickles or stalls its hello delays no other.
 - Striping: each message (payload, then zero padding: the virtual byte range [0, payload + pad))
   is cut into n contiguous stripes, stripe i written on connection i:
       n = min(K, max(1, (payload + pad) // MIN_STRIPE_BYTES))
@@ -29,12 +31,17 @@ timing policy (trainer/worker.py decides what to send when).
   and close() raises ConnectionError naming the peer, the message, its wire bytes written of its
   total and the queued messages never sent.
 - Receiving: one reader thread per connection reads frames; stripes are reassembled per
-  (kind, iteration, mb) in any order, from any connection: the message buffer is allocated
-  once, at its first stripe, each stripe's part overlapping [0, payload) is read straight into
-  it and padding is read into a scratch buffer and dropped. The message is complete when all
-  its stripes are in; `recv()` waits for it with a deadline. Every header is validated before
-  anything is allocated (FrameError); an error on any connection (reset, EOF inside a frame,
-  a bad header) makes recv() raise ConnectionError naming the peer and the connection at once.
+  (kind, iteration, mb) in any order, from any connection: the message buffer is mapped once,
+  at its first stripe (anonymous private memory: a page costs memory only once a byte lands in
+  it, so a message holds no more than has arrived), each stripe's part overlapping [0, payload)
+  is read straight into it and padding is read into a scratch buffer and dropped. The message
+  is complete when all its stripes are in; `recv()` waits for it with a deadline. Every header
+  is validated before anything is mapped (FrameError): on its own, against what the channel
+  expects (`Expect`, from the worker's spec: each kind's dtype, shape and padded bytes, the
+  iterations and micro-batches; a channel without one takes any tensor within the frame
+  limits) and against the cap on messages held (begun or complete, not yet taken: count and
+  payload bytes). An error on any connection (reset, EOF inside a frame, a bad header) makes
+  recv() raise ConnectionError naming the peer and the connection at once.
   `arrival(kind, iteration, mb)` says whether a message has begun to arrive (its first stripe's
   header, when, and the message's bytes), and `on_arrival` (settable, None by default) is called
   from the reader thread, outside the channel's lock, when a message's first stripe header
@@ -54,11 +61,15 @@ timing policy (trainer/worker.py decides what to send when).
 from __future__ import annotations
 
 import contextlib
+import math
+import mmap
 import queue
+import selectors
 import socket
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Sequence
 
@@ -82,6 +93,8 @@ _ZEROS = bytes(_PAD_CHUNK_BYTES)
 MAX_CONNECTIONS = 64           # K per channel
 CLOSE_GRACE_S = 1.0            # close(): how long a cut sender gets to see its sockets shut down
 MAX_PAYLOAD_BYTES = 1 << 34    # a header claiming a larger tensor is refused (16 GiB)
+MAX_HELD_MESSAGES = 64         # messages begun or unread at once, on a channel without Expect
+MAX_HELD_BYTES = 1 << 30       # their payload bytes, on a channel without Expect
 LISTEN_BACKLOG = 64
 
 Gate = Callable[[int], ContextManager[None]]
@@ -123,6 +136,57 @@ class Arrival:
     t_first_ns: int
     total_bytes: int
     complete: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """One kind of message a channel receives: its dtype, its shape and its bytes on the wire
+    (payload plus the sender's padding: max(payload, the sender's pad_to_bytes))."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    total_bytes: int
+
+    @property
+    def payload_bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """What a channel accepts from its peer: the kinds it receives (anything else is refused),
+    iteration < iterations and micro-batch < micro_batches. At most held() messages are begun
+    or unread at once: the sender cannot run more than one iteration's micro-batches ahead of
+    this side (its optimizer step waits for messages this side sends after taking them), so a
+    peer with more is refused."""
+
+    kinds: dict[int, Expected]
+    iterations: int
+    micro_batches: int
+
+    def held(self) -> int:
+        return 2 * self.micro_batches + 2
+
+    def held_bytes(self) -> int:
+        return self.held() * max(e.payload_bytes for e in self.kinds.values())
+
+    def check(self, kind: int, code: int, shape: tuple[int, ...], payload: int, pad: int,
+              iteration: int, mb: int) -> None:
+        """FrameError unless the message is one of those expected."""
+        want = self.kinds.get(kind)
+        name = KIND_NAMES.get(kind, str(kind))
+        if want is None:
+            raise FrameError(f"message kind {name} not expected (this channel receives "
+                             f"{'/'.join(KIND_NAMES[k] for k in sorted(self.kinds))})")
+        got = (_DTYPES[code], shape, payload + pad)
+        if got != (want.dtype, want.shape, want.total_bytes):
+            raise FrameError(f"message {name} of {_DTYPES[code]} {list(shape)}, "
+                             f"{payload + pad} bytes; expected {want.dtype} {list(want.shape)}, "
+                             f"{want.total_bytes} bytes")
+        if iteration >= self.iterations or mb >= self.micro_batches:
+            raise FrameError(f"message {name} of iteration {iteration}, micro-batch {mb}; "
+                             f"expected iteration < {self.iterations}, micro-batch < "
+                             f"{self.micro_batches}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +234,16 @@ class _Assembly:
     payload: int
     pad: int
     count: int
-    body: bytearray
+    body: mmap.mmap | bytearray
     t_first_ns: int
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (offset, len)
     done: int = 0          # stripes fully read
+
+
+def _message_buffer(payload: int) -> mmap.mmap | bytearray:
+    """A zeroed buffer of payload bytes that takes memory page by page as it is written (an
+    anonymous private mapping), not all at once as a bytearray would."""
+    return mmap.mmap(-1, payload, flags=mmap.MAP_PRIVATE) if payload else bytearray()
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -223,10 +293,7 @@ def _check_header(magic: bytes, kind: int, code: int, ndim: int, iteration: int,
         raise FrameError(f"unknown dtype code {code} (known 0..{len(_DTYPES) - 1}; {what})")
     if ndim > MAX_DIMS:
         raise FrameError(f"{ndim} dims, at most {MAX_DIMS} ({what})")
-    numel = 1
-    for n in shape[:ndim]:
-        numel *= n
-    if numel * _DTYPES[code].itemsize != payload:
+    if math.prod(shape[:ndim]) * _DTYPES[code].itemsize != payload:
         raise FrameError(f"payload does not match shape and dtype ({what})")
     if payload > MAX_PAYLOAD_BYTES:
         raise FrameError(f"payload over {MAX_PAYLOAD_BYTES} bytes ({what})")
@@ -242,11 +309,13 @@ def _check_header(magic: bytes, kind: int, code: int, ndim: int, iteration: int,
 
 class Channel:
     """A bidirectional tensor link to one peer over K connected sockets (connection i = socks[i]).
-    Thread-safe send/recv; close() when done."""
+    Thread-safe send/recv; close() when done. expect: what it accepts from the peer (None: any
+    tensor within the frame limits, at most MAX_HELD_MESSAGES / MAX_HELD_BYTES held)."""
 
     def __init__(self, socks: socket.socket | Sequence[socket.socket], peer: str,
                  on_sent: Callable[[SendRecord], None] | None = None,
-                 gate: Gate | None = None, io_priority: int | None = None) -> None:
+                 gate: Gate | None = None, io_priority: int | None = None,
+                 expect: Expect | None = None) -> None:
         self.socks = [socks] if isinstance(socks, socket.socket) else list(socks)
         self._io_priority = io_priority
         self.io_realtime = "off"        # what the I/O threads got (io_priority; set by them)
@@ -263,6 +332,10 @@ class Channel:
         self._outq: queue.Queue[_Outgoing | None] = queue.Queue()
         self._slots: dict[tuple[int, int, int], Received] = {}
         self._partial: dict[tuple[int, int, int], _Assembly] = {}
+        self._expect = expect
+        self._max_held = MAX_HELD_MESSAGES if expect is None else expect.held()
+        self._max_held_bytes = MAX_HELD_BYTES if expect is None else expect.held_bytes()
+        self._held_bytes = 0    # payload bytes of the messages in _partial and _slots
         self._cond = threading.Condition()
         self._rx_error: BaseException | None = None
         self._rx_open = self.connections    # readers still running
@@ -425,7 +498,9 @@ class Channel:
                     raise TimeoutError(f"no {KIND_NAMES.get(kind, kind)}{microbatch} of iteration "
                                        f"{iteration} from {self.peer} after {timeout_s:.0f} s")
                 self._cond.wait(left)
-            return self._slots.pop(key)
+            got = self._slots.pop(key)
+            self._held_bytes -= got.payload_bytes
+            return got
 
     def arrival(self, kind: int, iteration: int, microbatch: int) -> Arrival | None:
         """That message's arrival so far (None: no stripe of it yet, or already taken)."""
@@ -454,6 +529,9 @@ class Channel:
                 shape, (offset, length, index, count) = rest[:MAX_DIMS], rest[MAX_DIMS:]
                 _check_header(magic, kind, code, ndim, iteration, mb, payload, pad, shape,
                               offset, length, index, count, self.connections)
+                if self._expect is not None:
+                    self._expect.check(kind, code, tuple(shape[:ndim]), payload, pad,
+                                       iteration, mb)
                 key = (kind, iteration, mb)
                 asm, new = self._claim_stripe(key, code, ndim, tuple(shape[:ndim]), payload,
                                               pad, offset, length, index, count, t_first)
@@ -507,9 +585,16 @@ class Channel:
                 if key in self._slots:
                     raise FrameError(f"stripe {index}/{count} of message {key}, which is "
                                      f"complete and not yet taken (duplicate)")
-                asm = _Assembly(code, ndim, shape, payload, pad, count, bytearray(payload),
+                held = len(self._partial) + len(self._slots)
+                if held >= self._max_held or self._held_bytes + payload > self._max_held_bytes:
+                    raise FrameError(f"message {key} of {payload} bytes would make {held + 1} "
+                                     f"messages of {self._held_bytes + payload} bytes begun or "
+                                     f"unread, over this channel's cap of {self._max_held} "
+                                     f"and {self._max_held_bytes} bytes")
+                asm = _Assembly(code, ndim, shape, payload, pad, count, _message_buffer(payload),
                                 t_first)
                 self._partial[key] = asm
+                self._held_bytes += payload
             else:
                 mine = (code, ndim, shape, payload, pad, count)
                 first = (asm.code, asm.ndim, asm.shape, asm.payload, asm.pad, asm.count)
@@ -624,12 +709,40 @@ class Channel:
 # connection setup
 
 _HELLO = struct.Struct("!4sHHH")   # magic, connection index, connections (K), name length
-HELLO_TIMEOUT_S = 5.0   # a connection must send its hello this soon
+HELLO_TIMEOUT_S = 5.0     # a connection must send its whole hello this soon after it is accepted
+MAX_PENDING_HELLOS = 64   # connections whose hello is still coming; beyond, the oldest is closed
+MAX_HELLO_NAME = 64       # bytes of a hello's name (or the expected name's, when longer)
 
 
 def _check_connections(k: int) -> None:
     if not isinstance(k, int) or not 1 <= k <= MAX_CONNECTIONS:
         raise ValueError(f"connections must be an integer in 1..{MAX_CONNECTIONS}, got {k!r}")
+
+
+def parse_hello(data: bytes, max_name: int) -> tuple[str, int, int] | None:
+    """(name, connection index, K) of the hello that data holds, None while it is incomplete;
+    FrameError when it is not a hello or its name is over max_name bytes (refused from its
+    head, before the name is read)."""
+    if data[:len(MAGIC)] != MAGIC[:len(data)]:
+        raise FrameError(f"bad hello magic {bytes(data[:len(MAGIC)])!r}")
+    if len(data) < _HELLO.size:
+        return None
+    _, index, k, n = _HELLO.unpack_from(data)
+    if n > max_name:
+        raise FrameError(f"hello name of {n} bytes, at most {max_name}")
+    if len(data) < _HELLO.size + n:
+        return None
+    try:
+        return bytes(data[_HELLO.size:_HELLO.size + n]).decode(), index, k
+    except UnicodeDecodeError as exc:
+        raise FrameError(f"hello name not UTF-8 ({exc})") from None
+
+
+@dataclass(slots=True)
+class _PendingHello:
+    addr: str
+    deadline: float
+    data: bytearray = field(default_factory=bytearray)
 
 
 class Listener:
@@ -654,76 +767,122 @@ class Listener:
 
     def accept(self, expect_hello: str, timeout_s: float,
                on_sent: Callable[[SendRecord], None] | None = None, connections: int = 1,
-               gate: Gate | None = None, io_priority: int | None = None) -> Channel:
+               gate: Gate | None = None, io_priority: int | None = None,
+               expect: Expect | None = None) -> Channel:
         """Accept the `connections` connections of the peer whose hello is expect_hello (each
         with its index, all saying K = connections) and return them as one Channel; raise
-        TimeoutError naming the peer. Any other connection (a wrong or missing hello, another
-        K, an index out of range or seen before) is closed and accepting goes on until the
-        deadline."""
+        TimeoutError naming the peer. Hellos are read side by side (one selector for the
+        listening socket and every connection whose hello is still coming), each within
+        HELLO_TIMEOUT_S of its accept, so a connection that trickles its hello holds up no
+        other. Any other connection (a wrong, slow or missing hello, another K, an index out of
+        range or seen before, the oldest of more than MAX_PENDING_HELLOS pending) is closed and
+        accepting goes on until the deadline."""
         _check_connections(connections)
         deadline = time.monotonic() + timeout_s
-        rejected: list[str] = []
+        max_name = max(MAX_HELLO_NAME, len(expect_hello.encode()))
+        rejected: deque[str] = deque(maxlen=3)     # the last few, for the timeout's message
         got: dict[int, socket.socket] = {}
+        pending: dict[socket.socket, _PendingHello] = {}
+        sel = selectors.DefaultSelector()
+
+        def drop(conn: socket.socket, why: str) -> None:
+            sel.unregister(conn)
+            conn.close()
+            rejected.append(f"{pending.pop(conn).addr} ({why})")
+
+        def read(conn: socket.socket) -> None:
+            p = pending[conn]
+            whole = (_HELLO.size if len(p.data) < _HELLO.size
+                     else _HELLO.size + _HELLO.unpack_from(p.data)[3])
+            want = whole - len(p.data)
+            try:
+                chunk = conn.recv(want)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                drop(conn, str(exc))
+                return
+            if not chunk:
+                drop(conn, "closed before hello" if not p.data else "closed inside hello")
+                return
+            p.data += chunk
+            try:
+                hello = parse_hello(p.data, max_name)
+            except FrameError as exc:
+                drop(conn, str(exc))
+                return
+            if hello is None:
+                return
+            name, index, k = hello
+            problem = ""
+            if name != expect_hello:
+                problem = f"hello {name!r}"
+            elif k != connections:
+                problem = f"hello {name!r} with K={k}, expected K={connections}"
+            elif index >= k:
+                problem = f"hello {name!r} with connection index {index}, K={k}"
+            elif index in got:
+                problem = f"hello {name!r}: connection index {index} twice"
+            if problem:
+                drop(conn, problem)
+                return
+            sel.unregister(conn)
+            del pending[conn]
+            got[index] = conn
+            set_congestion_control(conn, self.congestion_control)
+
+        def accept_waiting() -> None:
+            while True:
+                try:
+                    conn, addr = self.sock.accept()
+                except BlockingIOError:
+                    return
+                conn.setblocking(False)
+                pending[conn] = _PendingHello(f"{addr[0]}:{addr[1]}",
+                                              time.monotonic() + HELLO_TIMEOUT_S)
+                sel.register(conn, selectors.EVENT_READ)
+                if len(pending) > MAX_PENDING_HELLOS:
+                    drop(next(iter(pending)), f"over {MAX_PENDING_HELLOS} hellos pending")
+                if conn in pending:
+                    read(conn)   # a real peer's hello is there already: taken in accept order
+
+        self.sock.setblocking(False)
+        sel.register(self.sock, selectors.EVENT_READ)
         try:
             while len(got) < connections:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    why = f"; rejected: {', '.join(rejected[-3:])}" if rejected else ""
+                now = time.monotonic()
+                for conn, p in list(pending.items()):
+                    if p.deadline <= now:
+                        drop(conn, f"{len(p.data)} bytes of hello in {HELLO_TIMEOUT_S:g} s")
+                if now >= deadline:
+                    why = f"; rejected: {', '.join(rejected)}" if rejected else ""
                     have = (f" ({len(got)} of its {connections} connections came)"
                             if got else "")
                     raise TimeoutError(f"{expect_hello} did not connect to {self.ip}:{self.port} "
                                        f"within {timeout_s:.0f} s{have}{why}")
-                self.sock.settimeout(left)
-                try:
-                    conn, addr = self.sock.accept()
-                except socket.timeout:
-                    continue
-                # a real peer sends its hello right after connecting: a silent one is not it
-                conn.settimeout(max(0.1, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
-                try:
-                    hello, index, k = _read_hello(conn)
-                except (OSError, ValueError) as exc:   # ConnectionError is an OSError
-                    conn.close()
-                    rejected.append(f"{addr[0]}:{addr[1]} ({exc})")
-                    continue
-                problem = ""
-                if hello != expect_hello:
-                    problem = f"hello {hello!r}"
-                elif k != connections:
-                    problem = f"hello {hello!r} with K={k}, expected K={connections}"
-                elif index >= k:
-                    problem = f"hello {hello!r} with connection index {index}, K={k}"
-                elif index in got:
-                    problem = f"hello {hello!r}: connection index {index} twice"
-                if problem:
-                    conn.close()
-                    rejected.append(f"{addr[0]}:{addr[1]} ({problem})")
-                    continue
-                set_congestion_control(conn, self.congestion_control)
-                got[index] = conn
+                wake = min([deadline, *(p.deadline for p in pending.values())])
+                for key, _ in sel.select(max(0.0, wake - now)):
+                    if key.fileobj is self.sock:
+                        accept_waiting()
+                    elif key.fileobj in pending:
+                        read(key.fileobj)
+                    if len(got) == connections:
+                        break
         except BaseException:
             for conn in got.values():
                 conn.close()
             raise
+        finally:
+            for conn in pending:
+                conn.close()
+            sel.close()
+            if self.sock.fileno() != -1:     # not closed under it
+                self.sock.setblocking(True)
         return Channel([got[i] for i in range(connections)], expect_hello, on_sent, gate,
-                       io_priority)
+                       io_priority, expect)
 
     def close(self) -> None:
         self.sock.close()
-
-
-def _read_hello(conn: socket.socket) -> tuple[str, int, int]:
-    """(name, connection index, K) of a connection's hello frame."""
-    head = bytearray(_HELLO.size)
-    if not _recv_exact(conn, memoryview(head)):
-        raise ConnectionError("closed before hello")
-    magic, index, k, n = _HELLO.unpack(head)
-    if magic != MAGIC:
-        raise ConnectionError(f"bad hello magic {magic!r}")
-    body = bytearray(n)
-    if n and not _recv_exact(conn, memoryview(body)):
-        raise ConnectionError("closed inside hello")
-    return body.decode(), index, k    # UnicodeDecodeError is a ValueError
 
 
 def hello_frame(hello: str, index: int = 0, connections: int = 1) -> bytes:
@@ -736,7 +895,8 @@ def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
             bind_ip: str | None = None, retry_s: float = 0.05,
             on_sent: Callable[[SendRecord], None] | None = None,
             congestion_control: str | None = None, connections: int = 1,
-            gate: Gate | None = None, io_priority: int | None = None) -> Channel:
+            gate: Gate | None = None, io_priority: int | None = None,
+            expect: Expect | None = None) -> Channel:
     """Open `connections` connections to a Listener at ip:port, each retrying refused or
     unreachable attempts until timeout_s (the peer may not have started yet), and send on each
     its hello (this side's name, its index, K). congestion_control is set on every socket before
@@ -752,7 +912,7 @@ def connect(ip: str, port: int, hello: str, peer: str, timeout_s: float,
         for sock in socks:
             sock.close()
         raise
-    return Channel(socks, peer, on_sent, gate, io_priority)
+    return Channel(socks, peer, on_sent, gate, io_priority, expect)
 
 
 def _connect_one(ip: str, port: int, hello: bytes, peer: str, timeout_s: float,

@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import socket
 import sys
 import threading
@@ -75,11 +76,11 @@ from trainer.events import SpanLog
 from trainer.gpulock import GpuLock
 from trainer.pipeline import plan_stages
 from trainer.schedule import parse_action, schedule_table
-from trainer.spec import WorkerSpec
+from trainer.spec import Peer, WorkerSpec
 from trainer.stage import StageModule, build_stage
 from trainer.slotclient import SlotClient
-from trainer.transport import (KIND_ACT, KIND_GRAD, Arrival, Channel, Listener, SendRecord,
-                               connect)
+from trainer.transport import (KIND_ACT, KIND_GRAD, Arrival, Channel, Expect, Expected,
+                               Listener, SendRecord, connect)
 from traffic.tcpcc import congestion_control_of
 
 
@@ -169,14 +170,16 @@ class StageWorker:
                                     congestion_control=self.spec.congestion_control,
                                     connections=self.spec.connections_next,
                                     gate=self._gate(self.spec.gate_next),
-                                    io_priority=self.spec.io_priority)
+                                    io_priority=self.spec.io_priority,
+                                    expect=self._expect(KIND_GRAD, nxt))
             if listener is not None:
                 assert self.spec.prev is not None
                 self.prev = listener.accept(self.spec.prev.name, self.spec.connect_timeout_s,
                                             on_sent=self._on_sent,
                                             connections=self.spec.connections_prev,
                                             gate=self._gate(self.spec.gate_prev),
-                                            io_priority=self.spec.io_priority)
+                                            io_priority=self.spec.io_priority,
+                                            expect=self._expect(KIND_ACT, self.spec.prev))
             if self.dp:
                 self.dp_realtime = init_stage_group(
                     self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
@@ -226,6 +229,16 @@ class StageWorker:
             if self._notify is not None:
                 self._notify.close()
             self.log.close()
+
+    def _expect(self, kind: int, peer: Peer) -> Expect:
+        """What a channel takes from peer: `kind` only (activations from prev, their gradients
+        from next), both of the stage boundary's hidden states (micro-batch, sequence, width) in
+        float32, padded to the peer's pad_bytes, within this run's iterations and micro-batches."""
+        model = self.cfg.model
+        shape = (self.cfg.micro_batch_size, model.seq_len, model.n_embd)
+        payload = math.prod(shape) * torch.float32.itemsize
+        return Expect({kind: Expected(torch.float32, shape, max(payload, peer.pad_bytes))},
+                      self.cfg.iterations, self.cfg.micro_batches)
 
     def _gate(self, where: dict | None):
         """The WAN arbiter's gate for messages in one direction (temporal sharing), or None."""
