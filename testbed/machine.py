@@ -102,10 +102,11 @@ def loaded_modules(path: Path = PROC_MODULES) -> frozenset[str] | None:
     return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
 
 
-def modules_loaded_since(before: frozenset[str] | None) -> list[str] | str:
+def modules_loaded_since(before: frozenset[str] | None,
+                         path: Path = PROC_MODULES) -> list[str] | str:
     """The modules loaded since `before` (loaded_modules() then), sorted; 'unavailable' where
     the kernel lists no modules. A concurrent run's loads would count here too."""
-    now = loaded_modules()
+    now = loaded_modules(path)
     if before is None or now is None:
         return "unavailable (no /proc/modules: this kernel has no loadable modules)"
     return sorted(now - before)

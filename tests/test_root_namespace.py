@@ -6,12 +6,14 @@ the jobs, at least one watched sysctl must differ from what Mininet's fixLimits(
 the kernel's default for the test and is restored after. Each runner starts with soft NOFILE
 and NPROC limits below Mininet's, so a raise would show in its /proc/PID/limits, read once its
 network is up. After both jobs, every root-namespace sysctl tests/conftest.py watches is as it
-was, and each runner's limits were the ones it started with.
+was, each runner's limits were the ones it started with, and env.json says which kernel
+modules the build loaded.
 """
 
 from __future__ import annotations
 
 import re
+import json
 import resource
 import subprocess
 import sys
@@ -110,8 +112,13 @@ def test_calibrate_and_run_leave_the_root_namespace_as_it_was(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    changed = leftovers.sysctl_changes(before, leftovers.root_sysctls())
-    assert not changed, f"root-namespace sysctls changed: {changed}"
-    for job, got in limits.items():
-        moved = {k: (expected[k], v) for k, v in got.items() if expected.get(k) != v}
-        assert not moved, f"{job} changed its own limits (before, after): {moved}"
+    changed = [f"root-namespace sysctl {c}"
+               for c in leftovers.sysctl_changes(before, leftovers.root_sysctls())]
+    changed += [f"{job}'s limit {name}: {expected.get(name)} -> {got}"
+                for job, table in limits.items() for name, got in table.items()
+                if expected.get(name) != got]
+    assert not changed, changed
+    for env in out.glob("*/env.json"):
+        loaded = json.loads(env.read_text())["network"]["kernel_modules_loaded"]
+        assert isinstance(loaded, list) or loaded.startswith("unavailable"), loaded
+    assert len(list(out.glob("*/env.json"))) == 2
