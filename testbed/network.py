@@ -219,13 +219,13 @@ class Network:
         if self.scenario.time_scale != 1 and not Path("/proc/sys/net/ipv4/tcp_rto_min_us").exists():
             raise ScenarioError("time_scale", "needs net.ipv4.tcp_rto_min_us (Linux 6.11 or "
                                 "later) to dilate the minimum RTO", "use time_scale: 1 here")
+        topo = ScenarioTopo(self.plan)   # a shell (pty, open files) per namespace
+        limits.check_free_ptys(len(topo.nodes()))
+        limits.reserve_open_files(len(topo.nodes()))
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.run_id)
         self._install_signal_handlers()
         setLogLevel("error")
-        topo = ScenarioTopo(self.plan)
-        limits.check_free_ptys(len(topo.nodes()))
-        limits.reserve_open_files(len(topo.nodes()))
         self.net = _RecordingMininet(self.registry, topo=topo,
                                      switch=LinuxBridge, controller=None, link=Link, build=False,
                                      autoSetMacs=False, waitConnected=False)

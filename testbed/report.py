@@ -1,8 +1,9 @@
 """What a job prints and records about the network it ran on: one job, shared by every job.
 
 `network_record` is the network's part of env.json and of the results (backend, routing,
-scaling, congestion control, real-time status, the kernel modules its build loaded); `announce` writes env.json and prints the
-"network up" line; `wan_summary` and `steal_note` are the per-run WAN lines.
+scaling, congestion control, real-time status, the kernel modules its build loaded);
+`announce` writes env.json and prints the "network up" line; `wan_summary` and `steal_note`
+are the per-run WAN lines.
 """
 
 from __future__ import annotations

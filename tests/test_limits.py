@@ -17,8 +17,8 @@ REPO = __file__.rsplit("/tests/", 1)[0]
 RESERVE = """
 import resource, sys
 from testbed.limits import reserve_open_files
-resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard))
 got = reserve_open_files(int(sys.argv[2]))
 print(got, *resource.getrlimit(resource.RLIMIT_NOFILE), hard)
 """
