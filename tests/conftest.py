@@ -222,6 +222,14 @@ def assert_nothing_new(before: Snapshot, what: str = "", settle_s: float = SETTL
     assert not left, f"left behind{' ' + what if what else ''}: {left}"
 
 
+def other_runs_note() -> str:
+    """Beside a sysctl change: whether another live run could have made it (a run of older
+    code, whose Mininet init wrote root-namespace sysctls)."""
+    pids = _foreign()[0]
+    return (f"other live runs on this machine (pids {sorted(pids)[:5]}): one of older code may "
+            f"have written these" if pids else "no other live run was seen")
+
+
 def _read_sysctls(path: str, out: dict[str, bytes]) -> None:
     """Every readable sysctl at or under path (a /proc/sys file or folder), into out."""
     try:
@@ -273,6 +281,7 @@ class Leftovers:
     runtime_dir = staticmethod(runtime_dir)
     root_sysctls = staticmethod(root_sysctls)
     sysctl_changes = staticmethod(sysctl_changes)
+    other_runs_note = staticmethod(other_runs_note)
 
 
 @pytest.fixture(scope="session")
@@ -289,9 +298,8 @@ def _root_sysctls_unchanged(request: pytest.FixtureRequest):
     yield
     _last_sysctls = root_sysctls()
     changed = sysctl_changes(before, _last_sysctls)
-    if changed and _foreign()[0]:
-        changed.append("other live runs were seen on this machine: one of older code may have "
-                       "written these")
+    if changed:
+        changed.append(other_runs_note())
     assert not changed, (f"root-namespace sysctls changed by {request.node.name} (or a fixture "
                          f"set up for it): {'; '.join(changed)}")
 
