@@ -602,7 +602,8 @@ class _RecordingMininet(Mininet):
     nothing outside its namespaces: Mininet's init() is skipped but for its root check (its
     fixLimits() writes machine-wide sysctls in the root namespace and this process's NOFILE
     and NPROC limits, never restored; what a network needs, testbed.limits takes, and the
-    hosts' TCP settings are written in each host's own namespace)."""
+    hosts' TCP settings are written in each host's own namespace). LinuxBridge.setup() only
+    reads the root namespace's bridge-nf sysctls (a warning, silenced by setLogLevel)."""
 
     def __init__(self, registry: Registry, **kwargs) -> None:
         self._registry = registry
