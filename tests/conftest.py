@@ -16,7 +16,8 @@ runs in it) under net.core, net.ipv4, net.ipv6.conf.all, kernel.pty and fs.file-
 changes one fails, naming it with its value before and after. Each test is compared with the
 state the previous one left (the first with the session's start), so a change made while a
 module-scoped network was built is caught too, at the first test that uses it. Reading them
-costs about 9 ms a test. Left out, because they change on their own: SYSCTLS_THAT_MOVE.
+costs about 9 ms a test on an idle machine (35 ms under a load of 7 on 2 cores). Left out,
+because they change on their own: SYSCTLS_THAT_MOVE.
 
 The session uses its own registry directory, /run/geotestbed/tests-XXXX (GEOTESTBED_RUNTIME_DIR,
 set before the testbed is imported), so `run_testbed.py cleanup` in the tests only ever sees runs
