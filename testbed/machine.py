@@ -1,6 +1,7 @@
 """The machine under the emulation: how much of its CPU time it really had, and its idle states.
 
-One job: two facts about this machine that decide whether the delay lines can keep time.
+One job: facts about this machine that decide whether the delay lines can keep time, and
+what a run left in its kernel.
 - `CpuTimes`: the machine-wide CPU time split from /proc/stat, read at the start and end of a
   phase; `usage()` gives the shares of busy, idle, softirq and *steal* (time a virtual machine's
   host ran something else while this guest wanted the CPU). On a VM, steal comes in stalls of
@@ -11,6 +12,9 @@ One job: two facts about this machine that decide whether the delay lines can ke
   several ms here when its host was busy; with the request, idle CPUs poll instead (cpuidle's
   POLL state). The request lives as long as the file stays open (the kernel drops it when the
   process exits, however it exits), so it cannot outlive the run.
+- `loaded_modules()`: the kernel modules loaded now (/proc/modules), read before and after a
+  build so env.json says which modules the run made the kernel load (a netem probe, a bridge,
+  veths, a congestion control): the one machine-wide change a build may cause.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
+PROC_MODULES = Path("/proc/modules")
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -85,3 +90,23 @@ def release_cpu_wakeup_latency(fd: int | None) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def loaded_modules(path: Path = PROC_MODULES) -> frozenset[str] | None:
+    """Names of the loaded kernel modules; None where the kernel lists none (built without
+    loadable modules: no /proc/modules)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
+
+
+def modules_loaded_since(before: frozenset[str] | None,
+                         path: Path = PROC_MODULES) -> list[str] | str:
+    """The modules loaded since `before` (loaded_modules() then), sorted; 'unavailable' where
+    the kernel lists no modules. A concurrent run's loads would count here too."""
+    now = loaded_modules(path)
+    if before is None or now is None:
+        return "unavailable (no /proc/modules: this kernel has no loadable modules)"
+    return sorted(now - before)

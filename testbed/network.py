@@ -31,10 +31,11 @@ from mininet.link import Link
 from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.nodelib import LinuxBridge
+from mininet.util import ensureRoot
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from testbed import machine, shaping, wanstats
+from testbed import limits, machine, shaping, wanstats
 from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError, TestbedError
 from testbed.procs import HostProcess, stop_all
@@ -186,6 +187,7 @@ class Network:
         self._old_handlers: dict[int, object] = {}
         self.timings_s: dict[str, float] = {}
         self.congestion_control: dict[str, str] = {}
+        self.kernel_modules_loaded: list[str] | str = []   # by the build (machine)
         self._owner_pid = os.getpid()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -205,6 +207,7 @@ class Network:
     def start(self) -> None:
         t0 = time.monotonic()
         check_environment()
+        modules_before = machine.loaded_modules()   # before the netem probe and the build
         if self.requested_backend not in ("auto", "netem", "delayline"):
             raise ScenarioError(self._backend_field, f"{self.requested_backend!r} is not a "
                                 "backend", "use auto, netem or delayline")
@@ -216,11 +219,14 @@ class Network:
         if self.scenario.time_scale != 1 and not Path("/proc/sys/net/ipv4/tcp_rto_min_us").exists():
             raise ScenarioError("time_scale", "needs net.ipv4.tcp_rto_min_us (Linux 6.11 or "
                                 "later) to dilate the minimum RTO", "use time_scale: 1 here")
+        topo = ScenarioTopo(self.plan)   # a shell (pty, open files) per namespace
+        limits.check_free_ptys(len(topo.nodes()))
+        limits.reserve_open_files(len(topo.nodes()))
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.run_id)
         self._install_signal_handlers()
         setLogLevel("error")
-        self.net = _RecordingMininet(self.registry, topo=ScenarioTopo(self.plan),
+        self.net = _RecordingMininet(self.registry, topo=topo,
                                      switch=LinuxBridge, controller=None, link=Link, build=False,
                                      autoSetMacs=False, waitConnected=False)
         self.net.build()
@@ -235,6 +241,7 @@ class Network:
                 # CPUs polling while the delay lines must keep time (testbed.machine).
                 self._wakeup_fd, self.cpu_idle = machine.hold_cpu_wakeup_latency()
             self._start_delaylines()
+        self.kernel_modules_loaded = machine.modules_loaded_since(modules_before)
         self._start_supervisor()
         self.timings_s["up"] = time.monotonic() - t0
 
@@ -591,10 +598,17 @@ class Network:
 
 class _RecordingMininet(Mininet):
     """Mininet that lists each host's shell in the registry the moment it exists, so even a
-    build killed half-way leaves nothing `cleanup` does not know about."""
+    build killed half-way leaves nothing `cleanup` does not know about, and that changes
+    nothing outside its namespaces: Mininet's init() is skipped but for its root check (its
+    fixLimits() writes machine-wide sysctls in the root namespace and this process's NOFILE
+    and NPROC limits, never restored; what a network needs, testbed.limits takes, and the
+    hosts' TCP settings are written in each host's own namespace). LinuxBridge.setup() only
+    reads the root namespace's bridge-nf sysctls (a warning, silenced by setLogLevel)."""
 
     def __init__(self, registry: Registry, **kwargs) -> None:
         self._registry = registry
+        ensureRoot()
+        Mininet.inited = True   # Mininet.__init__ then skips Mininet.init()
         super().__init__(**kwargs)
 
     def addHost(self, name, cls=None, **params):  # noqa: N802 - Mininet's API

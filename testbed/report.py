@@ -1,8 +1,9 @@
 """What a job prints and records about the network it ran on: one job, shared by every job.
 
 `network_record` is the network's part of env.json and of the results (backend, routing,
-scaling, congestion control, real-time status); `announce` writes env.json and prints the
-"network up" line; `wan_summary` and `steal_note` are the per-run WAN lines.
+scaling, congestion control, real-time status, the kernel modules its build loaded);
+`announce` writes env.json and prints the "network up" line; `wan_summary` and `steal_note`
+are the per-run WAN lines.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def network_record(net: "Network") -> dict:
     scenario = net.scenario
     return {"backend": net.backend, "routing": scenario.routing, "scale": scenario.scale,
             "time_scale": scenario.time_scale, "congestion_control": dict(net.congestion_control),
-            "delay_line_realtime": dict(net.realtime_status), "cpu_idle": net.cpu_idle}
+            "delay_line_realtime": dict(net.realtime_status), "cpu_idle": net.cpu_idle,
+            "kernel_modules_loaded": net.kernel_modules_loaded}
 
 
 def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:

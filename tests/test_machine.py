@@ -1,10 +1,12 @@
-"""testbed.machine: CPU time shares from /proc/stat (steal included) and the no-halt request."""
+"""testbed.machine: CPU time shares from /proc/stat (steal included), the no-halt request and
+the kernel modules a build loaded."""
 
 from __future__ import annotations
 
 import struct
 
-from testbed.machine import CpuTimes, hold_cpu_wakeup_latency, release_cpu_wakeup_latency
+from testbed.machine import (CpuTimes, hold_cpu_wakeup_latency, loaded_modules,
+                             modules_loaded_since, release_cpu_wakeup_latency)
 
 STAT_A = "cpu  100 0 50 800 10 0 20 20 0 0\ncpu0 50 0 25 400 5 0 10 10 0 0\n"
 STAT_B = "cpu  200 0 100 1500 10 0 40 150 0 0\ncpu0 100 0 50 750 5 0 20 75 0 0\n"
@@ -35,3 +37,18 @@ def test_wakeup_latency_request_is_written_and_released(tmp_path):
 def test_wakeup_latency_request_refused_is_a_status_not_an_error(tmp_path):
     fd, status = hold_cpu_wakeup_latency(tmp_path / "missing")
     assert fd is None and status.startswith("refused:")
+
+
+def test_modules_loaded_since_lists_the_new_ones(tmp_path):
+    modules = tmp_path / "modules"
+    modules.write_text("veth 40960 0 - Live 0x0\nbridge 311296 0 - Live 0x0\n")
+    before = loaded_modules(modules)
+    modules.write_text("sch_netem 24576 0 - Live 0x0\nveth 40960 0 - Live 0x0\n"
+                       "bridge 311296 0 - Live 0x0\ntcp_bbr 20480 1 - Live 0x0\n")
+    assert modules_loaded_since(before, modules) == ["sch_netem", "tcp_bbr"]
+
+
+def test_modules_unavailable_without_proc_modules(tmp_path):
+    missing = tmp_path / "modules"
+    assert loaded_modules(missing) is None
+    assert modules_loaded_since(None, missing).startswith("unavailable")
