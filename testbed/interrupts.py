@@ -31,7 +31,8 @@ def _on_stop(signum, frame) -> None:
     _pending.set()
     if signum == signal.SIGHUP:
         detach_from_terminal()
-    raise KeyboardInterrupt if signum == signal.SIGINT else KeyboardInterrupt(f"signal {signum}")
+    raise KeyboardInterrupt if signum == signal.SIGINT else KeyboardInterrupt(
+        f"interrupted ({signal.Signals(signum).name})")
 
 
 def install() -> None:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 TOKEN_VAR = "GEOTESTBED_LEASH"
-SWEEP_S = 3.0   # keep sweeping this long for processes forked while the first sweep ran
+SWEEP_S = 1.0   # keep sweeping this long for processes forked while a sweep ran
 
 _started_for: int | None = None   # the pid whose watcher runs (a fork starts its own)
 

@@ -564,7 +564,7 @@ class Network:
             if in_owner(signum):
                 if signum == signal.SIGHUP:
                     interrupts.detach_from_terminal()
-                raise KeyboardInterrupt(f"signal {signum}")
+                raise KeyboardInterrupt(f"interrupted ({signal.Signals(signum).name})")
 
         for sig, handler in ((signal.SIGUSR1, on_usr1), (signal.SIGTERM, on_term),
                              (signal.SIGHUP, on_term)):
