@@ -252,3 +252,66 @@ def test_second_resume_of_a_held_sweep_is_refused(tmp_path, subprocess_env):
     assert out.stderr.startswith("error: --resume:") and "another process" in out.stderr, out
     assert len(out.stderr.strip().splitlines()) == 1, out
     assert (sweep_dir / "index.json").read_bytes() == index
+
+
+# ---- cleanup's signals, CPU load workers ------------------------------------------------------
+def test_cleanup_signals_only_the_recorded_process(tmp_path):
+    """A registry entry whose start time is not the live process's (its pid was reused) is
+    left alone; the recorded one is ended."""
+    from testbed.registry import cleanup
+
+    owner = subprocess.Popen(["true"])
+    owner.wait()    # a dead run's owner
+    # an orphan (not our child: init reaps it), in its own session
+    out = subprocess.run(["setsid", "sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, timeout=10)
+    pid = int(out.stdout)
+    victim = os.pidfd_open(pid)
+    try:
+        start = _start_time(pid)
+        for recorded, ended in ((start + 1, False), (start, True)):
+            (tmp_path / "dead-1.json").write_text(json.dumps({
+                "run_id": "dead", "owner": {"pid": owner.pid, "start": 1},
+                "pids": [{"pid": pid, "start": recorded, "what": "sleep"}],
+                "interfaces": []}))
+            lines = cleanup(tmp_path)
+            assert _pid_gone(victim, 2.0 if ended else 0.0) == ended, (recorded, lines)
+            assert ("ended sleep" in " ".join(lines)) == ended, lines
+    finally:
+        if not _pid_gone(victim, 0.0):
+            signal.pidfd_send_signal(victim, signal.SIGKILL)
+        os.close(victim)
+
+
+CPULOAD_SCRIPT = r"""
+import sys, time
+from pathlib import Path
+from traffic.cpuload import CpuLoad
+load = CpuLoad(Path(sys.argv[1]), workers=1)
+load.start()
+print("UP", load.procs[0].pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.network   # root: the registry under /run/geotestbed
+def test_cpu_load_workers_are_registered_and_die_with_their_runner(tmp_path, leftovers,
+                                                                   start_child, subprocess_env):
+    before = leftovers.snapshot()
+    script = tmp_path / "load.py"
+    script.write_text(CPULOAD_SCRIPT)
+    child = start_child([str(script), str(tmp_path / "logs")])
+    child.wait_for("UP", timeout_s=60)
+    worker = int(child.stdout.split()[1])
+    [registry] = leftovers.runtime_dir().glob(f"cpuload-{child.pid}.json")
+    assert worker in [e["pid"] for e in json.loads(registry.read_text())["pids"]]
+    start = _start_time(worker)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout_s=10)
+    deadline = time.monotonic() + 5.0
+    while _running({worker: start}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running({worker: start}), "the CPU load worker outlived its runner by 5 s"
+    out = cli("cleanup", env=subprocess_env)
+    assert out.returncode == 0 and not registry.exists(), out
+    leftovers.assert_nothing_new(before, "after the CPU load's runner was killed")
