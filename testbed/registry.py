@@ -2,9 +2,9 @@
 
 One job: a small JSON file per run under /run/geotestbed/ (RUNTIME_DIR) listing the processes
 (pid plus kernel start time, checked through a pidfd, so a reused pid is never signalled) that
-hold the run's network namespaces: Mininet's host and bridge shells, delay lines, workers. The namespaces need no
-entry: they are held only by those processes and vanish with them, taking their veths, bridges,
-qdiscs and iptables rules along. A run makes nothing in the root namespace. `cleanup()` (the
+hold the run's network namespaces: Mininet's host and bridge shells, delay lines, workers. The
+namespaces need no entry: they are held only by those processes and vanish with them, taking
+their veths, bridges, qdiscs and iptables rules along. A run makes nothing in the root namespace. `cleanup()` (the
 `run_testbed.py cleanup` command) reads the files of runs whose owner process is gone and ends
 exactly what they list; `dead_runs_notice` is the line `run` and `calibrate` print while such
 files exist, and `live_runs` the other runs going on (recorded in env.json: their load skews
@@ -155,6 +155,7 @@ def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
             done.append(f"kept {path.name}: run cleanup again once that is resolved")
         else:
             path.unlink(missing_ok=True)
+            done.append(f"removed the registry of {data.get('run_id')} ({path.name})")
     return done
 
 
