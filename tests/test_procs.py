@@ -318,3 +318,23 @@ def test_cpu_load_workers_are_registered_and_die_with_their_runner(tmp_path, lef
     out = cli("cleanup", env=subprocess_env)
     assert out.returncode == 0 and not registry.exists(), out
     leftovers.assert_nothing_new(before, "after the CPU load's runner was killed")
+
+
+def test_live_runs_lists_only_runs_whose_owner_lives(tmp_path):
+    from testbed.registry import live_runs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        for name, pid, start in (("gone", dead.pid, 1), ("going", live.pid,
+                                                        _start_time(live.pid))):
+            (tmp_path / f"{name}-{pid}.json").write_text(json.dumps({
+                "run_id": name, "owner": {"pid": pid, "start": start}, "pids": [],
+                "interfaces": []}))
+        mine = [r for r in live_runs(tmp_path) if Path(r["registry"]).parent == tmp_path]
+        assert mine == [{"run_id": "going", "pid": live.pid,
+                         "registry": str(tmp_path / f"going-{live.pid}.json")}], mine
+    finally:
+        live.kill()
+        live.wait()
