@@ -22,9 +22,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from testbed import interrupts, leash
+
+if TYPE_CHECKING:
+    from testbed.registry import Registry
 
 
 class HostProcess:
@@ -147,9 +150,11 @@ class Spawner(Protocol):
 
 @dataclass
 class LocalSpawner:
-    """Runs processes on this machine, each in a new session; remembers them for stop_all()."""
+    """Runs processes on this machine, each in a new session; remembers them for stop_all(),
+    and lists them in registry if one is given (for `cleanup`)."""
 
     procs: list[HostProcess] = field(default_factory=list)
+    registry: Registry | None = None
 
     def spawn(self, host: str, argv: Sequence[str], log_path: Path,
               env: dict[str, str] | None = None) -> HostProcess:
@@ -158,6 +163,8 @@ class LocalSpawner:
             popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=leash.child_env(env),
                                      start_new_session=True)
+        if self.registry is not None:
+            self.registry.add_pid(popen.pid, f"{Path(argv[0]).name} on {host}")
         proc = HostProcess(host, argv, popen, log_path)
         self.procs.append(proc)
         return proc

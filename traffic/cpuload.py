@@ -45,7 +45,6 @@ class CpuLoad:
         self.workers = workers or (os.cpu_count() or 1) + 1
         self.log_dir = log_dir
         self.spawner = LocalSpawner()
-        self.registry: Registry | None = None
 
     @property
     def procs(self) -> list[HostProcess]:
@@ -55,11 +54,10 @@ class CpuLoad:
         """Start the workers; return once each has printed LOADED (seconds it took)."""
         t0 = time.monotonic()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.registry = Registry("cpuload")
+        self.spawner.registry = Registry("cpuload")
         for i in range(self.workers):
-            proc = self.spawner.spawn("localhost", [sys.executable, "-c", LOAD_CODE],
-                                      self.log_dir / f"cpu-load-{i}.log")
-            self.registry.add_pid(proc.pid, "cpu load worker")
+            self.spawner.spawn("localhost", [sys.executable, "-c", LOAD_CODE],
+                               self.log_dir / f"cpu-load-{i}.log")
         while not all("LOADED" in proc.output() for proc in self.procs):
             for proc in self.procs:
                 if proc.poll() is not None:
@@ -73,9 +71,9 @@ class CpuLoad:
     def stop(self) -> None:
         stuck = stop_all(self.procs, grace_s=5.0)
         self.procs.clear()
-        if self.registry is not None and not stuck:
-            self.registry.close()   # else it stays listed for `run_testbed.py cleanup`
-            self.registry = None
+        if self.spawner.registry is not None and not stuck:
+            self.spawner.registry.close()   # else it stays listed for `run_testbed.py cleanup`
+            self.spawner.registry = None
 
 
 def main(argv: list[str] | None = None) -> int:
