@@ -4,11 +4,11 @@ One job: a small JSON file per run under /run/geotestbed/ (RUNTIME_DIR) listing 
 (pid plus kernel start time, checked through a pidfd, so a reused pid is never signalled) that
 hold the run's network namespaces: Mininet's host and bridge shells, delay lines, workers. The
 namespaces need no entry: they are held only by those processes and vanish with them, taking
-their veths, bridges, qdiscs and iptables rules along. A run makes nothing in the root namespace. `cleanup()` (the
-`run_testbed.py cleanup` command) reads the files of runs whose owner process is gone and ends
-exactly what they list; `dead_runs_notice` is the line `run` and `calibrate` print while such
-files exist, and `live_runs` the other runs going on (recorded in env.json: their load skews
-timings).
+their veths, bridges, qdiscs and iptables rules along. A run makes nothing in the root
+namespace. `cleanup()` (the `run_testbed.py cleanup` command) reads the files of runs whose
+owner process is gone and ends exactly what they list; `dead_runs_notice` is the line `run`
+and `calibrate` print while such files exist, and `live_runs` the other runs going on
+(recorded in env.json: their load skews timings).
 
 Interfaces: registry files of earlier versions (whose bridges were in the root namespace) also
 list root-namespace interfaces, each stamped with an alias (IFLA_IFALIAS `geotestbed:<run

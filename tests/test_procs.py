@@ -51,7 +51,8 @@ refused = getattr(a, "signal", lambda sig: "no helper")(signal.SIGTERM)
 a.stop()
 procs.stop_all([a])
 time.sleep(0.2)
-print("helper", refused, "victim", "alive" if victim.poll() is None else f"killed {victim.returncode}")
+state = "alive" if victim.poll() is None else f"killed {victim.returncode}"
+print("helper", refused, "victim", state)
 victim.kill(); victim.wait()
 """
 
