@@ -20,6 +20,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,21 +28,27 @@ TOKEN_VAR = "GEOTESTBED_LEASH"
 SWEEP_S = 1.0   # keep sweeping this long for processes forked while a sweep ran
 
 _started_for: int | None = None   # the pid whose watcher runs (a fork starts its own)
+_lock = threading.Lock()          # children are spawned from several threads
+_watcher: subprocess.Popen | None = None   # held: it runs as long as we do
 
 
 def ensure() -> None:
     """Start the watcher for this process once, and put its token in os.environ."""
-    global _started_for
-    if _started_for == os.getpid():
-        return
+    with _lock:
+        if _started_for != os.getpid():
+            _start()
+
+
+def _start() -> None:
+    global _started_for, _watcher
     token = secrets.token_hex(16)
     pidfd = os.pidfd_open(os.getpid())
     try:
         env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-        subprocess.Popen([sys.executable, "-m", "testbed.leash", token, str(pidfd)],
-                         pass_fds=(pidfd,), env=env, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, start_new_session=True)
+        _watcher = subprocess.Popen([sys.executable, "-m", "testbed.leash", token, str(pidfd)],
+                                    pass_fds=(pidfd,), env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, start_new_session=True)
     finally:
         os.close(pidfd)
     os.environ[TOKEN_VAR] = token
