@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("run", "calibrate"):
         from testbed import interrupts
-        interrupts.install()        # a Ctrl-C swallowed by a fork's handler is not lost
+        interrupts.install()   # Ctrl-C, SIGTERM, SIGHUP: torn down, and never lost in a fork
     try:
         if args.command == "cleanup":
             from testbed.registry import cleanup
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "calibrate":
             from testbed.scenario import load_scenario
             load_scenario(args.scenario).check_emulable()
+            _dead_runs_notice()
             from testbed.jobs import calibrate_job
             path = calibrate_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  seconds=args.seconds, streams=args.streams)
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ScenarioError("--timeout-s", f"{args.timeout_s:g} is not a duration",
                                     "give seconds above 0")
             load_run(args.scenario, systems=systems, iterations=args.iterations)
+            _dead_runs_notice()
             if load_scenario(args.scenario).sweep:
                 from testbed.sweeprun import sweep_job
                 path = sweep_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
@@ -212,6 +214,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"results: {path}")
     return 0
+
+
+def _dead_runs_notice() -> None:
+    """One line on stderr if killed runs left something behind for `cleanup`."""
+    from testbed.registry import dead_runs_notice
+    notice = dead_runs_notice()
+    if notice:
+        print(notice, file=sys.stderr)
 
 
 if __name__ == "__main__":

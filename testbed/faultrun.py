@@ -201,7 +201,9 @@ class FaultRunner:
             tmp = dl.control_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(doc))
             os.replace(tmp, dl.control_path)
-            os.kill(dl.proc.pid, signal.SIGUSR2)
+            if not dl.proc.signal(signal.SIGUSR2, group=False):
+                raise TestbedError(f"{dl.proc.describe()} has exited; its links take no new "
+                                   f"figures")
             acks.append(Path(f"{dl.control_path}.ack"))
         applied = []
         deadline = time.monotonic() + ACK_TIMEOUT_S
@@ -228,10 +230,10 @@ class FaultRunner:
             rec["error"] = f"no {f.process} process on {f.host} (this system runs none there)"
             return
         for p in procs:
-            os.kill(p.pid, signal.SIGKILL)
+            p.signal(signal.SIGKILL, group=False)   # refused if it exited meanwhile
         rec["applied_s"] = round(self.now_s(), 4)
         rec["pids"] = [p.pid for p in procs]
-        while any(p.popen.poll() is None for p in procs) and not self._stop.is_set():
+        while any(p.poll() is None for p in procs) and not self._stop.is_set():
             time.sleep(0.005)
         rec["took_effect_s"] = round(self.now_s(), 4)
 

@@ -17,6 +17,7 @@ from testbed.calibrate import Settings, calibrate, paths_table, table
 from testbed.errors import ScenarioError
 from testbed.machine import CpuTimes
 from testbed.network import Network, check_environment
+from testbed.registry import live_runs
 from testbed.results import new_run_dir, provenance, write_json, write_text
 from testbed.runcheck import load_run
 from testbed.scenario import Scenario, load_scenario
@@ -43,12 +44,14 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     scenario = load_scenario(scenario_path)
     scenario.check_emulable()
     run_dir = _prepare(scenario, out_dir)
+    other_runs = live_runs()   # their load on the machine skews the measurements
     with Network(scenario, run_dir, backend=backend) as net:
         record = report.announce(net, run_dir)
         cpu_before = CpuTimes.now()
         doc = calibrate(net, Settings(seconds=seconds, streams=streams),
                         progress=lambda line: print(line, flush=True))
         doc["network"] = record
+        doc["other_runs"] = other_runs
         doc["cpu"] = cpu_before.usage(CpuTimes.now())
     doc["timings_s"] = {k: round(v, 3) for k, v in net.timings_s.items()}
     write_json(run_dir / "calibration.json", doc)
@@ -81,6 +84,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
 
     scenario, cfg, systems = load_run(scenario_path, systems=systems, iterations=iterations)
     run_dir = _prepare(scenario, out_dir)
+    other_runs = live_runs()   # their load on the machine skews this run's timings
     own = progress is None
     if progress is None:
         progress = Progress(len(systems) * cfg.iterations, quiet=quiet)
@@ -108,7 +112,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                     json.loads(written.read_text()) if written.exists() else
                     {"system": name, "complete": False})
                 doc.update(complete=False, stopped_at=name,
-                           error=str(exc) or "interrupted (Ctrl-C or SIGTERM)")
+                           error=str(exc) or "interrupted (Ctrl-C, SIGTERM or SIGHUP)")
                 write_json(run_dir / "metrics.json", doc)
                 if isinstance(exc, RunIncomplete):
                     raise RunIncomplete(f"{exc} (partial results: {run_dir / 'metrics.json'})",
@@ -123,7 +127,8 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
         # record as "network"; every system's folder has its own env.json too).
         write_json(run_dir / "env.json", dict(
             provenance(), network=next(iter(doc["systems"].values()))["network"],
-            networks={n: m["network"] for n, m in doc["systems"].items()}))
+            networks={n: m["network"] for n, m in doc["systems"].items()},
+            other_runs=other_runs))
         if "baseline" in doc["systems"]:
             base = doc["systems"]["baseline"]["iteration_time_s"]
             for name, m in doc["systems"].items():

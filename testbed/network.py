@@ -3,8 +3,8 @@
 One job: lifecycle. `Network` is a context manager: `start()` builds the Mininet topology from
 `testbed.topo`, routes between DCs, applies shaping (`testbed.shaping`), starts and supervises
 the delay lines (`testbed.delayline`) when the kernel has no netem, and records everything in a
-`testbed.registry.Registry`; `stop()` (also on errors, Ctrl-C and SIGTERM) undoes it all in
-reverse. Measuring lives in `traffic/` and `testbed.calibrate`; planning in `testbed.topo`.
+`testbed.registry.Registry`; `stop()` (also on errors, Ctrl-C, SIGTERM and SIGHUP) undoes it
+all in reverse. Measuring lives in `traffic/` and `testbed.calibrate`; planning in `testbed.topo`.
 
 A dead delay line turns its link into a black hole (NFQUEUE fails closed), so a supervisor
 thread watches it and interrupts the main thread with a `TestbedError` naming the link.
@@ -35,10 +35,10 @@ from mininet.util import ensureRoot
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from testbed import limits, machine, shaping, wanstats
+from testbed import interrupts, leash, limits, machine, shaping, wanstats
 from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError, TestbedError
-from testbed.procs import HostProcess, stop_all
+from testbed.procs import HostProcess, open_log, stop_all
 from testbed.registry import Registry
 from testbed.scenario import (MIN_TCP_BUFFER_BYTES, MTU_BYTES, REAL_TCP_WMEM_MAX_BYTES,
                               Scenario, scaled_tcp_rmem_max_bytes)
@@ -224,6 +224,7 @@ class Network:
         limits.reserve_open_files(len(topo.nodes()))
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.run_id)
+        leash.ensure()   # before the first host shell: every process of the run dies with us
         self._install_signal_handlers()
         setLogLevel("error")
         self.net = _RecordingMininet(self.registry, topo=topo,
@@ -246,9 +247,9 @@ class Network:
         self.timings_s["up"] = time.monotonic() - t0
 
     def stop(self) -> None:
-        """Undo everything start() did, in reverse, even if a step fails. A second Ctrl-C or
-        SIGTERM during teardown is held back so it cannot leave it half done. What could not
-        be removed stays listed in the registry for `run_testbed.py cleanup`."""
+        """Undo everything start() did, in reverse, even if a step fails. A second Ctrl-C,
+        SIGTERM or SIGHUP during teardown is held back so it cannot leave it half done. What
+        could not be removed stays listed in the registry for `run_testbed.py cleanup`."""
         if os.getpid() != self._owner_pid:
             return  # a forked child (pyroute2's netns helper) never tears down the network
         self._stopping = True  # first: from here on a SIGUSR1 handler does nothing
@@ -308,9 +309,10 @@ class Network:
         node = self.node(host)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path = unused_path(log_path)  # a process per log: never overwrite an earlier one's
-        with open(log_path, "wb") as log:
+        with open_log(log_path) as log:
             popen = node.popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT))
+                               stdin=subprocess.DEVNULL, env=leash.child_env(env),
+                               cwd=str(REPO_ROOT))
         assert self.registry is not None
         self.registry.add_pid(popen.pid, f"{Path(argv[0]).name} in {host}")
         proc = HostProcess(host, argv, popen, log_path, on_exit=self._forget)
@@ -567,13 +569,16 @@ class Network:
 
         def on_term(signum, frame):  # noqa: ARG001
             if in_owner(signum):
-                raise KeyboardInterrupt(f"signal {signum}")
+                if signum == signal.SIGHUP:
+                    interrupts.detach_from_terminal()
+                raise KeyboardInterrupt(f"interrupted ({signal.Signals(signum).name})")
 
-        for sig, handler in ((signal.SIGUSR1, on_usr1), (signal.SIGTERM, on_term)):
+        for sig, handler in ((signal.SIGUSR1, on_usr1), (signal.SIGTERM, on_term),
+                             (signal.SIGHUP, on_term)):
             self._old_handlers[sig] = signal.signal(sig, handler)
 
     def _hold_signals(self) -> dict[int, object]:
-        """During teardown, SIGINT and SIGTERM are noted, not acted on."""
+        """During teardown, SIGINT, SIGTERM and SIGHUP are noted, not acted on."""
         if threading.current_thread() is not threading.main_thread():
             return {}
         owner = os.getpid()
@@ -582,8 +587,11 @@ class Network:
             if os.getpid() != owner:  # a forked pyroute2 helper: just die
                 signal.signal(signum, signal.SIG_DFL)
                 os.kill(os.getpid(), signum)
+            elif signum == signal.SIGHUP:
+                interrupts.detach_from_terminal()
 
-        return {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return {sig: signal.signal(sig, note)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
     def _restore_signal_handlers(self, held: dict[int, object]) -> None:
         # What start() replaced goes back first, then what stop() held (SIGTERM appears in

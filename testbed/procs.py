@@ -3,7 +3,9 @@
 One job: process lifecycle. Every worker (trainer stage, iperf3, delay line) is started from an
 argv list with its output in a log file, leads its own process group (Mininet's `mnexec -d` and
 `start_new_session=True` both call setsid), and is stopped by signalling exactly that group:
-SIGTERM, a grace period, then SIGKILL. Nothing here kills by name.
+SIGTERM, a grace period, then SIGKILL. Nothing here kills by name, and nothing signals a
+process or group whose leader was reaped (HostProcess.signal). Every child carries the
+runner's leash (testbed.leash): it dies within seconds if the runner is killed.
 
 A `Spawner` is what callers use to start processes "in host X": `LocalSpawner` runs them on this
 machine (tests, loopback runs); `testbed.network.Network` provides one that runs them inside the
@@ -13,18 +15,28 @@ Mininet host's namespace.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from testbed import interrupts
+from testbed import interrupts, leash
+
+if TYPE_CHECKING:
+    from testbed.registry import Registry
 
 
 class HostProcess:
-    """A started process: its host, argv, pid and log file."""
+    """A started process: its host, argv, pid and log file, and a pidfd held from spawn.
+
+    Signals go through `signal()`, which refuses once the process was reaped: its pid (and so
+    its process group's id) may then be another process's. While the leader is unreaped (alive
+    or a zombie) no other process or group can hold its number, so the group is signalled only
+    then, and its leftover members are ended just before the leader is reaped."""
 
     def __init__(self, host: str, argv: Sequence[str], popen: subprocess.Popen, log_path: Path,
                  on_exit: Callable[[int], None] | None = None) -> None:
@@ -32,43 +44,71 @@ class HostProcess:
         self.argv = list(argv)
         self.popen = popen
         self.pid = popen.pid
+        self.pidfd = os.pidfd_open(popen.pid)  # nothing reaps it before this: only we wait
         self.log_path = log_path
         self._on_exit = on_exit
+        self._lock = threading.Lock()   # a reap and a group signal never interleave
+
+    @property
+    def reaped(self) -> bool:
+        return self.popen.returncode is not None
+
+    def signal(self, sig: int, group: bool = True) -> bool:
+        """Send sig to the process group (group=False: the process only) unless the leader was
+        reaped; False then."""
+        with self._lock:
+            if self.reaped:
+                return False
+            try:
+                if group:
+                    os.killpg(self.pid, sig)
+                else:
+                    signal.pidfd_send_signal(self.pidfd, sig)
+            except ProcessLookupError:  # a zombie's group with no other member
+                pass
+            return True
 
     def poll(self) -> int | None:
-        return self.popen.poll()
+        if not self.reaped and _exited(self.pidfd, 0.0):
+            self._reap()
+        return self.popen.returncode
 
     def wait(self, timeout_s: float) -> int:
         """Wait for exit; raise TimeoutError naming the process if it runs past timeout_s."""
-        try:
-            rc = self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"{self.describe()} still running after {timeout_s:.0f} s") from None
-        self._exited(rc)
-        return rc
+        if not self.reaped and not _exited(self.pidfd, timeout_s):
+            raise TimeoutError(f"{self.describe()} still running after {timeout_s:.0f} s")
+        self._reap()
+        return self.popen.returncode
 
     def stop(self, grace_s: float = 3.0) -> int | None:
         """SIGTERM the process group, wait grace_s, then SIGKILL it. Returns the exit code."""
-        if self.popen.poll() is None:
-            _killpg(self.pid, signal.SIGTERM)
+        self.signal(signal.SIGTERM)
         return self._finish(time.monotonic() + grace_s)
 
     def _finish(self, deadline: float) -> int | None:
         """Wait for exit until deadline, then SIGKILL the group. None if it still won't die
         (e.g. stuck in the kernel): the caller keeps it in the registry for `cleanup`."""
-        try:
-            self.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _killpg(self.pid, signal.SIGKILL)
-            try:
-                self.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+        if not self.reaped and not _exited(self.pidfd, max(0.0, deadline - time.monotonic())):
+            self.signal(signal.SIGKILL)
+            if not _exited(self.pidfd, 5.0):
                 return None
-        # The leader is gone; children it left in the group still get the signal.
-        _killpg(self.pid, signal.SIGKILL)
-        rc = self.popen.returncode
-        self._exited(rc)
-        return rc
+        self._reap()
+        return self.popen.returncode
+
+    def _reap(self) -> None:
+        """The leader has exited: end what it left in its group (its zombie still holds the
+        group's id), then reap it. Only after that is the pid free for reuse."""
+        with self._lock:
+            if not self.reaped:
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.popen.wait()
+                os.close(self.pidfd)
+        if self._on_exit is not None:
+            cb, self._on_exit = self._on_exit, None
+            cb(self.pid)
 
     def output(self, tail_chars: int = 4000) -> str:
         try:
@@ -85,25 +125,20 @@ class HostProcess:
             name = self.argv[self.argv.index("-m") + 1]
         return f"{name} in {self.host} (pid {self.pid})"
 
-    def _exited(self, rc: int) -> None:
-        if self._on_exit is not None:
-            cb, self._on_exit = self._on_exit, None
-            cb(self.pid)
 
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
+def _exited(pidfd: int, timeout_s: float) -> bool:
+    """Has the process of pidfd exited (it is then a zombie until reaped)? Waits up to
+    timeout_s; reaps nothing."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 def stop_all(procs: Sequence[HostProcess], grace_s: float = 2.0) -> list[HostProcess]:
     """SIGTERM every process group at once, give them one shared grace period, SIGKILL the
     rest. Returns the processes that would not die."""
     for proc in procs:
-        if proc.poll() is None:
-            _killpg(proc.pid, signal.SIGTERM)
+        proc.signal(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     return [proc for proc in procs if proc._finish(deadline) is None]
 
@@ -113,18 +148,31 @@ class Spawner(Protocol):
               env: dict[str, str] | None = None) -> HostProcess: ...
 
 
+def open_log(path: Path):
+    """A process's log file opened for writing, truncated; never through a link (a link
+    planted where a log goes would make us, root, write where it points)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    return os.fdopen(fd, "wb")
+
+
 @dataclass
 class LocalSpawner:
-    """Runs processes on this machine, each in a new session; remembers them for stop_all()."""
+    """Runs processes on this machine, each in a new session; remembers them for stop_all(),
+    and lists them in registry if one is given (for `cleanup`)."""
 
     procs: list[HostProcess] = field(default_factory=list)
+    registry: Registry | None = None
 
     def spawn(self, host: str, argv: Sequence[str], log_path: Path,
               env: dict[str, str] | None = None) -> HostProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as log:
+        with open_log(log_path) as log:
             popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, env=leash.child_env(env),
+                                     start_new_session=True)
+        if self.registry is not None:
+            self.registry.add_pid(popen.pid, f"{Path(argv[0]).name} on {host}")
         proc = HostProcess(host, argv, popen, log_path)
         self.procs.append(proc)
         return proc

@@ -1,12 +1,14 @@
 """What a run created, written down as it is created, so a killed run can be cleaned up.
 
 One job: a small JSON file per run under /run/geotestbed/ (RUNTIME_DIR) listing the processes
-(pid plus kernel start time, so a reused pid is never signalled) that hold the run's network
-namespaces: Mininet's host and bridge shells, delay lines, workers. The namespaces need no
-entry: they are held only by those processes and vanish with them, taking their veths, bridges,
-qdiscs and iptables rules along. A run makes nothing in the root namespace. `cleanup()` (the
-`run_testbed.py cleanup` command) reads the files of runs whose owner process is gone and ends
-exactly what they list.
+(pid plus kernel start time, checked through a pidfd, so a reused pid is never signalled) that
+hold the run's network namespaces: Mininet's host and bridge shells, delay lines, workers. The
+namespaces need no entry: they are held only by those processes and vanish with them, taking
+their veths, bridges, qdiscs and iptables rules along. A run makes nothing in the root
+namespace. `cleanup()` (the `run_testbed.py cleanup` command) reads the files of runs whose
+owner process is gone and ends exactly what they list; `dead_runs_notice` is the line `run`
+and `calibrate` print while such files exist, and `live_runs` the other runs going on
+(recorded in env.json: their load skews timings).
 
 Interfaces: registry files of earlier versions (whose bridges were in the root namespace) also
 list root-namespace interfaces, each stamped with an alias (IFLA_IFALIAS `geotestbed:<run
@@ -82,16 +84,67 @@ def alive(entry: dict) -> bool:
     return entry.get("start") is not None and _start_time(entry["pid"]) == entry["start"]
 
 
+def _signal(entry: dict, sig: int) -> None:
+    """sig to a recorded process's group and to it, through a pidfd opened before its start
+    time is checked: a pid reused since is never signalled. The group only while its leader
+    is so verified alive (its number then names no other group)."""
+    try:
+        fd = os.pidfd_open(entry["pid"])
+    except OSError:
+        return
+    try:
+        if alive(entry):
+            try:
+                os.killpg(entry["pid"], sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            signal.pidfd_send_signal(fd, sig)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _registries(directory: Path) -> list[tuple[Path, dict]]:
+    found = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        data = _read(path)
+        if data is not None:
+            found.append((path, data))
+    return found
+
+
+def live_runs(directory: Path = RUNTIME_DIR) -> list[dict]:
+    """Other runs going on now (registries here or in /run/geotestbed, one level below either,
+    whose owner is alive and not this process): run id, owner pid, registry file."""
+    out = []
+    paths = {p for d in {directory, SHARED_RUNTIME_DIR} if d.is_dir()
+             for p in (*d.glob("*.json"), *d.glob("*/*.json"))}
+    for path in sorted(paths):
+        data = _read(path)
+        owner = (data or {}).get("owner", {})
+        if data is not None and alive(owner) and owner.get("pid") != os.getpid():
+            out.append({"run_id": data.get("run_id"), "pid": owner["pid"], "registry": str(path)})
+    return out
+
+
+def dead_runs_notice(directory: Path = RUNTIME_DIR) -> str | None:
+    """One line if runs that died without tearing down left registries here, else None."""
+    dead = [data.get("run_id") for _, data in _registries(directory)
+            if not alive(data.get("owner", {}))]
+    if not dead:
+        return None
+    prefix = "" if directory == SHARED_RUNTIME_DIR else f"GEOTESTBED_RUNTIME_DIR={directory} "
+    return (f"note: {len(dead)} dead run(s) left namespaces, links or processes behind "
+            f"({', '.join(map(str, dead))}); remove them with: sudo {prefix}python "
+            f"run_testbed.py cleanup")
+
+
 def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
     """Remove what crashed runs left. Returns one line per thing removed. Runs whose owner is
     still alive are skipped."""
     done: list[str] = []
-    if not directory.is_dir():
-        return done
-    for path in sorted(directory.glob("*.json")):
-        data = _read(path)
-        if data is None:
-            continue
+    for path, data in _registries(directory):
         if alive(data.get("owner", {})):
             done.append(f"skipped {data.get('run_id')}: its run (pid {data['owner']['pid']}) is still going")
             continue
@@ -102,6 +155,7 @@ def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
             done.append(f"kept {path.name}: run cleanup again once that is resolved")
         else:
             path.unlink(missing_ok=True)
+            done.append(f"removed the registry of {data.get('run_id')} ({path.name})")
     return done
 
 
@@ -155,13 +209,7 @@ def _remove(data: dict, held: set[str] = frozenset()) -> list[str]:
     live = [e for e in data.get("pids", []) if alive(e)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for entry in live:
-            if not alive(entry):
-                continue
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(entry["pid"], sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            _signal(entry, sig)
         deadline = time.monotonic() + 2.0
         while any(alive(e) for e in live) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -12,13 +12,16 @@ its own results folder, an index of them, progress, and `--resume`.
 One job: the loop over points. A failed point is recorded and the next one runs (the exit code
 says some failed); Ctrl-C marks the running point interrupted, keeps every finished one and
 exits 130; `--resume DIR` runs only the points not done, after checking that DIR is a sweep of
-the same scenario and flags. The index is rewritten (atomically) after every point.
+the same scenario and flags. The index is rewritten (atomically) after every point, by one run
+at a time: the folder is locked (.lock) while a run works on it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from testbed.results import new_run_dir, write_json, write_text
 from testbed.sweep import Point, check_points, expand
 
 INDEX_SCHEMA = 1
+LOCK_NAME = ".lock"
 
 
 def read_doc(scenario_path: str) -> dict[str, Any]:
@@ -56,9 +60,12 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     key = sweep_key(doc, systems, iterations)
     if resume is not None:
         sweep_dir = Path(resume)
-        index = _read_index(sweep_dir, key, len(points))
+        _read_index(sweep_dir, key, len(points))     # a sweep folder at all, before locking
+        lock = _lock(sweep_dir)
+        index = _read_index(sweep_dir, key, len(points))   # as the last holder left it
     else:
         sweep_dir = new_run_dir(out_dir, f"{doc['name']}-sweep")
+        lock = _lock(sweep_dir)
         write_text(sweep_dir / "scenario.yaml", yaml.safe_dump(doc, sort_keys=False))
         index = {"schema_version": INDEX_SCHEMA, "scenario": doc["name"], "key": key,
                  "sweep": doc["sweep"], "systems": systems, "iterations": iterations,
@@ -77,6 +84,7 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                        timeout_s=timeout_s)
     finally:
         progress.close()
+        os.close(lock)
     for line in summary(index):
         progress.say(line)
     if any(e["status"] == "done" for e in index["points"]):
@@ -119,6 +127,20 @@ def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_j
     write_json(sweep_dir / "index.json", index)
     progress.say(f"point {p.index + 1}/{n} {p.label}: {entry['status']}"
                  + (f" ({entry['error']})" if entry["status"] == "failed" else ""))
+
+
+def _lock(sweep_dir: Path) -> int:
+    """Hold the sweep folder (an flock on its .lock, released when the fd closes, or the
+    process dies): two runs of one sweep at once would each rewrite index.json."""
+    fd = os.open(sweep_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ScenarioError("--resume", f"{sweep_dir} is being run by another process",
+                            "wait until that run ends (or stop it), then resume") from None
+    return fd
 
 
 def _done(sweep_dir: Path, entry: dict) -> bool:

@@ -151,7 +151,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
             stopped_s = round(runner.now_s(), 3)
         # Partial results, written and marked incomplete, before the error goes on; the plot
         # after, so a second Ctrl-C during it cannot lose them.
-        why = "interrupted (Ctrl-C or SIGTERM)" if isinstance(exc, KeyboardInterrupt) else \
+        why = "interrupted (Ctrl-C, SIGTERM or SIGHUP)" if isinstance(exc, KeyboardInterrupt) else \
             after_fault(runner, str(exc))
         partial = partial_metrics(sys_dir, system.name, cfg, why,
                                   None if runner is None else runner.results(),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import time
 from pathlib import Path
@@ -37,6 +36,8 @@ class _Proc(Protocol):
     pid: int
 
     def poll(self) -> int | None: ...
+
+    def signal(self, sig: int, group: bool = True) -> bool: ...
 
 
 class DelayLineLike(Protocol):
@@ -64,10 +65,9 @@ def request(delaylines: Sequence[DelayLineLike]) -> dict[Path, int]:
     for dl in delaylines:
         doc = read_report(dl.stats_path)
         before[dl.stats_path] = doc["seq"] if doc else 0
-        if dl.proc.poll() is not None:
+        if dl.proc.poll() is not None or not dl.proc.signal(signal.SIGUSR1, group=False):
             raise TestbedError(f"delay line in {dl.gateway} (links {', '.join(dl.links)}) is not "
                                f"running (exit code {dl.proc.poll()}); no packet counts")
-        os.kill(dl.proc.pid, signal.SIGUSR1)
     return before
 
 

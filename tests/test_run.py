@@ -75,6 +75,8 @@ def test_metrics_document(doc_run: dict) -> None:
     assert [(s["stage"], s["dc"], s["host"]) for s in base["stages"]] == [
         (0, "east", "east-h1"), (1, "west", "west-h1")]
     assert Path(base["timeline_png"]).stat().st_size > 1000
+    env = json.loads((Path(doc["run_dir"]) / "env.json").read_text())
+    assert isinstance(env["other_runs"], list), env   # live runs beside it: timings not clean
     # every WAN packet of this system's run counted per direction
     wan = base["wan_links"]
     assert sorted(wan) == ["east->west", "west->east"], wan

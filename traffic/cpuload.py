@@ -5,8 +5,8 @@ be measured under that load (bench/bench_loaded_rtt.py) and the tests run beside
 
     sudo .venv/bin/python -m traffic.cpuload [--workers N]     # until Ctrl-C or SIGTERM
 
-The workers run on this machine (the root namespace), each in its own process group; stop()
-ends exactly those, by PID.
+The workers run on this machine (the root namespace), each in its own process group and listed
+in a registry; stop() ends exactly those.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.procs import HostProcess, LocalSpawner, stop_all
+from testbed.registry import Registry
 
 LOAD_READY_TIMEOUT_S = 120.0
 # One CPU-bound worker: single-threaded torch matmuls, forever (until SIGTERM).
@@ -37,54 +38,44 @@ while True:
 
 
 class CpuLoad:
-    """(cpu_count + 1) single-threaded torch matmul loops in the root namespace; stop() ends
-    exactly these processes (their own process groups), by PID."""
+    """(cpu_count + 1) single-threaded torch matmul loops in the root namespace, listed in a
+    registry (testbed.registry) while they run; stop() ends exactly these processes (their own
+    process groups, through testbed.procs)."""
 
     def __init__(self, log_dir: Path, workers: int | None = None) -> None:
         self.workers = workers or (os.cpu_count() or 1) + 1
         self.log_dir = log_dir
-        self.procs: list[subprocess.Popen] = []
+        self.spawner = LocalSpawner()
+
+    @property
+    def procs(self) -> list[HostProcess]:
+        return self.spawner.procs
 
     def start(self, timeout_s: float = LOAD_READY_TIMEOUT_S) -> float:
         """Start the workers; return once each has printed LOADED (seconds it took)."""
         t0 = time.monotonic()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        logs = []
+        self.spawner.registry = Registry("cpuload")
         for i in range(self.workers):
             log = self.log_dir / f"cpu-load-{i}.log"
-            with _new_file(log) as f:
-                self.procs.append(subprocess.Popen([sys.executable, "-c", LOAD_CODE], stdout=f,
-                                                   stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL,
-                                                   start_new_session=True))
-            logs.append(log)
-        while not all("LOADED" in log.read_text(errors="replace") for log in logs):
-            for proc, log in zip(self.procs, logs):
+            _new_file(log).close()
+            self.spawner.spawn("localhost", [sys.executable, "-c", LOAD_CODE], log)
+        while not all("LOADED" in proc.output() for proc in self.procs):
+            for proc in self.procs:
                 if proc.poll() is not None:
-                    raise TestbedError(f"CPU load worker {proc.pid} exited with {proc.returncode}: "
-                                       f"{log.read_text(errors='replace')[-300:]}")
+                    raise TestbedError(f"CPU load worker {proc.pid} exited with "
+                                       f"{proc.popen.returncode}: {proc.output(300)}")
             if time.monotonic() - t0 > timeout_s:
                 raise TestbedError(f"CPU load workers not running after {timeout_s:g} s")
             time.sleep(0.1)
         return time.monotonic() - t0
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:  # exited meanwhile
-                    pass
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=5)
+        stuck = stop_all(self.procs, grace_s=5.0)
         self.procs.clear()
+        if self.spawner.registry is not None and not stuck:
+            self.spawner.registry.close()   # else it stays listed for `run_testbed.py cleanup`
+            self.spawner.registry = None
 
 
 def _new_file(path: Path):
@@ -107,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="cpuload-"))
     load = CpuLoad(log_dir, args.workers)
     stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    for sig in (signal.SIGTERM, signal.SIGHUP):   # SIGHUP: the terminal went away
+        signal.signal(sig, lambda *_: stop.append(1))
     try:
         try:
             took = load.start()
