@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from testbed import wanstats
+from testbed.registry import live_runs
 from testbed.results import provenance, write_json
 
 if TYPE_CHECKING:
@@ -28,10 +29,11 @@ def network_record(net: "Network") -> dict:
 
 
 def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:
-    """Once the network is up: env.json in run_dir (machine, versions and the network's
-    record), and one progress line. Returns the record."""
+    """Once the network is up: env.json in run_dir (machine, versions, the network's record and
+    the other runs going on, whose load skews this one's timings), and one progress line.
+    Returns the record."""
     record = network_record(net)
-    write_json(run_dir / "env.json", dict(provenance(), network=record))
+    write_json(run_dir / "env.json", dict(provenance(), network=record, other_runs=live_runs()))
     print(f"{indent}network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
           f"{len(net.scenario.host_names())} hosts, {len(net.scenario.wan)} WAN links, "
           f"{net.scenario.congestion_control}, {net.scenario.routing} routing"
