@@ -90,11 +90,13 @@ def wait_record(where: Server | Path, name: str, rid: str) -> dict:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bubbletea")
-    base = free_base_port(4, IP)      # decode, measured prefill, profile prefill, nobody
+    # decode, measured prefill, profile prefill, nobody, a decode server the tests start
+    base = free_base_port(5, IP)
     decode = DecodeSpec(host="d1", dc="dc0", ip=IP, port=base, model=MODEL.to_dict(),
                         records_path=str(folder / "d1.jsonl"))
     common = dict(dc="dc0", ip=IP, model=MODEL.to_dict(), connect_timeout_s=2.0,
-                  ack_timeout_s=10.0)
+                  ack_timeout_s=10.0,
+                  decode_servers=[{"ip": IP, "port": p} for p in (base, base + 3, base + 4)])
     measured = PrefillSpec(host="h1", port=base + 1, compute="measured",
                            gpu_lock_path=str(folder / "gpu" / "h1.lock"),
                            records_path=str(folder / "h1.jsonl"), **common)
@@ -110,6 +112,7 @@ def servers(tmp_path_factory):
         for proc in procs.values():
             proc.wait_listening(deadline)
         procs["down_port"] = base + 3
+        procs["spare_port"] = base + 4
         yield procs
     finally:
         for proc in procs.values():
@@ -333,7 +336,7 @@ def test_kv_sender_reconnects_to_a_restarted_decode_server(servers, tmp_path):
     """The prefill server keeps one connection per decode address; after the decode server
     restarts (here in the test process, same port), the stale connection is replaced."""
     prefill = servers["measured"]
-    port = free_base_port(1, IP)
+    port = servers["spare_port"]
     spec = DecodeSpec(host="d9", dc="dc0", ip=IP, port=port, model=MODEL.to_dict(),
                       records_path=str(tmp_path / "d9.jsonl"))
 
@@ -436,7 +439,8 @@ def test_chunked_prefill_decodes_what_the_reference_decodes(servers, reference):
 
 def test_specs_round_trip_and_refuse_bad_values(tmp_path):
     p = PrefillSpec(host="h", dc="d", ip=IP, port=1234, gpu_lock_path="l", records_path="r",
-                    model=MODEL.to_dict(), compute="profile", scale=8.0)
+                    model=MODEL.to_dict(), compute="profile", scale=8.0,
+                    decode_servers=[{"ip": IP, "port": 1}])
     p.write(tmp_path / "p.json")
     assert PrefillSpec.load(tmp_path / "p.json") == p
     d = DecodeSpec(host="h", dc="d", ip=IP, port=1, records_path="r", max_new_tokens_cap=4)
@@ -444,10 +448,13 @@ def test_specs_round_trip_and_refuse_bad_values(tmp_path):
     assert DecodeSpec.load(tmp_path / "d.json") == d
     with pytest.raises(ValueError, match="^compute: "):
         PrefillSpec(host="h", dc="d", ip=IP, port=1, gpu_lock_path="l", records_path="r",
-                    compute="fast")
+                    compute="fast", decode_servers=[{"ip": IP, "port": 1}])
     with pytest.raises(ValueError, match="^kv_fraction: "):
         PrefillSpec(host="h", dc="d", ip=IP, port=1, gpu_lock_path="l", records_path="r",
-                    kv_fraction=0)
+                    kv_fraction=0, decode_servers=[{"ip": IP, "port": 1}])
+    with pytest.raises(ValueError, match=r"^decode_servers\[0\]: "):
+        PrefillSpec(host="h", dc="d", ip=IP, port=1, gpu_lock_path="l", records_path="r",
+                    decode_servers=[{"ip": "nowhere", "port": 1}])
     with pytest.raises(ValueError, match=r"^model\.n_head: "):
         DecodeSpec(host="h", dc="d", ip=IP, port=1, records_path="r", model={"n_head": 0})
     with pytest.raises(ValueError, match="^max_new_tokens_cap: "):
