@@ -1,7 +1,9 @@
 """BubbleTea's prefill and decode servers as real processes on 127.0.0.1 (no root): the KV
 hand-off decodes what the cache-free reference decodes, profile mode holds the GPU and pads the
 KV cache as the profile says, bad input gets a clear reply, the GPU lock and not_after_ns are
-honoured, a dead decode server costs only a KV_SEND error, and SIGTERM exits cleanly."""
+honoured, a dead decode server costs only a KV_SEND error, hostile input (a 5000-digit JSON
+integer, a foreign decode address, a trickled header, connections past the cap) is refused with
+a reply and costs nothing more, and SIGTERM exits cleanly."""
 
 from __future__ import annotations
 
@@ -557,6 +559,20 @@ def test_connections_over_the_cap_are_refused(servers):
             break
         time.sleep(0.1)                  # the idle ones' threads are still ending
     assert reply["ok"] is True, reply
+
+
+def test_a_thread_that_dies_stops_its_service():
+    """service.start_thread (the KV senders, the decode generator): a thread that raises says
+    so in one line and ends serve_forever, so the server exits 1 and the run sees it crashed."""
+    code = ("from prefill.service import Service, failures, start_thread\n"
+            "svc = Service('t', '127.0.0.1', 0, lambda conn, peer: None)\n"
+            "start_thread('kv-test', lambda: 1 / 0)\n"
+            "svc.serve_forever()\n"
+            "print(len(failures()))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=worker_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == "1", out
+    assert out.stderr.strip() == "thread kv-test died: ZeroDivisionError: division by zero"
 
 
 def test_specs_round_trip_and_refuse_bad_values(tmp_path):
