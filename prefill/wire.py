@@ -117,8 +117,8 @@ def _read_into(sock: socket.socket, buf: memoryview, what: str,
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WireError(f"the header deadline passed with {got} of {len(buf)} bytes "
-                                f"of the {what} in; send a message's header at once")
+                raise WireError(f"the header deadline passed with {got} of the {len(buf)} "
+                                f"bytes still due of the {what} in; send a header at once")
             sock.settimeout(left)
             try:
                 n = sock.recv_into(buf[got:])
