@@ -74,7 +74,7 @@ from trainer.spec import SpecFile
 from trainer.transport import set_thread_fifo
 
 MAX_NOTICE_BYTES = 2048
-NOTICE_WINDOW_S = 600.0  # a notice's times within this of now, its durations under it (x time_scale)
+NOTICE_WINDOW_S = 600.0  # a notice's times within this of now, durations under it (x time_scale)
 MAX_SEQ_JUMP = 100_000   # a notice numbered further past its sender's last one is refused
 MAX_SENDERS = 1024       # notice senders whose numbers are kept
 REPLY_MARGIN_S = 10.0    # a prefill server that has not answered prediction + this is down

@@ -12,8 +12,8 @@ clean EOF, one in the middle of a request still sends its reply), and the handle
 `grace_s` to return.
 
 Limits on what a peer can hold: at most `max_connections` open connections (one more is
-answered by `refuse(conn)`, if given, and closed); a message's prefix and header must be in
-within wire.HEADER_DEADLINE_S of its first byte (prefill/wire.py). Threads that must not end
+answered by `refuse(conn, why)`, if given, and closed; the handlers read each message with
+wire.HEADER_DEADLINE_S, so a trickled header holds its thread no longer). Threads that must not end
 (a KV sender, the decode server's generator) are started with `start_thread`: one that ends by
 an exception prints one line, and the process's service stops and serve_main exits 1, so the
 run sees a failed server instead of one that accepts work it can no longer finish.
