@@ -30,8 +30,9 @@ Per connection, one request at a time (fields: design.md "Prefill server protoco
    decode address (reconnecting when it fails); a request may name only one of the spec's
    decode_servers (else "decode: ...", no retry), so no peer can make it open others.
    Profile mode pads the message so that payload + padding = int(kv_cache_bytes(target_tokens)
-   x kv_fraction / scale) (no padding when the real KV is larger). The sender waits for the decode server's ack; KV_SEND record, with the error
-   when it failed (a failed hand-off never stops the server).
+   x kv_fraction / scale) (no padding when the real KV is larger). The sender waits for the
+   decode server's ack; KV_SEND record, with the error when it failed (a failed hand-off
+   never stops the server).
 Every failure reply is also a REJECT record. A malformed message (its header not in within
 wire.HEADER_DEADLINE_S of its first byte included) is answered and its connection closed (the
 stream is out of step); a client that goes away ends only its connection. A connection over the

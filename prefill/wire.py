@@ -13,11 +13,12 @@ A message, in this order:
              WAN carries the right number of bytes; sent from one shared zero buffer and read
              into a small per-thread scratch buffer, in chunks, and dropped
 
-recv_msg checks, before reading what follows: the magic and version, the header length
-against MAX_HEADER_BYTES, then (header read) payload_bytes and pad_bytes against the caller's
-limits; `header_deadline_s`, where given, bounds the time from the first byte until the
-header is in (a peer trickling a header holds its reader no longer); `check(header)` lets the caller refuse a message by its header before its payload is
-read: the payload and padding are then read and dropped (in chunks), so the stream stays usable.
+recv_msg checks, before reading what follows: the magic and version, the header length against
+MAX_HEADER_BYTES, then (header read) payload_bytes and pad_bytes against the caller's limits;
+`header_deadline_s`, where given, bounds the time from the first byte until the header is in (a
+peer trickling a header holds its reader no longer); `check(header)` lets the caller refuse a
+message by its header before its payload is read: the payload and padding are then read and
+dropped (in chunks), so the stream stays usable.
 Errors: WireError (a ValueError, one line) for malformed input or a limit exceeded; its
 `in_sync` says whether the whole message was consumed (the connection can go on) or not (close
 it). EOF before a message's first byte is a clean close (recv_msg returns None); EOF inside a

@@ -136,7 +136,8 @@ def test_header_deadline_from_the_first_byte(pair):
     a, b = pair
     a.sendall(_raw(b'{"k": 1}')[:3])               # then nothing: a trickling peer
     t0 = time.monotonic()
-    with pytest.raises(WireError, match="header deadline passed with 0 of the 7 bytes still due of the message prefix") as exc:
+    with pytest.raises(WireError, match="header deadline passed with 0 of the 7 bytes still "
+                                        "due of the message prefix") as exc:
         recv_msg(b, **LIMITS, header_deadline_s=0.3)
     assert 0.25 <= time.monotonic() - t0 < 2 and not exc.value.in_sync
     assert b.gettimeout() == 5.0                   # the socket's own timeout is back
