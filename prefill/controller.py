@@ -414,7 +414,7 @@ class Controller:
                         raise ConnectionError("the prefill server closed the connection")
                     with self.cv:
                         self._on_reply(host, jobs.pop(0), got.header)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, KeyError, TypeError) as exc:   # a bad reply too
                 with self.cv:
                     for job in jobs:
                         self._lost(host, job)
