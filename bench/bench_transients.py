@@ -239,7 +239,8 @@ def run_case(net: Network, case: Case, messages: int, port: int, folder: Path, r
               "--timeout-s", f"{timeout_s:.0f}"]
     flush_tcp_metrics(net, [src, dst])
     recv = net.spawn(dst, [sys.executable, "-m", "traffic.burst", "recv", *common,
-                           "--out", str(out)], folder / "logs" / f"{dst}-burst-recv.log",
+                           "--bind", net.host_ip(dst), "--out", str(out)],
+                     folder / "logs" / f"{dst}-burst-recv.log",
                      env=env)
     try:
         deadline = time.monotonic() + 30

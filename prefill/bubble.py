@@ -4,7 +4,8 @@ and change it. Pure: no sockets, no clock (prefill/controller.py gives `now`).
 One job: what a bubble's end is, from what the worker announced and what has been heard since
 (docs/bubbletea/design.md: notices; the controller's docstring: the arrival bound).
 
-- `Notice` / `parse_notice`: one worker datagram, by kind: "bubble" (the GPU is idle from
+- `Notice` / `parse_notice`: one worker datagram (every field type- and range-checked; its
+  times against now by `Notice.out_of_window`), by kind: "bubble" (the GPU is idle from
   t_idle_ns until about t_pred_end_ns, the worker's learned prediction; with the arrival-bound
   fields when its next op waits for a message), "busy" (it took the GPU again), "arrival" (the
   awaited message began to arrive) and "output" (a same-DC neighbour began the op that makes
@@ -49,9 +50,46 @@ class Notice:
     end_min_ns: int | None = None
     end_max_ns: int | None = None
 
+    def out_of_window(self, now_ns: int, window_ns: int) -> str | None:
+        """The first field that is not within window_ns of now (a time) or longer than
+        window_ns (a duration), or None: a notice from a running worker never is."""
+        kind_times = {"busy": ("t_ns",), "bubble": ("t_idle_ns", "t_pred_end_ns"),
+                      "arrival": ("t_idle_ns",), "output": ()}[self.kind]
+        for key in kind_times + ("end_min_ns", "end_max_ns"):
+            value = getattr(self, key)
+            if value is not None and abs(value - now_ns) > window_ns:
+                return key
+        for key in ("wire_ns", "made_ns", "spread_ns"):
+            value = getattr(self, key)
+            if value is not None and value > window_ns:
+                return key
+        if any(g > window_ns for g in self.gaps_ns):
+            return "gaps_ns"
+        return None
 
-def _opt_int(n: dict, key: str) -> int | None:
-    return None if n.get(key) is None else int(n[key])
+
+MAX_NS = 2**63 - 1         # every time and duration of a notice: an int64 of ns, >= 0
+MAX_INDEX = 2**31 - 1      # iterations, op indices, awaits' parts
+MAX_HOST_CHARS = 64
+MAX_GAPS = 64              # gaps_ns entries
+
+
+def _int(value: object, what: str, hi: int = MAX_NS) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an integer")
+    if not 0 <= value <= hi:
+        raise ValueError(f"{what} must be in 0..{hi}")
+    return value
+
+
+def _opt_int(n: dict, key: str, hi: int = MAX_NS) -> int | None:
+    return None if n.get(key) is None else _int(n[key], key, hi)
+
+
+def _host(value: object, what: str) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_HOST_CHARS:
+        raise TypeError(f"{what} must be a string of 1..{MAX_HOST_CHARS} characters")
+    return value
 
 
 def _triple(value: object, what: str) -> tuple:
@@ -60,33 +98,39 @@ def _triple(value: object, what: str) -> tuple:
     return tuple(value)
 
 
+def _gaps(value: object) -> list[int]:
+    if not isinstance(value, list) or len(value) > MAX_GAPS:
+        raise ValueError(f"gaps_ns must be a list of at most {MAX_GAPS}")
+    return sorted(_int(g, "gaps_ns[]") for g in value)
+
+
 def parse_notice(n: dict) -> Notice:
-    """A notice from its JSON object; KeyError, TypeError, ValueError or OverflowError if
-    malformed."""
-    host = n["host"]
-    if not isinstance(host, str):
-        raise TypeError("host must be a string")
+    """A notice from its JSON object; KeyError, TypeError or ValueError if malformed: every
+    integer an int in its range (times and durations 0..MAX_NS, indices 0..MAX_INDEX), host
+    names at most MAX_HOST_CHARS, gaps_ns at most MAX_GAPS. Whether its times are near now is
+    the reader's check (Notice.out_of_window)."""
+    host = _host(n["host"], "host")
     if "busy_ns" in n:
-        return Notice(kind="busy", host=host, t_ns=int(n["busy_ns"]))
+        return Notice(kind="busy", host=host, t_ns=_int(n["busy_ns"], "busy_ns"))
     awaits = None if n.get("awaits") is None else \
-        tuple(int(x) for x in _triple(n["awaits"], "awaits"))
+        tuple(_int(x, "awaits[]", MAX_INDEX) for x in _triple(n["awaits"], "awaits"))
     maker = None
     if n.get("maker") is not None:
         host_m, it_m, op_m = _triple(n["maker"], "maker")
-        if not isinstance(host_m, str):
-            raise TypeError("maker host must be a string")
-        maker = (host_m, int(it_m), int(op_m))
+        maker = (_host(host_m, "maker host"), _int(it_m, "maker iteration", MAX_INDEX),
+                 _int(op_m, "maker op", MAX_INDEX))
     if "t_pred_end_ns" in n:
-        return Notice(kind="bubble", host=host, t_idle_ns=int(n["t_idle_ns"]),
-                      t_pred_end_ns=int(n["t_pred_end_ns"]), iteration=_opt_int(n, "iteration"),
-                      op=_opt_int(n, "op"), gaps_ns=sorted(int(g) for g in n.get("gaps_ns", [])),
-                      awaits=awaits, pending=bool(n.get("pending", False)),
+        return Notice(kind="bubble", host=host, t_idle_ns=_int(n["t_idle_ns"], "t_idle_ns"),
+                      t_pred_end_ns=_int(n["t_pred_end_ns"], "t_pred_end_ns"),
+                      iteration=_opt_int(n, "iteration", MAX_INDEX),
+                      op=_opt_int(n, "op", MAX_INDEX), gaps_ns=_gaps(n.get("gaps_ns", [])),
+                      awaits=awaits, pending=n.get("pending", False) is True,
                       wire_ns=_opt_int(n, "wire_ns"), made_ns=_opt_int(n, "made_ns"),
                       maker=maker, spread_ns=_opt_int(n, "spread_ns"),
                       end_min_ns=_opt_int(n, "end_min_ns"), end_max_ns=_opt_int(n, "end_max_ns"))
-    end_min = int(n["end_min_ns"])
+    end_min = _int(n["end_min_ns"], "end_min_ns")
     if "t_idle_ns" in n:
-        return Notice(kind="arrival", host=host, t_idle_ns=int(n["t_idle_ns"]),
+        return Notice(kind="arrival", host=host, t_idle_ns=_int(n["t_idle_ns"], "t_idle_ns"),
                       end_min_ns=end_min, end_max_ns=_opt_int(n, "end_max_ns"))
     if awaits is None:
         raise KeyError("awaits")

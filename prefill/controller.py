@@ -39,6 +39,12 @@ in another order; this is how the controller uses that time. The bound holds as 
 notice that would lower it is lost: every worker numbers its datagrams, and the controller
 counts the numbers it never saw (SUMMARY's notices_lost). The Bubble logic is prefill/bubble.py.
 
+Notices are refused (ignored, and counted as SUMMARY's notices_refused) unless they come from a
+training host of this DC, parse (prefill/bubble.py: types and ranges), name a host of this DC,
+carry times within NOTICE_WINDOW_S (x time_scale) of now, and a number at most MAX_SEQ_JUMP past
+their sender's last. Every thread runs guarded: one that dies says so on stderr and in a
+THREAD_DIED record, its host's bubbles are marked host_down, and the controller exits 1.
+
 Records (JSONL, docs/bubbletea/design.md): REQUEST per request (outcome served | late | expired
 | failed | unserved), DISPATCH per message answered, BUBBLE per notice (what went in, and why
 the rest stayed empty: no_request, none_fitted, rejected, host_down, used), SUMMARY at the end. SIGTERM ends it.
@@ -68,6 +74,9 @@ from prefill.wire import recv_msg, send_msg
 from trainer.spec import SpecFile
 
 MAX_NOTICE_BYTES = 2048
+NOTICE_WINDOW_S = 600.0  # a notice's times within this of now, durations under it (x time_scale)
+MAX_SEQ_JUMP = 100_000   # a notice numbered further past its sender's last one is refused
+MAX_SENDERS = 1024       # notice senders whose numbers are kept
 REPLY_MARGIN_S = 10.0    # a prefill server that has not answered prediction + this is down
 INITIAL_LATENCY_MS = 1.0  # dispatch to prefill start, before one is measured (x time_scale)
 EXTEND_MARGIN_MS = 1.0    # a bubble still open this long after its predicted end is extended
@@ -140,7 +149,12 @@ class Controller:
         self.started = threading.Event()
         self.bubbles: dict[str, Bubble | None] = {e.host: None for e in spec.prefill_servers}
         self.counts = {k: 0 for k in ("arrived", "served", "late", "expired", "failed",
-                                      "unserved", "retried", "notices", "notices_lost")}
+                                      "unserved", "retried", "notices", "notices_lost",
+                                      "notices_refused")}
+        self.window_ns = int(NOTICE_WINDOW_S * spec.time_scale * 1e9)
+        self.worker_ips = {e.ip for e in spec.prefill_servers}   # notices come from these
+        self.died: list[str] = []        # threads of this controller that died (_guarded)
+        self.dead_hosts: set[str] = set()   # hosts whose agent died: their bubbles stay empty
         self.last_seq: dict[object, int] = {}   # per sender: the highest number heard
         self.notice_realtime = "off"     # what the notice thread got (notice_priority)
         self._decode_rr = 0
@@ -213,27 +227,53 @@ class Controller:
         while not self.stop.is_set():
             try:
                 data, sender = self._sock.recvfrom(MAX_NOTICE_BYTES)
-                raw = json.loads(data)
-                n = parse_notice(raw)
-                seq = raw.get("seq")
             except socket.timeout:
                 continue
-            except (OSError, ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
-                continue   # a malformed notice is ignored; training never waits on us
-            if n.host not in self.bubbles:
+            except OSError:
+                continue
+            n, seq = self._parse(data, sender)
+            if n is None:
+                with self.cv:
+                    self.counts["notices_refused"] += 1
                 continue
             with self.cv:
-                if isinstance(seq, int):
-                    self._count_lost(sender, seq)
+                if seq is not None and not self._count_lost(sender, seq):
+                    self.counts["notices_refused"] += 1
+                    continue
                 self._on_notice(n)
 
-    def _count_lost(self, sender: object, seq: int) -> None:   # under self.cv
+    def _parse(self, data: bytes, sender: tuple) -> tuple[Notice | None, int | None]:
+        """(the notice, its number or None), or (None, None) for one that is refused: not from
+        a training host of this DC, malformed (prefill/bubble.py), naming a host this
+        controller does not serve, or with times outside the window around now."""
+        if sender[0] not in self.worker_ips:
+            return None, None
+        try:
+            raw = json.loads(data)
+            if not isinstance(raw, dict):
+                return None, None
+            n = parse_notice(raw)
+        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
+            return None, None     # training never waits on us: ignored, and counted
+        seq = raw.get("seq")
+        if n.host not in self.bubbles or n.out_of_window(time.time_ns(), self.window_ns) or \
+                (seq is not None and (isinstance(seq, bool) or not isinstance(seq, int)
+                                      or seq < 0)):
+            return None, None
+        return n, seq
+
+    def _count_lost(self, sender: object, seq: int) -> bool:   # under self.cv
         """Per sender (a worker's socket address: an output notice names another host), the
-        numbers skipped."""
+        numbers skipped. False (nothing counted) for a number more than MAX_SEQ_JUMP past the
+        sender's last, or a new sender past MAX_SENDERS."""
         last = self.last_seq.get(sender, -1)   # workers start after the controller: from 0
+        if seq > last + MAX_SEQ_JUMP or (sender not in self.last_seq
+                                         and len(self.last_seq) >= MAX_SENDERS):
+            return False
         if seq > last + 1:
             self.counts["notices_lost"] += seq - last - 1
         self.last_seq[sender] = max(last, seq)
+        return True
 
     def _on_notice(self, n: Notice) -> None:   # under self.cv
         host, old = n.host, self.bubbles[n.host]
@@ -268,6 +308,8 @@ class Controller:
             pending = self.pending_bounds[host]
             for key in [k for k in pending if k[1] < n.iteration - 1]:
                 del pending[key]
+        if host in self.dead_hosts:
+            b.reason = "host_down"
         self.bubbles[host] = b
         self.started.set()
         self.cv.notify_all()
@@ -372,7 +414,7 @@ class Controller:
                         raise ConnectionError("the prefill server closed the connection")
                     with self.cv:
                         self._on_reply(host, jobs.pop(0), got.header)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, KeyError, TypeError) as exc:   # a bad reply too
                 with self.cv:
                     for job in jobs:
                         self._lost(host, job)
@@ -508,10 +550,33 @@ class Controller:
                        error="prefill server not reachable")
         return None
 
+    def _guarded(self, name: str, target, *args) -> threading.Thread:
+        """A thread of target(*args); should it die, one line to stderr and a THREAD_DIED
+        record, its host (an agent's) counts as down, and main exits 1."""
+        host = args[0].host if args else None
+
+        def run() -> None:
+            try:
+                target(*args)
+            except BaseException as exc:  # noqa: BLE001 - recorded, and it fails the run
+                line = f"controller {self.spec.dc}: thread {name} died: " \
+                       f"{type(exc).__name__}: {str(exc)[:200]}"
+                print(line, file=sys.stderr, flush=True)
+                with self.cv:
+                    self.died.append(line)
+                    if host is not None:
+                        self.dead_hosts.add(host)
+                        b = self.bubbles.get(host)
+                        if b is not None:
+                            b.reason = "host_down"
+                    self.log.write("THREAD_DIED", thread=name, host=host, t_ns=time.time_ns(),
+                                   error=line)
+
+        return threading.Thread(target=run, name=name, daemon=True)
+
     def run(self) -> None:
-        threads = [threading.Thread(target=self.notices, daemon=True),
-                   threading.Thread(target=self.replay, daemon=True)]
-        threads += [threading.Thread(target=self.host_agent, args=(e,), daemon=True)
+        threads = [self._guarded("notices", self.notices), self._guarded("replay", self.replay)]
+        threads += [self._guarded(f"agent-{e.host}", self.host_agent, e)
                     for e in self.spec.prefill_servers]
         for t in threads:
             t.start()
@@ -531,7 +596,9 @@ class Controller:
                 for host, b in self.bubbles.items():
                     if b is not None and not b.closed:
                         self._bubble_record(host, b)
-                self.log.write("SUMMARY", notice_realtime=self.notice_realtime, **self.counts)
+                self.log.write("SUMMARY", notice_realtime=self.notice_realtime,
+                               threads_died=len(self.died), hosts_down=sorted(self.dead_hosts),
+                               **self.counts)
             self.log.close()
 
 
@@ -548,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     ctl.run()
     print(f"controller {spec.dc}: {ctl.counts}", flush=True)
+    if ctl.died:
+        print(f"controller {spec.dc}: failed: {ctl.died[0]}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -11,7 +11,8 @@ before the payload is read: the shape must be the model's [n_layer, 2, n_head, p
 head_dim], dtype float32, payload_bytes what the shape makes. Then:
 - the ack {"ok": true, "id", "t_kv_done_ns", "host"} goes back as soon as the last byte is in
   (the sender times the transfer on it); a refused message gets {"ok": false, "id", "error"},
-  and the connection carries on when the message was consumed (closed otherwise);
+  and the connection carries on when the message was consumed (closed otherwise; a header not
+  in within wire.HEADER_DEADLINE_S of its first byte is one of those);
 - the generation (generate_from_cache, min(max_new_tokens, max_new_tokens_cap) tokens) is
   queued for the one generation thread (one GPU: generations take turns, and receiving never
   waits for them), which writes a DECODE record when it is done.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import queue
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,9 +35,9 @@ import torch
 
 from prefill.model import InferenceConfig, build_model, generate_from_cache, prefill
 from prefill.records import RecordLog
-from prefill.service import close_gently, serve_main
+from prefill.service import close_gently, serve_main, start_thread
 from trainer.spec import SpecFile
-from prefill.wire import WireError, recv_msg, send_msg
+from prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, send_msg, shown
 
 MAX_ID_CHARS = 64
 MAX_PAD_BYTES = 1 << 40          # padding is dropped in chunks, never allocated
@@ -72,27 +72,27 @@ def _int(value: Any) -> bool:
 def check_kv_header(h: dict[str, Any], cfg: InferenceConfig) -> None:
     """ValueError naming the first field of a KV message header that this model cannot take."""
     if h.get("type") != "kv":
-        raise ValueError(f"type: {h.get('type')!r}, expected 'kv'")
+        raise ValueError(f"type: {shown(h.get('type'))}, expected 'kv'")
     rid = h.get("id")
     if not isinstance(rid, str) or not 1 <= len(rid) <= MAX_ID_CHARS:
-        raise ValueError(f"id: {rid!r} is not a string of 1..{MAX_ID_CHARS} characters")
+        raise ValueError(f"id: {shown(rid)} is not a string of 1..{MAX_ID_CHARS} characters")
     n = h.get("prompt_len")
     if not _int(n) or not 1 <= n <= cfg.context:
-        raise ValueError(f"prompt_len: {n!r} is not an integer in 1..{cfg.context}")
+        raise ValueError(f"prompt_len: {shown(n)} is not an integer in 1..{cfg.context}")
     if h.get("shape") != cfg.kv_shape(n):
-        raise ValueError(f"shape: {h.get('shape')!r}, this model's KV cache of {n} tokens is "
+        raise ValueError(f"shape: {shown(h.get('shape'))}, this model's KV cache of {n} tokens is "
                          f"{cfg.kv_shape(n)}")
     if h.get("dtype") != "float32":
-        raise ValueError(f"dtype: {h.get('dtype')!r}, expected 'float32'")
+        raise ValueError(f"dtype: {shown(h.get('dtype'))}, expected 'float32'")
     if h["payload_bytes"] != cfg.kv_bytes(n):
         raise ValueError(f"payload_bytes: {h['payload_bytes']}, the shape makes "
                          f"{cfg.kv_bytes(n)}")
     tok = h.get("first_token")
     if not _int(tok) or not 0 <= tok < cfg.vocab_size:
-        raise ValueError(f"first_token: {tok!r} is not a token id in [0, {cfg.vocab_size})")
+        raise ValueError(f"first_token: {shown(tok)} is not a token id in [0, {cfg.vocab_size})")
     m = h.get("max_new_tokens")
     if not _int(m) or m < 1:
-        raise ValueError(f"max_new_tokens: {m!r} is not an integer >= 1")
+        raise ValueError(f"max_new_tokens: {shown(m)} is not an integer >= 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,15 +117,15 @@ class DecodeServer:
         self._jobs: queue.Queue[GenJob | None] = queue.Queue()
         kv, tok = prefill(self.model, [0])         # warm up: the first calls are slow
         generate_from_cache(self.model, kv, tok, 2)
-        self._worker = threading.Thread(target=self._generate, name="decode", daemon=True)
-        self._worker.start()
+        self._worker = start_thread("decode", self._generate)
 
     def handle(self, conn: socket.socket, peer: str) -> None:  # noqa: ARG002
         while True:
             try:
                 msg = recv_msg(conn, max_payload_bytes=self.cfg.kv_bytes(self.cfg.context),
                                max_pad_bytes=MAX_PAD_BYTES,
-                               check=lambda h: check_kv_header(h, self.cfg))
+                               check=lambda h: check_kv_header(h, self.cfg),
+                               header_deadline_s=HEADER_DEADLINE_S)
             except WireError as exc:
                 rid = exc.header.get("id") if exc.header else None
                 send_msg(conn, {"ok": False, "id": rid if isinstance(rid, str) else None,
@@ -148,6 +148,11 @@ class DecodeServer:
                 t_kv_start_ns=msg.t_first_ns, t_kv_done_ns=msg.t_last_ns,
                 kv_bytes=h["payload_bytes"], pad_bytes=msg.pad_bytes,
                 prefill_host=h.get("prefill_host")))
+
+    def refuse(self, conn: socket.socket, why: str) -> None:
+        """The reply to a connection over the service's cap (prefill/service.py)."""
+        send_msg(conn, {"ok": False, "id": None, "error": f"busy: {why}",
+                        "host": self.spec.host})
 
     def _generate(self) -> None:
         while (job := self._jobs.get()) is not None:

@@ -9,7 +9,8 @@ Connection: opened at the first message (connect_timeout_s), kept for the next o
 any error and opened again for the next message. A message that fails on a reused connection is
 tried once more on a fresh one (the decode server may have restarted since); a failure on a fresh
 connection is final. Failures are records (KV_SEND with `error`), never exceptions: a dead
-decode server must not stop the prefill server.
+decode server, or one answering garbage, must not stop the prefill server (the sender thread
+is prefill/service.py's start_thread: should it die anyway, the server fails visibly).
 
 Record: KV_SEND {id, t_enqueue_ns (the prefill ended and queued it), t_start_ns (this attempt
 began; a connect included when `connected`), t_end_ns (the ack was read, or the failure), bytes
@@ -23,12 +24,12 @@ from __future__ import annotations
 
 import queue
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from prefill.records import RecordLog
+from prefill.service import start_thread
 from prefill.wire import PeerClosed, WireError, recv_msg, send_msg
 
 
@@ -52,8 +53,7 @@ class KvSender:
         self.connect_timeout_s, self.ack_timeout_s = connect_timeout_s, ack_timeout_s
         self._q: queue.Queue[KvJob | None] = queue.Queue()
         self._sock: socket.socket | None = None
-        self._thread = threading.Thread(target=self._run, name=f"kv-{self.addr}", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(f"kv-{self.addr}", self._run)
 
     def put(self, job: KvJob) -> None:
         self._q.put(job)

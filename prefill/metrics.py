@@ -25,7 +25,9 @@ iterations of the system without BubbleTea).
   not_predicted (no notice: a gap under 1 ms, no history yet, the awaited message already in
   when the op before ended, or a lost datagram).
 - notices_lost: worker datagrams the controllers never got (their numbers are missing); the
-  arrival bound holds only if none that would lower it is lost.
+  arrival bound holds only if none that would lower it is lost. notices_refused: datagrams the
+  controllers ignored (malformed, out of range, not from a training host); hosts_down: hosts
+  whose controller agent died (their bubbles went unfilled from then on).
 Times are emulated; figures are in real time (divided by time_scale).
 """
 
@@ -177,6 +179,10 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
         },
         "notices_lost": sum(r.get("notices_lost", 0) for r in records
                             if r["name"] == "SUMMARY"),
+        "notices_refused": sum(r.get("notices_refused", 0) for r in records
+                               if r["name"] == "SUMMARY"),
+        "hosts_down": sorted({h for r in records if r["name"] == "SUMMARY"
+                              for h in r.get("hosts_down", [])}),
         "load": load or {},
         "crashed": list(crashed),
     }

@@ -27,12 +27,16 @@ Per connection, one request at a time (fields: design.md "Prefill server protoco
    {"ok": true, "partial": true, ...} with no first token and no hand-off; the last one replies
    and hands off as a whole request does.
 5. queue the KV cache for the decode server: one sender thread and one persistent connection per
-   decode address (reconnecting when it fails). Profile mode pads the message so that payload +
-   padding = int(kv_cache_bytes(target_tokens) x kv_fraction / scale) (no padding when the real
-   KV is larger). The sender waits for the decode server's ack; KV_SEND record, with the error
-   when it failed (a failed hand-off never stops the server).
-Every failure reply is also a REJECT record. A malformed message is answered and its connection
-closed (the stream is out of step); a client that goes away ends only its connection.
+   decode address (reconnecting when it fails); a request may name only one of the spec's
+   decode_servers (else "decode: ...", no retry), so no peer can make it open others.
+   Profile mode pads the message so that payload + padding = int(kv_cache_bytes(target_tokens)
+   x kv_fraction / scale) (no padding when the real KV is larger). The sender waits for the
+   decode server's ack; KV_SEND record, with the error when it failed (a failed hand-off
+   never stops the server).
+Every failure reply is also a REJECT record. A malformed message (its header not in within
+wire.HEADER_DEADLINE_S of its first byte included) is answered and its connection closed (the
+stream is out of step); a client that goes away ends only its connection. A connection over the
+service's cap gets "busy: ..." (retry true) and is closed.
 
 Records (prefill/records.py; host and dc in each):
   PREFILL {id, t_start_ns, t_end_ns, prompt_tokens, target_tokens, hold_ms, compute_ns,
@@ -66,7 +70,7 @@ from prefill.model import InferenceConfig, InferenceGPT, build_model, prefill, p
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
 from prefill.service import close_gently, serve_main
-from prefill.wire import WireError, recv_msg, send_msg
+from prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, send_msg, shown
 from trainer.gpulock import GpuLock
 from trainer.spec import SpecFile
 
@@ -90,6 +94,7 @@ class PrefillSpec(SpecFile):
     time_scale: float = 1.0      # multiplies every profile hold (the emulated world is slower)
     scale: float = 1.0           # divides the padded KV bytes (the emulated WAN is scaled down)
     kv_fraction: float = 1.0     # share of the target's KV cache that is shipped
+    decode_servers: list[dict]       # [{"ip", "port"}]: the only addresses KV caches go to
     connect_timeout_s: float = 5.0   # connecting to a decode server
     ack_timeout_s: float = 60.0      # a KV message's sending and its ack
 
@@ -104,6 +109,26 @@ class PrefillSpec(SpecFile):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}: {value!r} is not a number > 0")
+        decode_targets(self.decode_servers)
+
+
+def decode_targets(servers: Any) -> frozenset[tuple[str, int]]:
+    """The (ip, port) pairs of a spec's decode_servers, or ValueError naming the bad entry."""
+    if not isinstance(servers, list) or not servers:
+        raise ValueError(f"decode_servers: {shown(servers)} is not a non-empty list of "
+                         f"{{\"ip\": str, \"port\": int}}")
+    out = set()
+    for i, e in enumerate(servers):
+        ip, port = (e.get("ip"), e.get("port")) if isinstance(e, dict) else (None, None)
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ValueError(f"decode_servers[{i}]: {shown(e)} has no IP address \"ip\"") \
+                from None
+        if not _int(port) or not 1 <= port <= 65535:
+            raise ValueError(f"decode_servers[{i}]: {shown(e)} has no port number \"port\"")
+        out.add((ip, port))
+    return frozenset(out)
 
 
 
@@ -151,15 +176,16 @@ def _valid_id(value: Any) -> str | None:
     return value if isinstance(value, str) and 1 <= len(value) <= MAX_ID_CHARS else None
 
 
-def parse_request(h: dict[str, Any], cfg: InferenceConfig,
-                  profile: PrefillProfile | None) -> Request:
+def parse_request(h: dict[str, Any], cfg: InferenceConfig, profile: PrefillProfile | None,
+                  decoders: frozenset[tuple[str, int]]) -> Request:
     """The request in header h, or RequestError naming the first bad field. profile: None in
-    measured mode (target_tokens must then be absent or len(prompt))."""
+    measured mode (target_tokens must then be absent or len(prompt)); decoders: the (ip, port)
+    pairs a request may name as its decode server."""
     if h.get("type") != "prefill":
-        raise RequestError(f"type: {h.get('type')!r}, expected 'prefill'")
+        raise RequestError(f"type: {shown(h.get('type'))}, expected 'prefill'")
     rid = h.get("id")
     if not isinstance(rid, str) or not 1 <= len(rid) <= MAX_ID_CHARS:
-        raise RequestError(f"id: {rid!r} is not a string of 1..{MAX_ID_CHARS} characters")
+        raise RequestError(f"id: {shown(rid)} is not a string of 1..{MAX_ID_CHARS} characters")
     prompt = h.get("prompt")
     if not isinstance(prompt, list):
         raise RequestError(f"prompt: a {type(prompt).__name__}, not a list of token ids")
@@ -170,37 +196,40 @@ def parse_request(h: dict[str, Any], cfg: InferenceConfig,
                            f"{cfg.context}")
     for i, tok in enumerate(prompt):
         if not _int(tok) or not 0 <= tok < cfg.vocab_size:
-            raise RequestError(f"prompt[{i}]: {tok!r} is not a token id in "
+            raise RequestError(f"prompt[{i}]: {shown(tok)} is not a token id in "
                                f"[0, {cfg.vocab_size})")
     target = h.get("target_tokens")
     if profile is not None:
         if not _int(target) or not 1 <= target <= profile.max_tokens:
-            raise RequestError(f"target_tokens: {target!r} is not an integer in "
+            raise RequestError(f"target_tokens: {shown(target)} is not an integer in "
                                f"1..{profile.max_tokens} (the profile's longest prompt)")
     elif target is None:
         target = len(prompt)
     elif not _int(target) or target != len(prompt):
-        raise RequestError(f"target_tokens: {target!r}, but measured mode prefills the "
+        raise RequestError(f"target_tokens: {shown(target)}, but measured mode prefills the "
                            f"prompt's {len(prompt)} tokens (leave it out or set that)")
     max_new = h.get("max_new_tokens")
     if not _int(max_new) or max_new < 1:
-        raise RequestError(f"max_new_tokens: {max_new!r} is not an integer >= 1")
+        raise RequestError(f"max_new_tokens: {shown(max_new)} is not an integer >= 1")
     decode = h.get("decode")
     if not isinstance(decode, dict):
-        raise RequestError(f"decode: {decode!r} is not {{\"ip\": str, \"port\": int}}")
+        raise RequestError(f"decode: {shown(decode)} is not {{\"ip\": str, \"port\": int}}")
     ip, port = decode.get("ip"), decode.get("port")
     try:
         ipaddress.ip_address(ip)
     except ValueError:
-        raise RequestError(f"decode.ip: {ip!r} is not an IP address") from None
+        raise RequestError(f"decode.ip: {shown(ip)} is not an IP address") from None
     if not _int(port) or not 1 <= port <= 65535:
-        raise RequestError(f"decode.port: {port!r} is not a port number")
+        raise RequestError(f"decode.port: {shown(port)} is not a port number")
+    if (ip, port) not in decoders:
+        raise RequestError(f"decode: {ip}:{port} is not a decode server of this run; name one "
+                           f"of {', '.join(f'{a}:{b}' for a, b in sorted(decoders))}")
     not_after = h.get("not_after_ns")
     if not_after is not None and not _int(not_after):
-        raise RequestError(f"not_after_ns: {not_after!r} is not an integer or null")
+        raise RequestError(f"not_after_ns: {shown(not_after)} is not an integer or null")
     arrival = h.get("t_arrival_ns")
     if arrival is not None and not _int(arrival):
-        raise RequestError(f"t_arrival_ns: {arrival!r} is not an integer or null")
+        raise RequestError(f"t_arrival_ns: {shown(arrival)} is not an integer or null")
     chunk = h.get("chunk")
     if chunk is not None:
         if profile is None:
@@ -208,7 +237,7 @@ def parse_request(h: dict[str, Any], cfg: InferenceConfig,
         start = chunk.get("start") if isinstance(chunk, dict) else None
         end = chunk.get("end") if isinstance(chunk, dict) else None
         if not (_int(start) and _int(end) and 0 <= start < end <= target):
-            raise RequestError(f"chunk: {chunk!r} is not {{\"start\": s, \"end\": e}} with "
+            raise RequestError(f"chunk: {shown(chunk)} is not {{\"start\": s, \"end\": e}} with "
                                f"0 <= s < e <= target_tokens {target}")
         chunk = (start, end)
     return Request(id=rid, prompt=prompt, target_tokens=target, max_new_tokens=max_new,
@@ -242,6 +271,7 @@ class PrefillServer:
         host, _, n = os.environ.get(FAULT_EXIT_ENV, "").rpartition(":")
         self._exit_after = int(n) if n.isdigit() and host == spec.host else 0
         self.records = RecordLog(spec.records_path, {"host": spec.host, "dc": spec.dc})
+        self._decoders = decode_targets(spec.decode_servers)
         self._senders: dict[tuple[str, int], KvSender] = {}
         self._senders_lock = threading.Lock()
         prefill(self.model, [0])                # warm up: the first call is slow
@@ -250,7 +280,8 @@ class PrefillServer:
     def handle(self, conn: socket.socket, peer: str) -> None:  # noqa: ARG002
         while True:
             try:
-                msg = recv_msg(conn, max_payload_bytes=0, max_pad_bytes=0)
+                msg = recv_msg(conn, max_payload_bytes=0, max_pad_bytes=0,
+                               header_deadline_s=HEADER_DEADLINE_S)
             except WireError as exc:
                 self._fail(conn, _valid_id(exc.header.get("id") if exc.header else None),
                            f"bad message: {exc}", retry=False)
@@ -261,6 +292,10 @@ class PrefillServer:
             if msg is None:
                 return
             send_msg(conn, self.serve(msg.header))
+
+    def refuse(self, conn: socket.socket, why: str) -> None:
+        """The reply to a connection over the service's cap (prefill/service.py)."""
+        self._fail(conn, None, f"busy: {why}", retry=True)
 
     def _fail(self, conn: socket.socket | None, rid: str | None, error: str,
               retry: bool) -> dict:
@@ -275,7 +310,7 @@ class PrefillServer:
         """The reply to one request header (design.md protocol)."""
         rid = _valid_id(header.get("id"))
         try:
-            req = parse_request(header, self.cfg, self.profile)
+            req = parse_request(header, self.cfg, self.profile, self._decoders)
         except RequestError as exc:
             return self._fail(None, rid, str(exc), exc.retry)
         start, end = req.chunk if req.chunk is not None else (0, req.target_tokens)

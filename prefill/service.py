@@ -10,6 +10,13 @@ one line and ends only that connection. Stopping: the accept loop ends, the list
 read side of every open connection is shut down (a handler waiting for its next message sees a
 clean EOF, one in the middle of a request still sends its reply), and the handler threads get
 `grace_s` to return.
+
+Limits on what a peer can hold: at most `max_connections` open connections (one more is
+answered by `refuse(conn, why)`, if given, and closed; the handlers read each message with
+wire.HEADER_DEADLINE_S, so a trickled header holds its thread no longer). Threads that must not end
+(a KV sender, the decode server's generator) are started with `start_thread`: one that ends by
+an exception prints one line, and the process's service stops and serve_main exits 1, so the
+run sees a failed server instead of one that accepts work it can no longer finish.
 """
 
 from __future__ import annotations
@@ -25,14 +32,47 @@ from typing import Any, Callable
 
 Handler = Callable[[socket.socket, str], None]
 LISTEN_BACKLOG = 64
+MAX_CONNECTIONS = 64         # open connections a service serves at once
 ACCEPT_POLL_S = 0.2          # how soon the accept loop notices a stop
 DRAIN_S = 1.0                # close_gently: how long to read what the peer still sends
+REFUSE_TIMEOUT_S = 0.5       # sending the refusal to a connection over the cap
+
+_failed: list[str] = []      # threads of this process that died (start_thread)
+_failed_event = threading.Event()
+
+
+def start_thread(name: str, target: Callable[..., None], *args: Any) -> threading.Thread:
+    """A daemon thread running target(*args); if it raises, one line goes to stderr and the
+    process fails (module docstring)."""
+
+    def run() -> None:
+        try:
+            target(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported, and it fails the process
+            line = f"thread {name} died: {type(exc).__name__}: {str(exc)[:200]}"
+            _failed.append(line)
+            _failed_event.set()
+            print(line, file=sys.stderr, flush=True)
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    return t
+
+
+def failures() -> list[str]:
+    """The lines of the threads of this process that died (start_thread)."""
+    return list(_failed)
 
 
 class Service:
-    def __init__(self, name: str, ip: str, port: int, handler: Handler) -> None:
+    def __init__(self, name: str, ip: str, port: int, handler: Handler, *,
+                 max_connections: int = MAX_CONNECTIONS,
+                 refuse: Callable[[socket.socket, str], None] | None = None) -> None:
         self.name = name
         self.handler = handler
+        self.max_connections = max_connections
+        self.refuse = refuse
+        self.refused = 0
         self.stop_event = threading.Event()
         self._conns: dict[int, socket.socket] = {}
         self._threads: list[threading.Thread] = []
@@ -54,7 +94,8 @@ class Service:
             signal.signal(sig, lambda *_: self.stop_event.set())
 
     def serve_forever(self) -> None:
-        while not self.stop_event.is_set():
+        """Accept until stopped, or until a thread of this process died (start_thread)."""
+        while not self.stop_event.is_set() and not _failed_event.is_set():
             try:
                 conn, addr = self.listener.accept()
             except socket.timeout:
@@ -63,14 +104,37 @@ class Service:
                 if self.stop_event.is_set():
                     break
                 raise
-            conn.settimeout(None)
+            peer = f"{addr[0]}:{addr[1]}"
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = threading.Thread(target=self._run, args=(conn, f"{addr[0]}:{addr[1]}"),
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+            if full:
+                self._refuse(conn, peer)
+                continue
+            conn.settimeout(None)
+            t = threading.Thread(target=self._run, args=(conn, peer),
                                  name=f"{self.name}-conn", daemon=True)
             with self._lock:
                 self._conns[id(conn)] = conn
                 self._threads = [x for x in self._threads if x.is_alive()] + [t]
             t.start()
+
+    def _refuse(self, conn: socket.socket, peer: str) -> None:
+        """A connection over the cap: the refusal (if any), then closed; the first one of a
+        run is printed."""
+        self.refused += 1
+        if self.refused == 1:
+            print(f"{self.name}: refused {peer}: {self.max_connections} connections open (the "
+                  f"cap); further refusals are not printed", file=sys.stderr, flush=True)
+        try:
+            conn.settimeout(REFUSE_TIMEOUT_S)
+            if self.refuse is not None:
+                self.refuse(conn, f"{self.max_connections} connections open, the server's "
+                                  f"cap; try again later")
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        conn.close()
 
     def _run(self, conn: socket.socket, peer: str) -> None:
         try:
@@ -118,9 +182,10 @@ def close_gently(sock: socket.socket) -> None:
 def serve_main(argv: list[str] | None, description: str, label: str, spec_type: Any,
                server_type: Any, grace_s: float) -> int:
     """A server process's main: read `--spec` (spec_type.load: host, ip, port), build
-    server_type(spec) (handle, close), listen and say so ("<label> <host>: listening on
-    ip:port"), serve until SIGTERM/SIGINT, then give the handlers and the server's close
-    grace_s in all. Exit code: 2 for a bad spec, 1 if it cannot listen, else 0."""
+    server_type(spec) (handle, close, refuse), listen and say so ("<label> <host>: listening
+    on ip:port"), serve until SIGTERM/SIGINT, then give the handlers and the server's close
+    grace_s in all. Exit code: 2 for a bad spec, 1 if it cannot listen or a thread of it died
+    (start_thread), else 0."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--spec", required=True, help=f"{spec_type.__name__} JSON file")
     args = parser.parse_args(argv)
@@ -132,7 +197,7 @@ def serve_main(argv: list[str] | None, description: str, label: str, spec_type: 
     server = server_type(spec)
     name = f"{label} {spec.host}"
     try:
-        service = Service(name, spec.ip, spec.port, server.handle)
+        service = Service(name, spec.ip, spec.port, server.handle, refuse=server.refuse)
     except OSError as exc:
         print(exc, file=sys.stderr, flush=True)
         server.close(0.0)
@@ -145,4 +210,7 @@ def serve_main(argv: list[str] | None, description: str, label: str, spec_type: 
         deadline = time.monotonic() + grace_s
         service.close(grace_s / 2)
         server.close(max(0.0, deadline - time.monotonic()))
+    if _failed:
+        print(f"{name}: failed: {_failed[0]}", file=sys.stderr, flush=True)
+        return 1
     return 0

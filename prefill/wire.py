@@ -13,10 +13,12 @@ A message, in this order:
              WAN carries the right number of bytes; sent from one shared zero buffer and read
              into a small per-thread scratch buffer, in chunks, and dropped
 
-recv_msg checks, before reading what follows: the magic and version, the header length
-against MAX_HEADER_BYTES, then (header read) payload_bytes and pad_bytes against the caller's
-limits; `check(header)` lets the caller refuse a message by its header before its payload is
-read: the payload and padding are then read and dropped (in chunks), so the stream stays usable.
+recv_msg checks, before reading what follows: the magic and version, the header length against
+MAX_HEADER_BYTES, then (header read) payload_bytes and pad_bytes against the caller's limits;
+`header_deadline_s`, where given, bounds the time from the first byte until the header is in (a
+peer trickling a header holds its reader no longer); `check(header)` lets the caller refuse a
+message by its header before its payload is read: the payload and padding are then read and
+dropped (in chunks), so the stream stays usable.
 Errors: WireError (a ValueError, one line) for malformed input or a limit exceeded; its
 `in_sync` says whether the whole message was consumed (the connection can go on) or not (close
 it). EOF before a message's first byte is a clean close (recv_msg returns None); EOF inside a
@@ -38,6 +40,8 @@ MAGIC = b"BTW1"
 VERSION = 1
 PREFIX = struct.Struct("!4sHI")          # magic, version, header length
 MAX_HEADER_BYTES = 64 * 1024
+HEADER_DEADLINE_S = 5.0                  # the servers' header_deadline_s
+MAX_SHOWN_CHARS = 80                     # shown(): a value in an error line, cut to this
 _CHUNK_BYTES = 1 << 20                   # padding is sent and dropped in pieces of this size
 _ZEROS = bytes(_CHUNK_BYTES)             # shared, read-only: every sender's padding
 _SMALL_BYTES = 64 * 1024                 # a message up to this size goes out in one sendall
@@ -100,10 +104,29 @@ def send_msg(sock: socket.socket, header: dict[str, Any],
     return total
 
 
-def _read_into(sock: socket.socket, buf: memoryview, what: str) -> None:
+def shown(value: Any) -> str:
+    """repr(value) for an error line, cut to MAX_SHOWN_CHARS."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
+
+
+def _read_into(sock: socket.socket, buf: memoryview, what: str,
+               deadline: float | None = None) -> None:
+    """Fill buf; with a deadline (time.monotonic()), WireError once it passes."""
     got = 0
     while got < len(buf):
-        n = sock.recv_into(buf[got:])
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WireError(f"the header deadline passed with {got} of the {len(buf)} "
+                                f"bytes still due of the {what} in; send a header at once")
+            sock.settimeout(left)
+            try:
+                n = sock.recv_into(buf[got:])
+            except socket.timeout:
+                continue
+        else:
+            n = sock.recv_into(buf[got:])
         if n == 0:
             raise PeerClosed(f"peer closed inside the {what} ({got} of {len(buf)} bytes)")
         got += n
@@ -126,41 +149,32 @@ def _drop(sock: socket.socket, nbytes: int, what: str) -> None:
 def _size(header: dict, key: str) -> int:
     value = header.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise WireError(f"header {key} is {value!r}, not an integer >= 0")
+        raise WireError(f"header {key} is {shown(value)}, not an integer >= 0")
     return value
 
 
 def recv_msg(sock: socket.socket, *, max_payload_bytes: int, max_pad_bytes: int,
-             check: Callable[[dict[str, Any]], None] | None = None) -> Message | None:
+             check: Callable[[dict[str, Any]], None] | None = None,
+             header_deadline_s: float | None = None) -> Message | None:
     """Read one message; None if the peer closed cleanly before its first byte. check(header),
     if given, may raise ValueError to refuse the message before its payload is read (it then
-    comes back as WireError with in_sync=True, the message consumed)."""
+    comes back as WireError with in_sync=True, the message consumed). header_deadline_s: the
+    prefix and header must be in this long after the first byte (else WireError, out of
+    sync); the socket's timeout is put back after the header."""
     prefix = bytearray(PREFIX.size)
     view = memoryview(prefix)
     n = sock.recv_into(view)
     if n == 0:
         return None
     t_first_ns = time.time_ns()
-    _read_into(sock, view[n:], "message prefix")
-    magic, version, header_len = PREFIX.unpack(prefix)
-    if magic != MAGIC:
-        raise WireError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
-    if version != VERSION:
-        raise WireError(f"wire version {version}, this side speaks {VERSION}")
-    if header_len > MAX_HEADER_BYTES:
-        raise WireError(f"header of {header_len} bytes is over {MAX_HEADER_BYTES}")
-    body = bytearray(header_len)
-    _read_into(sock, memoryview(body), "header")
+    timeout = sock.gettimeout()
+    deadline = None if header_deadline_s is None else time.monotonic() + header_deadline_s
     try:
-        header = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"header is not JSON: {exc}") from None
-    except RecursionError:
-        raise WireError("header is not JSON: nested too deeply") from None
-    if not isinstance(header, dict):
-        raise WireError(f"header is a JSON {type(header).__name__}, not an object")
-    payload_bytes, pad_bytes = _size(header, "payload_bytes"), _size(header, "pad_bytes")
-    header["payload_bytes"], header["pad_bytes"] = payload_bytes, pad_bytes
+        header = _read_header(sock, view, n, deadline)
+    finally:
+        if deadline is not None:
+            sock.settimeout(timeout)
+    payload_bytes, pad_bytes = header["payload_bytes"], header["pad_bytes"]
     if payload_bytes > max_payload_bytes:
         raise WireError(f"payload of {payload_bytes} bytes is over this side's limit "
                         f"{max_payload_bytes}", header=header)
@@ -179,3 +193,31 @@ def recv_msg(sock: socket.socket, *, max_payload_bytes: int, max_pad_bytes: int,
     _drop(sock, pad_bytes, "padding")
     return Message(header=header, payload=payload, pad_bytes=pad_bytes, t_first_ns=t_first_ns,
                    t_last_ns=time.time_ns())
+
+
+def _read_header(sock: socket.socket, view: memoryview, got: int,
+                 deadline: float | None) -> dict[str, Any]:
+    """The rest of the prefix (got bytes of it are in view), then the header, checked."""
+    _read_into(sock, view[got:], "message prefix", deadline)
+    magic, version, header_len = PREFIX.unpack(view)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
+    if version != VERSION:
+        raise WireError(f"wire version {version}, this side speaks {VERSION}")
+    if header_len > MAX_HEADER_BYTES:
+        raise WireError(f"header of {header_len} bytes is over {MAX_HEADER_BYTES}")
+    body = bytearray(header_len)
+    _read_into(sock, memoryview(body), "header", deadline)
+    try:
+        header = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError(f"header is not JSON: {exc}") from None
+    except RecursionError:
+        raise WireError("header is not JSON: nested too deeply") from None
+    except ValueError as exc:    # an integer past sys.get_int_max_str_digits
+        raise WireError(f"header is not JSON: {str(exc)[:120]}") from None
+    if not isinstance(header, dict):
+        raise WireError(f"header is a JSON {type(header).__name__}, not an object")
+    header["payload_bytes"] = _size(header, "payload_bytes")
+    header["pad_bytes"] = _size(header, "pad_bytes")
+    return header

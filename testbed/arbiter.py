@@ -43,14 +43,22 @@ pyroute2's parse took 0.9), first at grant + bytes / rate, then at the predicted
 to 5 ms while nothing moves), and ends the slot when the
 class has sent the granted bytes since the grant, or when DONE has come, the class's backlog is 0
 and it has sent at least 99% of them; also when the client disconnects, and (logged as
-"stalled") when DONE has come, the backlog is 0 and nothing moved for stall_s.
+"stalled") when DONE has come, the backlog is 0 and nothing moved for stall_s. A slot ends at
+its deadline whatever the client does ("deadline": grant + the granted bytes at the link's rate
+x SLOT_MARGIN + stall_s; the client gets ERR and is closed), so a client that is granted and
+then neither sends nor closes holds the link no longer.
+
+Who may ask: a connection from an address that is no sending host of the arbiter's pipelines
+(the spec's `pipelines` IPs) is refused at once (ERR, closed, logged), as is a REQ for a
+pipeline the asking host is not a sending host of, and connections past MAX_CONNS. The loop
+uses `selectors` (epoll), so file descriptors past 1024 are served like the rest.
 
 Log (JSON lines, log_path): {"kind": "start"|"slot"|"cancel"|"error"|"stop", ...}; a slot line
 has link, intf, pipeline, wire_bytes, expected_bytes, class_bytes, t_request, t_grant, t_done,
 t_end (time.time_ns(): every namespace shares the clock), activate_ms, reason, preferred,
 waiting (pipelines waiting at the grant), slot, polls. read_log() reads it back.
 
-Real time: like the delay line (SCHED_FIFO 50, timer slack 1 us, a select-based loop), so the
+Real time: like the delay line (SCHED_FIFO 50, timer slack 1 us, a selector-based loop), so the
 CPU-bound trainers cannot hold a switch or a grant back; where refused it runs on normally and
 READY says why. A bad request closes that client with a logged reason; nothing a client sends
 ends the arbiter.
@@ -61,7 +69,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
+import selectors
 import signal
 import socket
 import sys
@@ -78,6 +86,8 @@ MIN_POLL_S = 0.0005
 MAX_POLL_S = 0.005
 DONE_SHARE = 0.99
 DEFAULT_PORT = 7700
+SLOT_MARGIN = 4.0          # a slot lasts at most granted bytes / rate x this + stall_s
+MAX_CONNS = 256            # open client connections (one more is refused)
 
 
 # ---- spec ---------------------------------------------------------------------------------
@@ -263,6 +273,7 @@ class Request:
     last_progress: float = 0.0
     last_poll: float = 0.0
     next_poll: float = 0.0
+    deadline: float = 0.0        # time.monotonic() the slot ends by, whatever happens
     poll_gap: float = MIN_POLL_S
     polls: int = 0
     activate_ms: float = 0.0
@@ -309,6 +320,8 @@ class Arbiter:
         self.listener: socket.socket | None = None
         self.stop = False
         self.wake_fd: int | None = None
+        self.selector = selectors.DefaultSelector()
+        self.senders = {ip for ls in spec.links for ips in ls.pipelines.values() for ip in ips}
         self.next_slot = 1
         self.rt_status = "off"
         self.counters = None     # testbed.tcstats.ClassCounters, made by build()
@@ -360,18 +373,20 @@ class Arbiter:
     # -- loop
     def run(self) -> None:
         assert self.listener is not None
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        if self.wake_fd is not None:
+            self.selector.register(self.wake_fd, selectors.EVENT_READ)
         while not self.stop:
             now = time.monotonic()
-            due = [r.next_poll for s in self.links.values() if (r := s.current) is not None]
+            due = [min(r.next_poll, r.deadline) for s in self.links.values()
+                   if (r := s.current) is not None]
             timeout = max(0.0, min(due) - now) if due else None
-            fds = [self.listener.fileno()] + list(self.conns)
-            if self.wake_fd is not None:
-                fds.append(self.wake_fd)
             try:
-                readable, _, _ = select.select(fds, [], [], timeout)
+                events = self.selector.select(timeout)
             except InterruptedError:
                 continue
-            for fd in readable:
+            for key, _ in events:
+                fd = key.fd
                 if fd == self.wake_fd:
                     try:
                         os.read(fd, 512)
@@ -394,7 +409,19 @@ class Arbiter:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.conns[sock.fileno()] = Conn(sock=sock, peer=f"{addr[0]}:{addr[1]}")
+            conn = Conn(sock=sock, peer=f"{addr[0]}:{addr[1]}")
+            if addr[0] not in self.senders:
+                self._refuse(conn, f"{addr[0]} is no sending host of this arbiter's pipelines")
+            elif len(self.conns) >= MAX_CONNS:
+                self._refuse(conn, f"{MAX_CONNS} connections open, the arbiter's cap")
+            else:
+                self.conns[sock.fileno()] = conn
+                self.selector.register(sock, selectors.EVENT_READ)
+
+    def _refuse(self, conn: Conn, reason: str) -> None:
+        """ERR to a connection that is not served, then closed and logged."""
+        self._send(conn, f"ERR {reason}")
+        self._close(conn, f"refused: {reason}")
 
     def _read(self, conn: Conn) -> None:
         try:
@@ -446,6 +473,10 @@ class Arbiter:
             if d not in state.spec.pipelines:
                 raise BadRequest(f"link {state.spec.link} has no pipeline {d} "
                                  f"(has {sorted(state.spec.pipelines)})")
+            host = conn.peer.rpartition(":")[0]
+            if host not in state.spec.pipelines[d]:
+                raise BadRequest(f"{host} is no sending host of pipeline {d} on link "
+                                 f"{state.spec.link}")
             if not 0 < nbytes <= MAX_WIRE_BYTES:
                 raise BadRequest(f"wire_bytes {nbytes} out of range")
             req = Request(conn=conn, link=state, pipeline=d, wire_bytes=nbytes, t_request=time.time_ns())
@@ -478,7 +509,8 @@ class Arbiter:
         if conn.closed:
             return
         conn.closed = True
-        self.conns.pop(conn.sock.fileno(), None)
+        if self.conns.pop(conn.sock.fileno(), None) is not None:
+            self.selector.unregister(conn.sock)
         try:
             conn.sock.close()
         except OSError:
@@ -529,6 +561,8 @@ class Arbiter:
             now = time.monotonic()
             req.last_progress = req.last_poll = now
             req.next_poll = now + max(MIN_POLL_S, req.expected * 8 / state.rate_bps)
+            req.deadline = now + req.expected * 8 / state.rate_bps * SLOT_MARGIN \
+                + self.spec.stall_s
             req.granted = True
             state.current = req
             req.t_grant = time.time_ns()
@@ -544,6 +578,9 @@ class Arbiter:
         now = time.monotonic()
         for state in self.links.values():
             req = state.current
+            if req is not None and req.deadline <= now:
+                self._over_deadline(req)
+                req = state.current
             if req is None or req.next_poll > now:
                 continue
             try:
@@ -581,6 +618,16 @@ class Arbiter:
         else:
             req.poll_gap = min(MAX_POLL_S, req.poll_gap * 2)
         req.next_poll = now + max(predicted, req.poll_gap)
+
+    def _over_deadline(self, req: Request) -> None:
+        """The slot's time is up (module docstring): it ends; a client still holding it gets
+        ERR and is closed."""
+        conn = req.conn
+        if conn.req is req:          # not DONE yet: the client is told, then dropped
+            conn.req = None
+            self._send(conn, f"ERR slot {req.slot} passed its deadline")
+            self._close(conn, f"slot {req.slot} passed its deadline")
+        self._end(req, "deadline")
 
     def _end(self, req: Request, reason: str, sent: int | None = None, stats: dict | None = None) -> None:
         state = req.link
@@ -669,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         if spec.restore_on_exit:
             arb.restore()
         arb.record({"kind": "stop"})
+        arb.selector.close()
         log.close()
         ipr.close()
     return 0

@@ -207,7 +207,9 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
                                    records_path=str(base / "records" / f"prefill-{name}.jsonl"),
                                    model=cfg.model, compute=train_cfg.compute,
                                    profile=cfg.profile, time_scale=scenario.time_scale,
-                                   scale=scenario.scale, kv_fraction=cfg.kv_fraction)
+                                   scale=scenario.scale, kv_fraction=cfg.kv_fraction,
+                                   decode_servers=[{"ip": d.ip, "port": d.port}
+                                                   for d in decoders])
                 path = base / "specs" / f"prefill-{name}.json"
                 spec.write(path)
                 run.record_paths.append(Path(spec.records_path))

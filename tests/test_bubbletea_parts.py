@@ -424,6 +424,86 @@ def test_controller_counts_the_notices_it_never_got(tmp_path):
         close_controller(ctl)
 
 
+def test_hostile_notices_are_refused_and_the_agent_lives_on(tmp_path):
+    """A running controller (its threads, its UDP socket, a fake prefill server on loopback):
+    a bubble notice ending 10^30 ns from now, a notice numbered 10^18, a 5000-digit integer, a
+    2000-character host, and a good notice from an address that is no training host of the DC
+    are refused and counted; the host's agent still fills the next real bubble."""
+    import json
+    import socket
+    import threading
+    import time
+    from prefill.controller import Controller, ControllerSpec, Endpoint
+    from prefill.wire import recv_msg, send_msg
+    with socket.create_server(("127.0.0.1", 0)) as fake:     # a-h1's prefill server
+        fake.settimeout(10)
+        (tmp_path / "requests.json").write_text(json.dumps(
+            [{"id": "r1", "arrival_s": 0.5, "target_tokens": 128, "output_tokens": 4}]))
+        spec = ControllerSpec(dc="a", host="a-d1", ip="127.0.0.1", notice_port=0,
+                              records_path=str(tmp_path / "ctl.jsonl"),
+                              requests_path=str(tmp_path / "requests.json"),
+                              prefill_servers=[Endpoint(host="a-h1", ip="127.0.0.1",
+                                                        port=fake.getsockname()[1])],
+                              decode_servers=[Endpoint(host="a-d1", ip="127.0.0.1", port=9)],
+                              bubbletea=BubbleTeaConfig().to_dict(), connect_timeout_s=5.0)
+        ctl = Controller(spec)
+        addr = ctl._sock.getsockname()
+        runner = threading.Thread(target=ctl.run, daemon=True)
+        runner.start()
+        try:
+            conn, _ = fake.accept()
+            conn.settimeout(10)
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            stranger.bind(("127.0.0.2", 0))
+            now = time.time_ns()
+            udp.sendto(json.dumps({"host": "a-h1", "t_idle_ns": now, "t_pred_end_ns": 10**30,
+                                   "seq": 7}).encode(), addr)
+            time.sleep(0.3)                      # it used to kill the agent (OverflowError)
+            for raw in (json.dumps({"host": "a-h1", "busy_ns": now, "seq": 10**18}).encode(),
+                        b'{"host": "a-h1", "busy_ns": 1' + b"0" * 5000 + b"}",
+                        json.dumps({"host": "h" * 2000, "busy_ns": now}).encode()):
+                udp.sendto(raw, addr)
+            good = {"host": "a-h1", "t_idle_ns": time.time_ns(),
+                    "t_pred_end_ns": time.time_ns() + 5 * 10**9, "seq": 0}
+            stranger.sendto(json.dumps(good).encode(), addr)
+            time.sleep(0.1)
+            udp.sendto(json.dumps(good).encode(), addr)
+            msg = recv_msg(conn, max_payload_bytes=0, max_pad_bytes=0)
+            assert msg.header["type"] == "prefill" and msg.header["id"] == "r1", msg.header
+            send_msg(conn, {"ok": False, "id": "r1", "error": "test", "retry": False})
+        finally:
+            ctl.stop.set()
+            runner.join(15)
+        assert not runner.is_alive()
+    assert ctl.counts["notices_lost"] == 0
+    assert ctl.counts["notices_refused"] >= 5 and ctl.counts["notices"] == 1, ctl.counts
+    assert not ctl.died
+    summary = [json.loads(x) for x in (tmp_path / "ctl.jsonl").read_text().splitlines()][-1]
+    assert summary["name"] == "SUMMARY" and summary["threads_died"] == 0
+
+
+def test_a_controller_thread_that_dies_marks_its_host_down(tmp_path):
+    ctl = make_controller(tmp_path)
+    try:
+        def boom(server):
+            raise OverflowError("timeout value is too large")
+        ctl.host_agent = boom
+        t = ctl._guarded("agent-a-h1", ctl.host_agent, ctl.spec.prefill_servers[0])
+        t.start()
+        t.join(5)
+        assert ctl.dead_hosts == {"a-h1"} and "OverflowError" in ctl.died[0]
+        from prefill.bubble import parse_notice
+        with ctl.cv:
+            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 0, "t_pred_end_ns": MS}))
+        assert ctl.bubbles["a-h1"].reason == "host_down"
+    finally:
+        close_controller(ctl)
+    import json
+    records = [json.loads(x) for x in open(ctl.spec.records_path)]
+    assert any(r["name"] == "THREAD_DIED" and r["host"] == "a-h1" for r in records)
+
+
 def make_controller(tmp_path, hosts=("a-h1",), **settings):
     """A real Controller (its UDP socket bound on loopback) whose threads are not started: the
     tests feed it notices by hand."""

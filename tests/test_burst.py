@@ -96,3 +96,12 @@ def test_unknown_congestion_control_is_one_line(tmp_path):
     assert sent.returncode == 1
     assert sent.stderr.strip().startswith("error: cannot set congestion control 'nosuchcc'")
     assert len(sent.stderr.strip().splitlines()) == 1
+
+
+def test_receiver_listens_only_where_it_is_told():
+    """No --bind: one line naming it, exit 2 (it used to listen on every interface)."""
+    out = subprocess.run([sys.executable, "-m", "traffic.burst", "recv", "--port", "0",
+                          "--messages", "1", "--bytes", "10", "--out", "/dev/null",
+                          "--timeout-s", "1"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--bind" in out.stderr and "READY" not in out.stdout, out

@@ -1,7 +1,9 @@
 """BubbleTea's prefill and decode servers as real processes on 127.0.0.1 (no root): the KV
 hand-off decodes what the cache-free reference decodes, profile mode holds the GPU and pads the
 KV cache as the profile says, bad input gets a clear reply, the GPU lock and not_after_ns are
-honoured, a dead decode server costs only a KV_SEND error, and SIGTERM exits cleanly."""
+honoured, a dead decode server costs only a KV_SEND error, hostile input (a 5000-digit JSON
+integer, a foreign decode address, a trickled header, connections past the cap) is refused with
+a reply and costs nothing more, and SIGTERM exits cleanly."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from prefill import decode_server, server
+from prefill import decode_server, server, service, wire
 from prefill.decode_server import DecodeServer, DecodeSpec
 from prefill.model import InferenceConfig, build_model, greedy_generate
 from prefill.profile import PrefillProfile
@@ -90,11 +92,13 @@ def wait_record(where: Server | Path, name: str, rid: str) -> dict:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bubbletea")
-    base = free_base_port(4, IP)      # decode, measured prefill, profile prefill, nobody
+    # decode, measured prefill, profile prefill, nobody, a decode server the tests start
+    base = free_base_port(5, IP)
     decode = DecodeSpec(host="d1", dc="dc0", ip=IP, port=base, model=MODEL.to_dict(),
                         records_path=str(folder / "d1.jsonl"))
     common = dict(dc="dc0", ip=IP, model=MODEL.to_dict(), connect_timeout_s=2.0,
-                  ack_timeout_s=10.0)
+                  ack_timeout_s=10.0,
+                  decode_servers=[{"ip": IP, "port": p} for p in (base, base + 3, base + 4)])
     measured = PrefillSpec(host="h1", port=base + 1, compute="measured",
                            gpu_lock_path=str(folder / "gpu" / "h1.lock"),
                            records_path=str(folder / "h1.jsonl"), **common)
@@ -110,6 +114,7 @@ def servers(tmp_path_factory):
         for proc in procs.values():
             proc.wait_listening(deadline)
         procs["down_port"] = base + 3
+        procs["spare_port"] = base + 4
         yield procs
     finally:
         for proc in procs.values():
@@ -333,7 +338,7 @@ def test_kv_sender_reconnects_to_a_restarted_decode_server(servers, tmp_path):
     """The prefill server keeps one connection per decode address; after the decode server
     restarts (here in the test process, same port), the stale connection is replaced."""
     prefill = servers["measured"]
-    port = free_base_port(1, IP)
+    port = servers["spare_port"]
     spec = DecodeSpec(host="d9", dc="dc0", ip=IP, port=port, model=MODEL.to_dict(),
                       records_path=str(tmp_path / "d9.jsonl"))
 
@@ -434,9 +439,146 @@ def test_chunked_prefill_decodes_what_the_reference_decodes(servers, reference):
         assert bad["ok"] is False and "profile mode only" in bad["error"]
 
 
+def _huge_int_header(rid: str) -> bytes:
+    """A message whose JSON header holds an integer of 5000 digits (over Python's 4300)."""
+    body = ('{"type": "prefill", "id": "%s", "max_new_tokens": 1%s}' % (rid, "0" * 5000)).encode()
+    return PREFIX.pack(MAGIC, VERSION, len(body)) + body
+
+
+def test_huge_json_integer_gets_a_reply_and_the_server_goes_on(servers):
+    decode, prefill = servers["decode"], servers["measured"]
+    with connect(prefill) as sock:
+        sock.sendall(_huge_int_header("huge"))
+        msg = recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0)
+        assert msg is not None, "closed without a reply"
+        assert msg.header["ok"] is False, msg.header
+        assert msg.header["error"].startswith("bad message: header is not JSON"), msg.header
+        assert len(msg.header["error"]) < 300
+    with connect(prefill) as sock:
+        assert ask(sock, request("after-huge", [1, 2], decode.spec.port))["ok"] is True
+    assert prefill.popen.poll() is None
+
+
+def test_kv_sender_survives_a_decode_server_answering_a_huge_integer(servers):
+    """The KV sender reads its decode server's ack: a 5000-digit integer in it is a KV_SEND
+    error, and the sender goes on (it used to die, and every later KV cache of that address
+    piled up unsent)."""
+    prefill = servers["measured"]
+    port = servers["spare_port"]
+    acks = [lambda rid: _huge_int_header(rid),
+            lambda rid: _frame({"ok": True, "id": rid, "host": "fake", "t_kv_done_ns": 1})]
+
+    def fake_decode(listener: socket.socket) -> None:
+        for i, ack in enumerate(acks):
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(10)
+                msg = recv_msg(conn, max_payload_bytes=1 << 24, max_pad_bytes=1 << 24)
+                conn.sendall(ack(msg.header["id"]))
+                if i == 0:
+                    assert conn.recv(1) == b""   # the sender dropped that connection
+
+    with socket.create_server((IP, port)) as listener:
+        listener.settimeout(20)
+        t = threading.Thread(target=fake_decode, args=(listener,), daemon=True)
+        t.start()
+        with connect(prefill) as sock:
+            assert ask(sock, request("ack-huge", [1, 2], port))["ok"] is True
+            first = wait_record(prefill, "KV_SEND", "ack-huge")
+            assert "header is not JSON" in first["error"], first
+            assert ask(sock, request("ack-good", [1, 2], port))["ok"] is True
+            second = wait_record(prefill, "KV_SEND", "ack-good")
+        t.join(10)
+    assert second["error"] is None and second["decode_host"] == "fake", second
+    assert prefill.popen.poll() is None
+
+
+def _frame(header: dict) -> bytes:
+    whole = bytearray()
+
+    class Buf:
+        def sendall(self, data):
+            whole.extend(data)
+
+    send_msg(Buf(), header)
+    return bytes(whole)
+
+
+def test_foreign_decode_address_refused(servers):
+    """A request may name only one of the spec's decode servers: the prefill server opens no
+    connection (and starts no sender thread) for any other address."""
+    decode, prefill = servers["decode"], servers["measured"]
+    with socket.create_server((IP, 0)) as stranger:
+        stranger.settimeout(1.0)
+        port = stranger.getsockname()[1]
+        with connect(prefill) as sock:
+            reply = ask(sock, request("foreign", [1, 2], port))
+            assert reply["ok"] is False and reply["retry"] is False, reply
+            assert reply["error"].startswith(f"decode: {IP}:{port} is not a decode server"), reply
+            assert f"{IP}:{decode.spec.port}" in reply["error"]
+        with pytest.raises(socket.timeout):
+            stranger.accept()
+    names = {(r["name"], r["id"]) for r in read_records(prefill.records)}
+    assert ("REJECT", "foreign") in names and ("PREFILL", "foreign") not in names
+
+
+def test_slow_header_meets_the_header_deadline(servers):
+    """A client that sends a message's first bytes and then trickles (or nothing) gets a reply
+    once wire.HEADER_DEADLINE_S has passed, and its connection is closed."""
+    prefill = servers["measured"]
+    with connect(prefill) as sock:
+        sock.settimeout(wire.HEADER_DEADLINE_S + 5)
+        sock.sendall(PREFIX.pack(MAGIC, VERSION, 100)[:3])
+        t0 = time.monotonic()
+        msg = recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0)
+        took = time.monotonic() - t0
+        assert msg.header["ok"] is False and "header deadline" in msg.header["error"], msg.header
+        assert wire.HEADER_DEADLINE_S - 0.5 <= took <= wire.HEADER_DEADLINE_S + 3
+        assert recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0) is None
+
+
+def test_connections_over_the_cap_are_refused(servers):
+    """service.MAX_CONNECTIONS idle connections hold the prefill server's cap: the next one is
+    answered "busy" and closed; once they go, connections are served again."""
+    decode, prefill = servers["decode"], servers["measured"]
+    idle = [connect(prefill) for _ in range(service.MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.3)                  # every one accepted
+        with connect(prefill) as sock:
+            msg = recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0)
+            assert msg is not None and msg.header["ok"] is False, msg
+            assert msg.header["error"].startswith("busy: ") and msg.header["retry"] is True
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 5
+    while True:
+        with connect(prefill) as sock:
+            reply = ask(sock, request("after-cap", [3], decode.spec.port))
+        if reply["ok"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)                  # the idle ones' threads are still ending
+    assert reply["ok"] is True, reply
+
+
+def test_a_thread_that_dies_stops_its_service():
+    """service.start_thread (the KV senders, the decode generator): a thread that raises says
+    so in one line and ends serve_forever, so the server exits 1 and the run sees it crashed."""
+    code = ("from prefill.service import Service, failures, start_thread\n"
+            "svc = Service('t', '127.0.0.1', 0, lambda conn, peer: None)\n"
+            "start_thread('kv-test', lambda: 1 / 0)\n"
+            "svc.serve_forever()\n"
+            "print(len(failures()))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=worker_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == "1", out
+    assert out.stderr.strip() == "thread kv-test died: ZeroDivisionError: division by zero"
+
+
 def test_specs_round_trip_and_refuse_bad_values(tmp_path):
     p = PrefillSpec(host="h", dc="d", ip=IP, port=1234, gpu_lock_path="l", records_path="r",
-                    model=MODEL.to_dict(), compute="profile", scale=8.0)
+                    model=MODEL.to_dict(), compute="profile", scale=8.0,
+                    decode_servers=[{"ip": IP, "port": 1}])
     p.write(tmp_path / "p.json")
     assert PrefillSpec.load(tmp_path / "p.json") == p
     d = DecodeSpec(host="h", dc="d", ip=IP, port=1, records_path="r", max_new_tokens_cap=4)
@@ -444,10 +586,13 @@ def test_specs_round_trip_and_refuse_bad_values(tmp_path):
     assert DecodeSpec.load(tmp_path / "d.json") == d
     with pytest.raises(ValueError, match="^compute: "):
         PrefillSpec(host="h", dc="d", ip=IP, port=1, gpu_lock_path="l", records_path="r",
-                    compute="fast")
+                    compute="fast", decode_servers=[{"ip": IP, "port": 1}])
     with pytest.raises(ValueError, match="^kv_fraction: "):
         PrefillSpec(host="h", dc="d", ip=IP, port=1, gpu_lock_path="l", records_path="r",
-                    kv_fraction=0)
+                    kv_fraction=0, decode_servers=[{"ip": IP, "port": 1}])
+    with pytest.raises(ValueError, match=r"^decode_servers\[0\]: "):
+        PrefillSpec(host="h", dc="d", ip=IP, port=1, gpu_lock_path="l", records_path="r",
+                    decode_servers=[{"ip": "nowhere", "port": 1}])
     with pytest.raises(ValueError, match=r"^model\.n_head: "):
         DecodeSpec(host="h", dc="d", ip=IP, port=1, records_path="r", model={"n_head": 0})
     with pytest.raises(ValueError, match="^max_new_tokens_cap: "):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -128,4 +129,22 @@ def test_eof_mid_message(pair, cut):
     a.sendall(whole[:n])
     a.shutdown(socket.SHUT_WR)
     with pytest.raises(PeerClosed, match="peer closed inside"):
+        recv_msg(b, **LIMITS)
+
+
+def test_header_deadline_from_the_first_byte(pair):
+    a, b = pair
+    a.sendall(_raw(b'{"k": 1}')[:3])               # then nothing: a trickling peer
+    t0 = time.monotonic()
+    with pytest.raises(WireError, match="header deadline passed with 0 of the 7 bytes still "
+                                        "due of the message prefix") as exc:
+        recv_msg(b, **LIMITS, header_deadline_s=0.3)
+    assert 0.25 <= time.monotonic() - t0 < 2 and not exc.value.in_sync
+    assert b.gettimeout() == 5.0                   # the socket's own timeout is back
+
+
+def test_an_integer_past_the_digit_limit_is_a_wire_error(pair):
+    a, b = pair
+    a.sendall(_raw(b'{"n": 1' + b"0" * 5000 + b"}"))
+    with pytest.raises(WireError, match="header is not JSON: Exceeds the limit"):
         recv_msg(b, **LIMITS)

@@ -143,11 +143,12 @@ class FakeShare:
         return {d: (n, 0, 0) for d, n in self.sent.items()}
 
 
-@pytest.fixture
-def fake_arbiter(tmp_path):
+def start_fake_arbiter(tmp_path, pipelines: dict[int, list[str]]):
+    """An in-process Arbiter on 127.0.0.1 over FakeShare, its loop in a thread; returns
+    (arb, share, port, stop): stop() ends the loop and says whether it ended."""
     spec = ArbiterSpec(listen_ip="127.0.0.1", port=0, log_path=str(tmp_path / "arb.jsonl"), stall_s=0.5,
                        links=[LinkSpec(link="sa->sb", intf="sa-gw-eth1", rate_mbit=100, queue_bytes=10**6,
-                                       pipelines={0: ["10.1.0.1"], 1: ["10.1.0.2"]}, order=[1, 0])])
+                                       pipelines=pipelines, order=[1, 0])])
     log = open(spec.log_path, "a", buffering=1)
     arb = arbiter.Arbiter(spec, None, log)
     arb.wanshare = share = FakeShare()
@@ -157,12 +158,115 @@ def fake_arbiter(tmp_path):
     arb.wake_fd = wake_r
     thread = threading.Thread(target=arb.run, daemon=True)
     thread.start()
-    yield arb, share, arb.listener.getsockname()[1]
-    arb.stop = True
-    os.write(wake_w, b"x")
-    thread.join(5)
-    log.close()
-    assert not thread.is_alive()
+
+    def stop() -> bool:
+        arb.stop = True
+        os.write(wake_w, b"x")
+        thread.join(5)
+        log.close()
+        for fd in (wake_r, wake_w):
+            os.close(fd)
+        arb.listener.close()
+        return not thread.is_alive()
+
+    return arb, share, arb.listener.getsockname()[1], stop
+
+
+@pytest.fixture
+def fake_arbiter(tmp_path):
+    # both pipelines' sending hosts are this machine's loopback address (the clients')
+    arb, share, port, stop = start_fake_arbiter(tmp_path, {0: ["127.0.0.1"], 1: ["127.0.0.1"]})
+    yield arb, share, port
+    assert stop()
+
+
+def _reply(sock: socket.socket) -> bytes:
+    """What the arbiter sends before it closes the connection (5 s at most)."""
+    sock.settimeout(5)
+    data = b""
+    while chunk := sock.recv(1000):
+        data += chunk
+    return data
+
+
+def test_a_granted_client_that_goes_silent_loses_its_slot(fake_arbiter):
+    """Granted, then neither sending nor closing: at the slot's deadline (bytes / rate x
+    SLOT_MARGIN + stall_s) the slot ends, the silent client gets ERR, the next is granted."""
+    arb, share, port = fake_arbiter
+    silent = socket.create_connection(("127.0.0.1", port))
+    silent.sendall(b"REQ sa->sb 0 5000\n")
+    assert silent.recv(100).startswith(b"GRANT ")
+    waiter = SlotClient("127.0.0.1", port, "sa->sb", 1, timeout_s=3)
+    t0 = time.monotonic()
+    with waiter.gate(100):
+        took = time.monotonic() - t0
+        share.sent[1] += 200
+    assert arb.spec.stall_s * 0.8 <= took < arb.spec.stall_s + 1.5, took
+    assert _reply(silent).startswith(b"ERR slot 1 passed its deadline")
+    waiter.close()
+    silent.close()
+    time.sleep(0.1)
+    assert [s["reason"] for s in arbiter.read_log(arb.spec.log_path)] == ["deadline", "bytes"]
+
+
+def test_who_may_ask_and_how_many(tmp_path):
+    """A connection from an address that is no sending host of the pipelines is refused, so is
+    a REQ for another host's pipeline, and connections past MAX_CONNS."""
+    arb, share, port, stop = start_fake_arbiter(tmp_path, {0: ["127.0.0.1"], 1: ["127.0.0.2"]})
+    try:
+        stranger = socket.socket()
+        stranger.bind(("127.0.0.3", 0))
+        stranger.connect(("127.0.0.1", port))
+        with stranger:
+            assert _reply(stranger).startswith(b"ERR 127.0.0.3 is no sending host")
+        with socket.create_connection(("127.0.0.1", port)) as other:
+            other.sendall(b"REQ sa->sb 1 100\n")
+            assert _reply(other).startswith(b"ERR 127.0.0.1 is no sending host of pipeline 1")
+        conns = [socket.create_connection(("127.0.0.1", port))
+                 for _ in range(arbiter.MAX_CONNS)]
+        try:
+            time.sleep(0.2)
+            with socket.create_connection(("127.0.0.1", port)) as over:
+                assert _reply(over).startswith(b"ERR %d connections open" % arbiter.MAX_CONNS)
+        finally:
+            for c in conns:
+                c.close()
+        time.sleep(0.2)
+        with SlotClient("127.0.0.1", port, "sa->sb", 0, timeout_s=3).gate(100):
+            share.sent[0] += 200
+    finally:
+        assert stop()
+
+
+def test_the_arbiter_serves_file_descriptors_past_1024(tmp_path):
+    """select.select() refuses a descriptor >= 1024 (FD_SETSIZE) and used to end the loop;
+    here the arbiter's listener and clients all get numbers past 1024."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1100 + 64
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    filler = []
+    try:
+        while not filler or filler[-1] < 1100:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        arb, share, port, stop = start_fake_arbiter(tmp_path, {0: ["127.0.0.1"], 1: ["127.0.0.1"]})
+        try:
+            assert arb.listener.fileno() > 1024
+            for d in (0, 1, 0):
+                client = SlotClient("127.0.0.1", port, "sa->sb", d, timeout_s=3)
+                with client.gate(1000):
+                    share.sent[d] += wanshare.link_layer_bytes(1000)
+                client.close()
+            time.sleep(0.1)          # the last slot's end is polled
+        finally:
+            assert stop()
+        assert len(arbiter.read_log(arb.spec.log_path)) == 3
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_arbiter_protocol_without_root(fake_arbiter):

@@ -15,8 +15,8 @@ gap_s is the time the connections sit idle between messages (what a pipeline's g
 activations is), whatever the transfer time; TCP's own idle rules (cwnd restart after an RTO of
 idle, slow start) then act as they would.
 
-    python -m traffic.burst recv --port 7000 --connections 4 --messages 8 --bytes 33554432 \
-        --out R.jsonl
+    python -m traffic.burst recv --bind 10.2.0.1 --port 7000 --connections 4 --messages 8 \
+        --bytes 33554432 --out R.jsonl
     python -m traffic.burst send --host 10.2.0.1 --port 7000 --connections 4 --messages 8 \
         --bytes 33554432 --gap-s 1 --cc cubic
 
@@ -24,7 +24,8 @@ The receiver prints `READY <port>` once it listens and exits 0 after N messages;
 prints one JSON line per message (its own send start, bytes handed to the kernel, ack seen).
 TCP_NODELAY on both ends (as trainer.transport); `--cc` sets TCP_CONGESTION per socket (the
 sender's choice governs the data direction; each end records the one its sockets ran).
-`--port 0` picks a free port (printed in the READY line).
+`--port 0` picks a free port (printed in the READY line). The receiver listens only on `--bind`
+(required: the address its sender uses), never on every interface.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class _Conn:
 
 
 def receive(port: int, connections: int, messages: int, total_bytes: int, out: Path,
-            bind: str = "0.0.0.0", cc: str | None = None, verify: bool = False,
+            bind: str, cc: str | None = None, verify: bool = False,
             timeout_s: float = 600.0, ready=print) -> list[MessageRecord]:
     """Accept `connections` connections, read `messages` messages, write one JSON line per
     message to out (appended as each completes), acknowledge each on connection 0."""
@@ -398,7 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--gap-s", type=float, default=1.0,
                            help="idle time between an acknowledged message and the next")
         else:
-            p.add_argument("--bind", default="0.0.0.0")
+            p.add_argument("--bind", required=True,
+                           help="the address the sender connects to (this host's own)")
             p.add_argument("--out", required=True, help="JSON lines, one per message")
     args = ap.parse_args(argv)
     if args.connections < 1 or args.messages < 1 or args.bytes < 0:
