@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, shown
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -62,7 +62,7 @@ def expand(doc: dict[str, Any]) -> list[Point]:
                             "e.g. sweep: {wan.delay_ms: [10, 40]}")
     for key, values in sweep.items():
         if not isinstance(key, str) or not KEY_RE.fullmatch(key):
-            raise ScenarioError(f"sweep.{key}", "is not a field path",
+            raise ScenarioError(f"sweep.{shown(key)}", "is not a field path",
                                 "use dotted names, e.g. wan.delay_ms or training.replicas")
         if not isinstance(values, list) or not values:
             raise ScenarioError(f"sweep.{key}", "must be a non-empty list of values",
@@ -98,7 +98,7 @@ def _set(node: Any, parts: list[str], value: Any, where: str) -> None:
             _set(item, rest, value, where)
         return
     if not isinstance(node, dict) or head not in node:
-        raise ScenarioError(where, f"the scenario has no field {head!r} there",
+        raise ScenarioError(where, f"the scenario has no field {shown(head)} there",
                             "sweep only fields the scenario sets (write the base value first)")
     if rest:
         _set(node[head], rest, value, where)
