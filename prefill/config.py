@@ -202,11 +202,8 @@ def _bool(value: Any, where: str) -> bool:
 
 
 def _num(value: Any, where: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScenarioError(where, f"{shown(value)} is not a number", f"use a number from {low:g} to {high:g}")
-    if not low <= float(value) <= high:
-        raise ScenarioError(where, f"{shown(value)} is out of range", f"use a number from {low:g} to {high:g}")
-    return float(value)
+    from testbed.scenario import checked_number
+    return checked_number(value, where, low=low, high=high)
 
 
 def _int(value: Any, where: str, low: int, high: int) -> int:

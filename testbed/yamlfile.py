@@ -67,6 +67,9 @@ def load_yaml(path: str | Path, fix: str) -> Any:
         where = f" at line {mark.line + 1}" if mark else ""
         raise ScenarioError("scenario", f"{name} is not valid YAML{where}: "
                             f"{_first_line(exc.problem or exc.context)}", "fix the syntax") from None
+    except ValueError as exc:     # an integer of over 4300 digits (int() refuses to read it)
+        raise ScenarioError("scenario", f"{name} holds a number Python will not read "
+                            f"({_first_line(str(exc))[:60]})", "write a shorter number") from None
     except (YAMLError, RecursionError) as exc:
         raise ScenarioError("scenario", f"{name} is not valid YAML: "
                             f"{_first_line(str(exc))}", "fix the syntax") from None
