@@ -133,7 +133,8 @@ def _parse_one(item: Any, where: str, dcs: "tuple[DataCenter, ...]",
     required, optional = _FIELDS[kind]
     for key in item:
         if key != "kind" and key not in required | optional:
-            raise unknown_field(where, key, required | optional, f"unknown field for a {kind} fault")
+            raise unknown_field(where, key, required | optional,
+                                f"unknown field for a {kind} fault")
     for key in sorted(required):
         if key not in item:
             raise ScenarioError(f"{where}.{key}", "missing", f"a {kind} fault needs it")

@@ -116,7 +116,8 @@ def from_hosts(scenario: "Scenario", hosts: Sequence[Sequence[str]], policy: str
     for s, row in enumerate(hosts):
         for r, host in enumerate(row):
             if host not in known:
-                raise ScenarioError(f"{field}[{s}][{r}]", f"host {shown(host)} is not in the topology",
+                raise ScenarioError(f"{field}[{s}][{r}]",
+                                    f"host {shown(host)} is not in the topology",
                                     f"use one of: {', '.join(known)}")
             if host in seen:
                 raise ScenarioError(f"{field}[{s}][{r}]", f"host {shown(host)} is used twice",

@@ -59,21 +59,23 @@ def load_yaml(path: str | Path, fix: str) -> Any:
         raise ScenarioError("scenario", f"{name} line {exc.line + 1}: {exc.problem}",
                             exc.fix) from None
     except DuplicateKeyError as exc:
-        key = exc.problem_mark.line + 1 if exc.problem_mark else 0
-        raise ScenarioError("scenario", f"{name} line {key}: a key appears twice "
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 0
+        raise ScenarioError("scenario", f"{name} line {line}: a key appears twice "
                             f"({_first_line(exc.problem)})", "keep one of them") from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError("scenario", f"{name} is not valid YAML{where}: "
-                            f"{_first_line(exc.problem or exc.context)}", "fix the syntax") from None
-    except ValueError as exc:     # an integer of over 4300 digits (int() refuses to read it)
-        raise ScenarioError("scenario", f"{name} holds a number Python will not read "
-                            f"({_first_line(str(exc))[:60]})", "write a shorter number") from None
+        problem = _first_line(exc.problem or exc.context)
+        raise ScenarioError("scenario", f"{name} is not valid YAML{where}: {problem}",
+                            "fix the syntax") from None
+    except ValueError as exc:   # an integer of over 4300 digits, a date like 2024-13-01
+        raise ScenarioError("scenario", f"{name} holds a value that cannot be read "
+                            f"({_first_line(str(exc))[:60]})", "correct or quote it") from None
     except (YAMLError, RecursionError) as exc:
         raise ScenarioError("scenario", f"{name} is not valid YAML: "
                             f"{_first_line(str(exc))}", "fix the syntax") from None
 
 
 def _first_line(text: str | None) -> str:
-    return (text or "").strip().splitlines()[0][:100] if (text or "").strip() else "?"
+    lines = (text or "").strip().splitlines()
+    return lines[0][:100] if lines else "?"

@@ -237,8 +237,8 @@ def test_training_counts_are_bounded(field, value):
 # -- fuzzing: what found the above, as file text and as parsed documents -------------------
 
 # built by map: hypothesis reprs a sampled_from's elements, and repr refuses 5000 digits
-HUGE_INTS = st.integers() | st.builds(lambda n, sign: sign * 10**n, st.sampled_from([5000, 400, 20]),
-                                      st.sampled_from([1, -1]))
+HUGE_INTS = st.integers() | st.builds(lambda n, sign: sign * 10**n,
+                                      st.sampled_from([5000, 400, 20]), st.sampled_from([1, -1]))
 VALUES = st.recursive(
     st.none() | st.booleans() | HUGE_INTS | st.floats() | st.text(max_size=20)
     | st.binary(max_size=10),
