@@ -11,11 +11,12 @@ ScenarioError line.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.composer import Composer
+from ruamel.yaml.composer import Composer, MaxDepthExceededError
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent
@@ -60,8 +61,14 @@ def load_yaml(path: str | Path, fix: str) -> Any:
                             exc.fix) from None
     except DuplicateKeyError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
-        raise ScenarioError("scenario", f"{name} line {line}: a key appears twice "
-                            f"({_first_line(exc.problem)})", "keep one of them") from None
+        key = re.search(r'duplicate key "(.*?)" with value', exc.problem or "")
+        raise ScenarioError("scenario", f"{name} line {line}: key "
+                            f"{shown(key.group(1)) if key else '?'} appears twice in one mapping",
+                            "keep one of them") from None
+    except MaxDepthExceededError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 0
+        raise ScenarioError("scenario", f"{name} line {line}: nested deeper than {MAX_DEPTH} "
+                            "levels", "flatten it") from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}" if mark else ""

@@ -144,7 +144,7 @@ def test_duplicate_key_names_the_key_and_line(tmp_path):
     line = text.split("\n").index("wan:") + 1
     with pytest.raises(ScenarioError) as err:
         load_scenario(write(tmp_path, text))
-    assert f"line {line}: a key appears twice" in str(err.value) and '"wan"' in str(err.value)
+    assert f"line {line}: key 'wan' appears twice" in str(err.value)
 
 
 def test_yaml_1_2_scalars(tmp_path):
@@ -157,7 +157,7 @@ def test_yaml_1_2_scalars(tmp_path):
 
 
 def test_deep_nesting_is_one_line(tmp_path):
-    with pytest.raises(ScenarioError, match="maximum depth"):
+    with pytest.raises(ScenarioError, match="line 1: nested deeper than 20 levels"):
         load_scenario(write(tmp_path, "name: " + "[" * 5000 + "]" * 5000 + "\n"))
 
 
