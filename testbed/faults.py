@@ -118,6 +118,9 @@ def parse_faults(value: Any, dcs: "tuple[DataCenter, ...]",
     out: list[Fault] = []
     for i, item in enumerate(value):
         out += _parse_one(item, f"faults[{i}]", dcs, wan)
+        if len(out) > MAX_FAULTS:   # each rate_trace step counts as one
+            raise ScenarioError(f"faults[{i}]", f"over {MAX_FAULTS} faults and steps in all",
+                                f"use at most {MAX_FAULTS}")
     return tuple(sorted(out, key=lambda f: f.at_s))
 
 

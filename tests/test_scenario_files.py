@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -232,6 +233,20 @@ def test_training_counts_are_bounded(field, value):
          "stages": 2, "micro_batches": 2, field: value}
     with pytest.raises(ScenarioError, match=rf"^training\.{field}: "):
         TrainConfig.from_dict(d)
+
+
+@pytest.mark.parametrize("section, entry, field", [
+    ("faults", {"kind": "rate_trace", "link": ["a", "b"], "at_s": 0}, "faults[0]"),
+    ("cross_traffic", {"from": "a", "to": "b", "kind": "udp", "stop_s": 5000},
+     "cross_traffic[0].rate_trace")])
+def test_rate_traces_are_bounded(section, entry, field):
+    steps = [[t, 5] for t in range(1001)]
+    doc = {**copy.deepcopy(BASE), section: [{**entry, ("steps" if section == "faults"
+                                                        else "rate_trace"): steps}]}
+    with pytest.raises(ScenarioError, match=rf"^{re.escape(field)}: "):
+        parse_scenario(doc)
+    doc[section][0]["steps" if section == "faults" else "rate_trace"] = steps[:1000]
+    assert parse_scenario(doc)
 
 
 # -- fuzzing: what found the above, as file text and as parsed documents -------------------

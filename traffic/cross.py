@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 KINDS = ("tcp", "udp")
 MAX_FLOWS = 64
 MAX_ENTRIES = 32
+MAX_TRACE_STEPS = 1000   # rate changes in one entry's rate_trace (each is an iperf3 run)
 BASE_PORT = 5300
 UDP_PAYLOAD_BYTES = 1400        # one datagram per packet at MTU 1500
 INTERVAL_S = 0.5
@@ -150,9 +151,9 @@ def parse_cross_traffic(value: Any, dcs: "tuple[DataCenter, ...]", wan: "tuple[W
 
 
 def _trace(steps: Any, where: str, start: float, stop: float) -> list[Segment]:
-    if not isinstance(steps, list) or not steps:
-        raise ScenarioError(where, "must be a non-empty list of [seconds, rate_mbit] pairs",
-                            "e.g. rate_trace: [[0, 10], [3, 40]]")
+    if not isinstance(steps, list) or not steps or len(steps) > MAX_TRACE_STEPS:
+        raise ScenarioError(where, f"must be a list of 1 to {MAX_TRACE_STEPS} [seconds, "
+                            "rate_mbit] pairs", "e.g. rate_trace: [[0, 10], [3, 40]]")
     points = []
     for j, step in enumerate(steps):
         if not isinstance(step, list) or len(step) != 2:
