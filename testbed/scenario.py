@@ -375,7 +375,8 @@ def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
     return tuple(out)
 
 
-_SIZE_RE = re.compile(r"^\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*(p|pkts|packets|b|kb|mb|kib|mib)\s*$", re.I)
+_SIZE_RE = re.compile(r"^\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*(p|pkts|packets|b|kb|mb|kib|mib)\s*$",
+                      re.I)
 _SIZE_BYTES = {"b": 1, "kb": 1000, "mb": 1000**2, "kib": 1024, "mib": 1024**2}
 
 
