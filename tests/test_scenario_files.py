@@ -157,6 +157,16 @@ def test_yaml_1_2_scalars(tmp_path):
     assert sc.wan[0].delay_ms == 100.0 and sc.wan[0].rate_mbit == 100.0
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "topologies").rglob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_shipped_scenarios_read_as_they_did_under_pyyaml(path):
+    """No shipped file has a value YAML 1.1 and 1.2 read differently (no, on, 1e2, 0o17, 1:30)."""
+    import yaml
+    from testbed.yamlfile import load_yaml
+    old = yaml.safe_load(path.read_text())
+    assert repr(load_yaml(path, "")) == repr(old)
+
+
 def test_deep_nesting_is_one_line(tmp_path):
     with pytest.raises(ScenarioError, match="line 1: nested deeper than 20 levels"):
         load_scenario(write(tmp_path, "name: " + "[" * 5000 + "]" * 5000 + "\n"))
