@@ -224,6 +224,16 @@ def test_unknown_field_suggests_the_nearest():
         parse_scenario(doc)
 
 
+@pytest.mark.parametrize("key, message", [
+    ("wan." + "9" * 5000 + ".delay_ms", "is past the 1 entries"),
+    ("wan.delay_mss", "did you mean delay_ms?")])
+def test_sweep_paths_are_checked_in_one_short_line(key, message):
+    doc = {**copy.deepcopy(BASE), "sweep": {key: [1, 2]}}
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(doc)
+    assert message in str(err.value) and len(str(err.value)) <= MAX_LINE_CHARS
+
+
 @pytest.mark.parametrize("queue", [3_000_000, "2000MB", "1500000 packets"])
 def test_queue_is_bounded(queue):
     doc = copy.deepcopy(BASE)
