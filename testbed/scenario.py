@@ -270,6 +270,9 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     if "bubbletea" in top:
         from prefill.config import BubbleTeaConfig
         bubbletea = BubbleTeaConfig.from_dict(top["bubbletea"])
+        if bubbletea.load.kind == "poisson" and not predict_only:   # drawn for every host
+            from prefill.load import check_poisson_size
+            check_poisson_size(bubbletea.load.poisson_per_s, bubbletea.load.window_s)
     return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
                     backend=backend, routing=routing, congestion_control=congestion_control,
                     connections=connections, systems=tuple(systems), training=training,

@@ -234,6 +234,18 @@ def test_sweep_paths_are_checked_in_one_short_line(key, message):
     assert message in str(err.value) and len(str(err.value)) <= MAX_LINE_CHARS
 
 
+def test_poisson_load_is_bounded(tmp_path):
+    """predict drew 10^13 requests (590 MiB in 30 s, then the memory limit); now one line."""
+    text = (REPO / "topologies" / "atlas_bubbletea.yaml").read_text().replace(
+        "load: {trace: conv, rate_multiplier: 40, start_s: 600, window_s: 1800}",
+        "load: {poisson_per_s: 10000000, window_s: 1000000}")
+    path = write(tmp_path, text)
+    for command in ("validate", "predict"):
+        rc, lines, seconds, rss = bounded_cli(command, str(path), timeout=30)
+        assert_one_line(rc, lines, "error: bubbletea.load: ", "draws about 1e+13 requests")
+        assert seconds < 20 and rss < 300
+
+
 @pytest.mark.parametrize("queue", [3_000_000, "2000MB", "1500000 packets"])
 def test_queue_is_bounded(queue):
     doc = copy.deepcopy(BASE)
