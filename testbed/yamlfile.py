@@ -78,6 +78,9 @@ def load_yaml(path: str | Path, fix: str) -> Any:
     except ValueError as exc:   # an integer of over 4300 digits, a date like 2024-13-01
         raise ScenarioError("scenario", f"{name} holds a value that cannot be read "
                             f"({_first_line(str(exc))[:60]})", "correct or quote it") from None
+    except TypeError:           # a mapping key that is itself a mapping (? {a: 1} : x)
+        raise ScenarioError("scenario", f"{name} has a key that is a mapping",
+                            "use plain names as keys") from None
     except (YAMLError, RecursionError) as exc:
         raise ScenarioError("scenario", f"{name} is not valid YAML: "
                             f"{_first_line(str(exc))}", "fix the syntax") from None
