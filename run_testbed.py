@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "reproduce":
             from testbed.reproduce import reproduce
+            _check_out_dir(args.out)
             text, written = reproduce(args.results, Path(args.out),
                                       figures=not args.no_figures)
             print(text.rstrip())
@@ -142,34 +143,17 @@ def main(argv: list[str] | None = None) -> int:
                                   plan_top=args.plan))
             return 0
         if args.command == "validate":
-            from testbed.runcheck import load_run
-            from testbed.scenario import load_scenario
-            for path in args.scenario:
-                scenario = load_scenario(path)
-                what = "network only"
-                if scenario.predict_only:
-                    from testbed.planview import load_training
-                    cfg = load_training(scenario)
-                    what = (f"predict only: {sum(dc.hosts for dc in scenario.dcs)} hosts, "
-                            f"training P={cfg.stages} D={cfg.replicas}")
-                elif scenario.sweep:
-                    from testbed.sweep import check_points, expand
-                    points = expand(dict(scenario.raw))
-                    check_points(points)          # what `run` checks, for every point
-                    what = f"sweep of {len(points)} points over {', '.join(scenario.sweep)}"
-                elif scenario.training is not None:
-                    _, cfg, systems = load_run(path)  # exactly what `run` checks
-                    what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
-                print(f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, "
-                      f"{what})")
-                from testbed.routing import dc_paths
-                print(f"  routes ({scenario.routing}):")
-                paths = {(p.src, p.dst): p for p in dc_paths(scenario)}
-                for p in paths.values():
-                    rtt_ms = p.delay_ms + paths[(p.dst, p.src)].delay_ms
-                    print(f"    {p.describe()}, RTT {rtt_ms:g} ms")
-            return 0
+            failed = 0
+            for path in args.scenario:   # every file; with several, each error names its file
+                try:
+                    print(_validate(path))
+                except ScenarioError as exc:
+                    name = f"{path}: " if len(args.scenario) > 1 else ""
+                    print(f"error: {name}{exc}", file=sys.stderr)
+                    failed += 1
+            return 2 if failed else 0
         # bad input is refused before anything that needs root, Mininet or torch is imported
+        _check_out_dir(args.out)
         if args.command == "calibrate":
             from testbed.scenario import load_scenario
             load_scenario(args.scenario).check_emulable()
@@ -222,6 +206,43 @@ def _dead_runs_notice() -> None:
     notice = dead_runs_notice()
     if notice:
         print(notice, file=sys.stderr)
+
+
+def _validate(path: str) -> str:
+    """What `validate` prints for one scenario file; ScenarioError on any problem."""
+    from testbed.routing import dc_paths
+    from testbed.runcheck import load_run
+    from testbed.scenario import load_scenario
+    scenario = load_scenario(path)
+    what = "network only"
+    if scenario.predict_only:
+        from testbed.planview import load_training
+        cfg = load_training(scenario)
+        what = (f"predict only: {sum(dc.hosts for dc in scenario.dcs)} hosts, "
+                f"training P={cfg.stages} D={cfg.replicas}")
+    elif scenario.sweep:
+        from testbed.sweep import check_points, expand
+        points = expand(dict(scenario.raw))
+        check_points(points)          # what `run` checks, for every point
+        what = f"sweep of {len(points)} points over {', '.join(scenario.sweep)}"
+    elif scenario.training is not None:
+        _, cfg, systems = load_run(path)  # exactly what `run` checks
+        what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
+    lines = [f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, {what})",
+             f"  routes ({scenario.routing}):"]
+    paths = {(p.src, p.dst): p for p in dc_paths(scenario)}
+    for p in paths.values():
+        rtt_ms = p.delay_ms + paths[(p.dst, p.src)].delay_ms
+        lines.append(f"    {p.describe()}, RTT {rtt_ms:g} ms")
+    return "\n".join(lines)
+
+
+def _check_out_dir(out: str) -> None:
+    """--out must be a folder or a path to create one at; ScenarioError before any work."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ScenarioError("--out", f"{out!r} exists and is not a folder",
+                            "give a folder (it is created if missing)")
 
 
 if __name__ == "__main__":

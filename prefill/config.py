@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, shown, unknown_field
 
 TRACES = ("code", "conv")
 CONTEXT_RULES = ("truncate", "refuse")
@@ -118,7 +118,7 @@ class BubbleTeaConfig:
         load = _load(data.get("load", {}), f"{where}.load")
         rule = data.get("context_rule", "truncate")
         if rule not in CONTEXT_RULES:
-            raise ScenarioError(f"{where}.context_rule", f"{rule!r} is not a rule",
+            raise ScenarioError(f"{where}.context_rule", f"{shown(rule)} is not a rule",
                                 f"use one of {', '.join(CONTEXT_RULES)}")
         model = dict(DEFAULT_MODEL)
         m = data.get("model", {})
@@ -133,7 +133,7 @@ class BubbleTeaConfig:
                                 f"n_embd {model['n_embd']}", "pick n_head dividing n_embd")
         profile = data.get("profile", "h200-transformer.json")
         if not isinstance(profile, str) or "/" in profile or not profile.endswith(".json"):
-            raise ScenarioError(f"{where}.profile", f"{profile!r} is not a profile file name",
+            raise ScenarioError(f"{where}.profile", f"{shown(profile)} is not a profile file name",
                                 "name a file in trainer/profiles, e.g. h200-transformer.json")
         return cls(load=load, context_rule=rule,
                    ttft_deadline_ms=_num(data.get("ttft_deadline_ms", 2000.0),
@@ -179,7 +179,7 @@ def _load(data: Any, where: str) -> LoadConfig:
         trace = data.get("trace", "conv")
         trace_field = f"{where}.trace"
     if trace not in TRACES:
-        raise ScenarioError(trace_field, f"{trace!r} is not a trace", f"use one of {', '.join(TRACES)}")
+        raise ScenarioError(trace_field, f"{shown(trace)} is not a trace", f"use one of {', '.join(TRACES)}")
     return LoadConfig(trace=trace,
                       rate_multiplier=_num(data.get("rate_multiplier", 1.0),
                                            f"{where}.rate_multiplier", 1e-3, 1e5),
@@ -192,27 +192,23 @@ def _load(data: Any, where: str) -> LoadConfig:
 def _no_unknown(d: dict, where: str, allowed: set[str]) -> None:
     for key in d:
         if key not in allowed:
-            raise ScenarioError(f"{where}.{key}", "unknown field",
-                                f"use one of {', '.join(sorted(allowed))}")
+            raise unknown_field(where, key, allowed)
 
 
 def _bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
-        raise ScenarioError(where, f"{value!r} is not true or false", "use true or false")
+        raise ScenarioError(where, f"{shown(value)} is not true or false", "use true or false")
     return value
 
 
 def _num(value: Any, where: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScenarioError(where, f"{value!r} is not a number", f"use a number from {low:g} to {high:g}")
-    if not low <= float(value) <= high:
-        raise ScenarioError(where, f"{value} is out of range", f"use a number from {low:g} to {high:g}")
-    return float(value)
+    from testbed.scenario import checked_number
+    return checked_number(value, where, low=low, high=high)
 
 
 def _int(value: Any, where: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ScenarioError(where, f"{value!r} is not an integer", f"use an integer from {low} to {high}")
+        raise ScenarioError(where, f"{shown(value)} is not an integer", f"use an integer from {low} to {high}")
     if not low <= value <= high:
-        raise ScenarioError(where, f"{value} is out of range", f"use an integer from {low} to {high}")
+        raise ScenarioError(where, f"{shown(value)} is out of range", f"use an integer from {low} to {high}")
     return value

@@ -23,11 +23,9 @@ Model of the measured points (stated, so a prediction can be checked against the
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from trainer.profiles import profile_path
+from trainer.profiles import load_profile
 
 BF16_BYTES = 2
 
@@ -41,7 +39,7 @@ class PrefillProfile:
 
     @classmethod
     def load(cls, name: str = "h200-transformer.json") -> "PrefillProfile":
-        doc = json.loads(Path(profile_path(name)).read_text())
+        doc = load_profile(name, "bubbletea.profile")
         stack = doc.get("prefill_stack")
         if not stack or not stack.get("points"):
             raise ValueError(f"profile {name!r} has no prefill_stack")

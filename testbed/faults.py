@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, shown, unknown_field
 from testbed.scenario import checked_number
 
 if TYPE_CHECKING:
@@ -118,6 +118,9 @@ def parse_faults(value: Any, dcs: "tuple[DataCenter, ...]",
     out: list[Fault] = []
     for i, item in enumerate(value):
         out += _parse_one(item, f"faults[{i}]", dcs, wan)
+        if len(out) > MAX_FAULTS:   # each rate_trace step counts as one
+            raise ScenarioError(f"faults[{i}]", f"over {MAX_FAULTS} faults and steps in all",
+                                f"use at most {MAX_FAULTS}")
     return tuple(sorted(out, key=lambda f: f.at_s))
 
 
@@ -128,13 +131,13 @@ def _parse_one(item: Any, where: str, dcs: "tuple[DataCenter, ...]",
                             "write kind: ..., at_s: ... and the fault's fields")
     kind = item.get("kind")
     if kind not in KINDS:
-        raise ScenarioError(f"{where}.kind", f"{kind!r} is not a fault kind",
+        raise ScenarioError(f"{where}.kind", f"{shown(kind)} is not a fault kind",
                             f"use one of {', '.join(KINDS)}")
     required, optional = _FIELDS[kind]
     for key in item:
         if key != "kind" and key not in required | optional:
-            raise ScenarioError(f"{where}.{key}", f"unknown field for a {kind} fault",
-                                f"use {', '.join(sorted(required | optional))}")
+            raise unknown_field(where, key, required | optional,
+                                f"unknown field for a {kind} fault")
     for key in sorted(required):
         if key not in item:
             raise ScenarioError(f"{where}.{key}", "missing", f"a {kind} fault needs it")
@@ -145,12 +148,12 @@ def _parse_one(item: Any, where: str, dcs: "tuple[DataCenter, ...]",
     if kind == "crash":
         process = item["process"]
         if process not in PROCESSES:
-            raise ScenarioError(f"{where}.process", f"{process!r} is not a process",
+            raise ScenarioError(f"{where}.process", f"{shown(process)} is not a process",
                                 f"use one of {', '.join(PROCESSES)}")
         host = item["host"]
         hosts = _hosts_for(process, dcs)
         if host not in hosts:
-            raise ScenarioError(f"{where}.host", f"{host!r} runs no {process}",
+            raise ScenarioError(f"{where}.host", f"{shown(host)} runs no {process}",
                                 f"use one of {', '.join(hosts[:8]) or '(none: add decode_hosts)'}"
                                 + (", ..." if len(hosts) > 8 else ""))
         return [Fault(label=where, kind=kind, at_s=at_s, process=process, host=host)]
@@ -184,7 +187,7 @@ def _trace(steps: Any, where: str, link: tuple[str, str], at_s: float) -> list[F
     for j, step in enumerate(steps):
         here = f"{where}[{j}]"
         if not isinstance(step, list) or len(step) != 2:
-            raise ScenarioError(here, f"{step!r} is not a [seconds, rate_mbit] pair",
+            raise ScenarioError(here, f"{shown(step)} is not a [seconds, rate_mbit] pair",
                                 "write each step as [t_s, rate_mbit]")
         t = checked_number(step[0], f"{here}[0]", low=0.0, high=MAX_AT_S)
         if t <= last:
@@ -199,11 +202,11 @@ def _trace(steps: Any, where: str, link: tuple[str, str], at_s: float) -> list[F
 def _link(value: Any, where: str, wan: "tuple[WanLink, ...]") -> tuple[str, str]:
     if (not isinstance(value, list) or len(value) != 2
             or not all(isinstance(x, str) for x in value)):
-        raise ScenarioError(where, f"{value!r} is not a pair of DC names", "use link: [dc1, dc2]")
+        raise ScenarioError(where, f"{shown(value)} is not a pair of DC names", "use link: [dc1, dc2]")
     for w in wan:
         if {w.a, w.b} == set(value):
             return (w.a, w.b)
-    raise ScenarioError(where, f"no WAN link between {value[0]!r} and {value[1]!r}",
+    raise ScenarioError(where, f"no WAN link between {shown(value[0])} and {shown(value[1])}",
                         "name the two ends of a link in the wan section")
 
 

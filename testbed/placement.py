@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, shown
 
 if TYPE_CHECKING:
     from testbed.scenario import Scenario
@@ -97,7 +97,7 @@ def place(scenario: "Scenario", stages: int, replicas: int, policy: str,
     if stages < 1 or replicas < 1:
         raise ValueError(f"need stages >= 1 and replicas >= 1, got {stages}, {replicas}")
     if policy not in POLICIES:
-        raise ScenarioError("placement", f"{policy!r} is not a placement policy",
+        raise ScenarioError("placement", f"{shown(policy)} is not a placement policy",
                             f"use one of {', '.join(POLICIES)}")
     if policy == "dp-across-dcs":
         return _dp_across_dcs(scenario, stages, replicas, field_prefix)
@@ -116,10 +116,11 @@ def from_hosts(scenario: "Scenario", hosts: Sequence[Sequence[str]], policy: str
     for s, row in enumerate(hosts):
         for r, host in enumerate(row):
             if host not in known:
-                raise ScenarioError(f"{field}[{s}][{r}]", f"host {host!r} is not in the topology",
+                raise ScenarioError(f"{field}[{s}][{r}]",
+                                    f"host {shown(host)} is not in the topology",
                                     f"use one of: {', '.join(known)}")
             if host in seen:
-                raise ScenarioError(f"{field}[{s}][{r}]", f"host {host!r} is used twice",
+                raise ScenarioError(f"{field}[{s}][{r}]", f"host {shown(host)} is used twice",
                                     "place one worker per host (one host = one GPU)")
             seen.add(host)
     grid = tuple(tuple(row) for row in hosts)
@@ -221,7 +222,7 @@ def _pinned(scenario: "Scenario", stages: int, replicas: int, policy: str,
                             f"give one DC per stage ({stages} names)")
     for s, dc in enumerate(pinned):
         if dc not in names:
-            raise ScenarioError(f"{field}[{s}]", f"{dc!r} is not a DC",
+            raise ScenarioError(f"{field}[{s}]", f"{shown(dc)} is not a DC",
                                 f"use one of {', '.join(names)}")
     short = []
     for dc in names:

@@ -25,10 +25,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
 from testbed.errors import ScenarioError
 from testbed.results import write_bytes
+from testbed.yamlfile import load_yaml
 
 SCHEMA_VERSION = 1          # metrics.json's `schema_version` that this code reads
 
@@ -83,7 +82,8 @@ def load_runs(paths: Sequence[str]) -> list[Run]:
                                 "re-run it with this testbed, or reproduce it with the commit "
                                 "that wrote it (env.json names it)")
         scenario_path = folder / "scenario.resolved.yaml"
-        scenario = yaml.safe_load(scenario_path.read_text()) if scenario_path.is_file() else {}
+        scenario = load_yaml(scenario_path, "give a results folder this testbed wrote") \
+            if scenario_path.is_file() else {}         # read as strictly as a scenario file
         runs.append(Run(name=str(folder.resolve().relative_to(base)), path=folder,
                         metrics=metrics, scenario=scenario or {}, values=values))
     return runs

@@ -36,10 +36,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, shown, unknown_field
 from testbed.routing import ROUTING_POLICIES
+from testbed.yamlfile import load_yaml
 
 if TYPE_CHECKING:
     from prefill.config import BubbleTeaConfig
@@ -58,12 +57,18 @@ MTU_BYTES = 1500
 TCP_MSS_BYTES = MTU_BYTES - 20 - 32     # 1448
 ETH_FRAME_BYTES = MTU_BYTES + 14        # 1514
 MIN_QUEUE_PACKETS = 100
+# A WAN queue is a bfifo whose limit is a u32 of bytes; 1 GiB (715,827 full-size packets) is far
+# above the bandwidth-delay product of any link this machine emulates and bounds what one queue
+# may pin in kernel memory. A default queue (2 x BDP) is cut to it too.
+MAX_QUEUE_BYTES = 1 << 30
 DC_NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")  # <dc>-h99-eth0 must fit IFNAMSIZ (15 chars)
 MAX_WAN_LINKS_PER_DC = 99  # <dc>-gw-eth99 is the longest gateway interface name that fits
 MAX_HOSTS_PER_DC = 99
 MAX_HOSTS_PER_DC_PREDICT_ONLY = 100_000   # `predict_only: true`: the model's, never emulated
 MAX_DECODE_HOSTS_PER_DC = 99   # <dc>-d99-eth0 fits IFNAMSIZ; addresses 10.<d>.0.101-199
 MAX_DCS = 200
+MAX_HOSTS_PREDICT_ONLY = 100_000   # all DCs together: the model's plans list every host
+MAX_SYSTEMS = 2 * len(SYSTEMS)    # each with and without BUBBLETEA_SUFFIX
 # TCP buffer limits of a real server, scaled down by `scale` in each host. The receive limit is
 # Linux's default tcp_rmem max; the send limit is twice it, so that (as on a WAN-tuned host) the
 # window the receiver advertises is what limits one flow: goodput = window / RTT.
@@ -187,18 +192,8 @@ class Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises ScenarioError (one line) on any problem."""
-    p = Path(path)
-    if not p.is_file():
-        raise ScenarioError("scenario", f"no file {str(path)!r}",
-                            "give a path such as topologies/two_dc.yaml")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError("scenario", f"{p} is not valid YAML{where}",
-                            "fix the syntax") from None
-    return parse_scenario(data, path=str(p))
+    data = load_yaml(path, "give a path such as topologies/two_dc.yaml")
+    return parse_scenario(data, path=str(Path(path)))
 
 
 def parse_scenario(data: Any, path: str = "") -> Scenario:
@@ -209,18 +204,21 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
                           "description", "sweep", "faults", "cross_traffic"})
     name = top.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
-        raise ScenarioError("name", f"{name!r} is not a valid name",
+        raise ScenarioError("name", f"{shown(name)} is not a valid name",
                             "use 1-64 letters, digits, '_', '-' or '.'")
     predict_only = _flag(top.get("predict_only", False), "predict_only",
                          "use true for a scenario only `predict` reads")
     dcs = _parse_dcs(top.get("dcs"), MAX_HOSTS_PER_DC_PREDICT_ONLY if predict_only
                      else MAX_HOSTS_PER_DC)
+    if sum(dc.hosts for dc in dcs) > MAX_HOSTS_PREDICT_ONLY:
+        raise ScenarioError("dcs", f"{sum(dc.hosts for dc in dcs)} hosts in all",
+                            f"use at most {MAX_HOSTS_PREDICT_ONLY}")
     wan = _parse_wan(top.get("wan", []), dcs)
     _check_connected(dcs, wan)
     for dc in dcs:
         n = sum(dc.name in (link.a, link.b) for link in wan)
         if n > MAX_WAN_LINKS_PER_DC:
-            raise ScenarioError("wan", f"DC {dc.name!r} has {n} WAN links",
+            raise ScenarioError("wan", f"DC {shown(dc.name)} has {n} WAN links",
                                 f"give each DC at most {MAX_WAN_LINKS_PER_DC} (interface names "
                                 "are capped at 15 characters)")
     scale = checked_number(top.get("scale", 1.0), "scale", low=1.0, high=1e6)
@@ -236,11 +234,14 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     if isinstance(systems, str):
         systems = [systems]
     if not isinstance(systems, list) or not systems:
-        raise ScenarioError("systems", f"{systems!r} is not a list",
+        raise ScenarioError("systems", f"{shown(systems)} is not a list",
                             f"use a list of {', '.join(SYSTEMS)}")
+    if len(systems) > MAX_SYSTEMS:
+        raise ScenarioError("systems", f"{len(systems)} entries",
+                            f"list each system once (at most {MAX_SYSTEMS})")
     for i, s in enumerate(systems):
         if not is_system_name(s):
-            raise ScenarioError(f"systems[{i}]", f"{s!r} is not a system",
+            raise ScenarioError(f"systems[{i}]", f"{shown(s)} is not a system",
                                 f"use one of {', '.join(SYSTEMS)}, each optionally with "
                                 f"{BUBBLETEA_SUFFIX}")
     training = top.get("training")
@@ -269,6 +270,9 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     if "bubbletea" in top:
         from prefill.config import BubbleTeaConfig
         bubbletea = BubbleTeaConfig.from_dict(top["bubbletea"])
+        if bubbletea.load.kind == "poisson" and not predict_only:   # drawn for every host
+            from prefill.load import check_poisson_size
+            check_poisson_size(bubbletea.load.poisson_per_s, bubbletea.load.window_s)
     return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
                     backend=backend, routing=routing, congestion_control=congestion_control,
                     connections=connections, systems=tuple(systems), training=training,
@@ -288,7 +292,7 @@ def _parse_connections(value: Any, cap: int = MAX_CONNECTIONS) -> int | str:
     if value == "auto":
         return "auto"
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
-        raise ScenarioError("connections", f"{value!r} is not a connection count",
+        raise ScenarioError("connections", f"{shown(value)} is not a connection count",
                             f"use auto or an integer from 1 to {cap}"
                             + ("" if cap > MAX_CONNECTIONS else
                                " (more only in a predict_only scenario)"))
@@ -307,14 +311,14 @@ def _parse_dcs(value: Any, max_hosts: int = MAX_HOSTS_PER_DC) -> tuple[DataCente
         _no_unknown(d, where, {"name", "hosts", "rate_mbit", "decode_hosts"})
         name = d.get("name")
         if not isinstance(name, str) or not DC_NAME_RE.fullmatch(name):
-            raise ScenarioError(f"{where}.name", f"{name!r} is not a valid DC name",
+            raise ScenarioError(f"{where}.name", f"{shown(name)} is not a valid DC name",
                                 "use 1-6 lowercase letters/digits starting with a letter "
                                 "(it prefixes interface names, which Linux caps at 15 chars)")
         if any(dc.name == name for dc in out):
-            raise ScenarioError(f"{where}.name", f"{name!r} appears twice", "give each DC its own name")
+            raise ScenarioError(f"{where}.name", f"{shown(name)} appears twice", "give each DC its own name")
         hosts = d.get("hosts")
         if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= max_hosts:
-            raise ScenarioError(f"{where}.hosts", f"{hosts!r} is not a host count",
+            raise ScenarioError(f"{where}.hosts", f"{shown(hosts)} is not a host count",
                                 f"use an integer from 1 to {max_hosts}"
                                 + ("" if max_hosts > MAX_HOSTS_PER_DC else
                                    " (more only in a predict_only scenario)"))
@@ -324,7 +328,7 @@ def _parse_dcs(value: Any, max_hosts: int = MAX_HOSTS_PER_DC) -> tuple[DataCente
         decode = d.get("decode_hosts", 0)
         if (not isinstance(decode, int) or isinstance(decode, bool)
                 or not 0 <= decode <= MAX_DECODE_HOSTS_PER_DC):
-            raise ScenarioError(f"{where}.decode_hosts", f"{decode!r} is not a host count",
+            raise ScenarioError(f"{where}.decode_hosts", f"{shown(decode)} is not a host count",
                                 f"use an integer from 0 to {MAX_DECODE_HOSTS_PER_DC}")
         out.append(DataCenter(name=name, hosts=hosts, rate_mbit=rate, decode_hosts=decode))
     return tuple(out)
@@ -343,18 +347,18 @@ def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
         between = d.get("between")
         if (not isinstance(between, list) or len(between) != 2
                 or not all(isinstance(x, str) for x in between)):
-            raise ScenarioError(f"{where}.between", f"{between!r} is not a pair of DC names",
+            raise ScenarioError(f"{where}.between", f"{shown(between)} is not a pair of DC names",
                                 "use between: [dc1, dc2]")
         for x in between:
             if x not in names:
-                raise ScenarioError(f"{where}.between", f"{x!r} is not a DC",
+                raise ScenarioError(f"{where}.between", f"{shown(x)} is not a DC",
                                     f"use one of {', '.join(names)}")
         if between[0] == between[1]:
-            raise ScenarioError(f"{where}.between", f"links {between[0]!r} to itself",
+            raise ScenarioError(f"{where}.between", f"links {shown(between[0])} to itself",
                                 "name two different DCs")
         key = frozenset(between)
         if key in seen:
-            raise ScenarioError(f"{where}.between", f"{between} is listed twice", "keep one link per DC pair")
+            raise ScenarioError(f"{where}.between", f"{shown(between)} is listed twice", "keep one link per DC pair")
         seen.add(key)
         for req in ("delay_ms", "rate_mbit"):
             if req not in d:
@@ -374,7 +378,8 @@ def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
     return tuple(out)
 
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(p|pkts|packets|b|kb|mb|kib|mib)\s*$", re.I)
+_SIZE_RE = re.compile(r"^\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*(p|pkts|packets|b|kb|mb|kib|mib)\s*$",
+                      re.I)
 _SIZE_BYTES = {"b": 1, "kb": 1000, "mb": 1000**2, "kib": 1024, "mib": 1024**2}
 
 
@@ -382,17 +387,21 @@ def _parse_queue(value: Any, where: str, link: WanLink) -> int:
     """Queue size in bytes. Default: 2 x BDP, at least MIN_QUEUE_PACKETS full-size packets."""
     floor = MIN_QUEUE_PACKETS * MTU_BYTES
     if value is None:
-        return max(2 * link.bdp_bytes, floor)
+        return min(max(2 * link.bdp_bytes, floor), MAX_QUEUE_BYTES)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value * MTU_BYTES
-    m = _SIZE_RE.match(str(value))
-    if not m or float(m.group(1)) <= 0:
-        raise ScenarioError(where, f"{value!r} is not a queue size",
-                            "use packets (e.g. 2000) or bytes with a unit (e.g. '4MB', '512KiB')")
-    num, unit = float(m.group(1)), m.group(2).lower()
-    if unit in ("p", "pkts", "packets"):
-        return int(num * MTU_BYTES)
-    return int(num * _SIZE_BYTES[unit])
+        size = value * MTU_BYTES
+    else:
+        m = _SIZE_RE.match(value) if isinstance(value, str) else None
+        if not m or float(m.group(1)) <= 0:
+            raise ScenarioError(where, f"{shown(value)} is not a queue size",
+                                "use packets (e.g. 2000) or bytes with a unit (e.g. '4MB', "
+                                "'512KiB')")
+        num, unit = float(m.group(1)), m.group(2).lower()
+        size = int(num * (MTU_BYTES if unit in ("p", "pkts", "packets") else _SIZE_BYTES[unit]))
+    if size > MAX_QUEUE_BYTES:
+        raise ScenarioError(where, f"{shown(value)} is over {MAX_QUEUE_BYTES // MTU_BYTES} "
+                            "packets (1 GiB)", "give a smaller queue")
+    return size
 
 
 def _check_connected(dcs: tuple[DataCenter, ...], wan: tuple[WanLink, ...]) -> None:
@@ -406,7 +415,7 @@ def _check_connected(dcs: tuple[DataCenter, ...], wan: tuple[WanLink, ...]) -> N
                 changed = True
     missing = [dc.name for dc in dcs if dc.name not in reached]
     if missing:
-        raise ScenarioError("wan", f"no path from {dcs[0].name!r} to {', '.join(map(repr, missing))}",
+        raise ScenarioError("wan", f"no path from {shown(dcs[0].name)} to {', '.join(map(repr, missing))}",
                             "add WAN links so every DC is reachable")
 
 
@@ -420,20 +429,18 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 def _no_unknown(d: dict[str, Any], where: str, allowed: set[str]) -> None:
     for key in d:
         if key not in allowed:
-            prefix = f"{where}." if where else ""
-            raise ScenarioError(f"{prefix}{key}", "unknown field",
-                                f"use one of {', '.join(sorted(allowed))}")
+            raise unknown_field(where, key, allowed)
 
 
 def _flag(value: Any, where: str, fix: str) -> bool:
     if not isinstance(value, bool):
-        raise ScenarioError(where, f"{value!r} is not true or false", fix)
+        raise ScenarioError(where, f"{shown(value)} is not true or false", fix)
     return value
 
 
 def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
-        raise ScenarioError(where, f"{value!r} is not one of {', '.join(allowed)}",
+        raise ScenarioError(where, f"{shown(value)} is not one of {', '.join(allowed)}",
                             f"use one of {', '.join(allowed)}")
     return value
 
@@ -441,7 +448,7 @@ def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
 def checked_number(value: Any, where: str, *, low: float, high: float) -> float:
     """value as a float if it is a number in [low, high] (NaN never is), else ScenarioError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScenarioError(where, f"{value!r} is not a number", f"use a number from {low:g} to {high:g}")
-    if not low <= float(value) <= high:
-        raise ScenarioError(where, f"{value} is out of range", f"use a number from {low:g} to {high:g}")
+        raise ScenarioError(where, f"{shown(value)} is not a number", f"use a number from {low:g} to {high:g}")
+    if not low <= value <= high:     # compared exactly: float() of a huge integer overflows
+        raise ScenarioError(where, f"{shown(value)} is out of range", f"use a number from {low:g} to {high:g}")
     return float(value)

@@ -17,13 +17,14 @@ and the field.
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, shown
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -62,7 +63,7 @@ def expand(doc: dict[str, Any]) -> list[Point]:
                             "e.g. sweep: {wan.delay_ms: [10, 40]}")
     for key, values in sweep.items():
         if not isinstance(key, str) or not KEY_RE.fullmatch(key):
-            raise ScenarioError(f"sweep.{key}", "is not a field path",
+            raise ScenarioError(f"sweep.{shown(key)}", "is not a field path",
                                 "use dotted names, e.g. wan.delay_ms or training.replicas")
         if not isinstance(values, list) or not values:
             raise ScenarioError(f"sweep.{key}", "must be a non-empty list of values",
@@ -86,8 +87,8 @@ def _set(node: Any, parts: list[str], value: Any, where: str) -> None:
     head, rest = parts[0], parts[1:]
     if isinstance(node, list):
         if head.isdigit():
-            if int(head) >= len(node):
-                raise ScenarioError(where, f"index {head} is past the {len(node)} entries",
+            if len(head) > 9 or int(head) >= len(node):    # int() refuses 4300 digits
+                raise ScenarioError(where, f"index {shown(head)} is past the {len(node)} entries",
                                     f"use 0 to {len(node) - 1}")
             targets, rest = [node[int(head)]], rest
         else:
@@ -98,8 +99,11 @@ def _set(node: Any, parts: list[str], value: Any, where: str) -> None:
             _set(item, rest, value, where)
         return
     if not isinstance(node, dict) or head not in node:
-        raise ScenarioError(where, f"the scenario has no field {head!r} there",
-                            "sweep only fields the scenario sets (write the base value first)")
+        near = difflib.get_close_matches(head, [k for k in node if isinstance(k, str)], n=1) \
+            if isinstance(node, dict) else []
+        raise ScenarioError(where, f"the scenario has no field {shown(head)} there",
+                            (f"did you mean {near[0]}? " if near else "")
+                            + "sweep only fields the scenario sets (write the base value first)")
     if rest:
         _set(node[head], rest, value, where)
     else:

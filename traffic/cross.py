@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from testbed.errors import ScenarioError, TestbedError
+from testbed.errors import ScenarioError, TestbedError, shown, unknown_field
 from testbed.scenario import checked_number
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 KINDS = ("tcp", "udp")
 MAX_FLOWS = 64
 MAX_ENTRIES = 32
+MAX_TRACE_STEPS = 1000   # rate changes in one entry's rate_trace (each is an iperf3 run)
 BASE_PORT = 5300
 UDP_PAYLOAD_BYTES = 1400        # one datagram per packet at MTU 1500
 INTERVAL_S = 0.5
@@ -99,21 +100,20 @@ def parse_cross_traffic(value: Any, dcs: "tuple[DataCenter, ...]", wan: "tuple[W
                                 "write from: ..., to: ..., kind: tcp|udp, start_s, stop_s")
         kind = item.get("kind")
         if kind not in KINDS:
-            raise ScenarioError(f"{where}.kind", f"{kind!r} is not tcp or udp", "use tcp or udp")
+            raise ScenarioError(f"{where}.kind", f"{shown(kind)} is not tcp or udp", "use tcp or udp")
         allowed = {"from", "to", "kind", "start_s", "stop_s"} | (
             {"flows", "congestion_control"} if kind == "tcp" else {"rate_mbit", "rate_trace"})
         for key in item:
             if key not in allowed:
-                raise ScenarioError(f"{where}.{key}", f"unknown field for {kind} cross-traffic",
-                                    f"use {', '.join(sorted(allowed))}")
+                raise unknown_field(where, key, allowed, f"unknown field for {kind} cross-traffic")
         src, dst = item.get("from"), item.get("to")
         names = [dc.name for dc in dcs]
         for key, dc in (("from", src), ("to", dst)):
             if dc not in names:
-                raise ScenarioError(f"{where}.{key}", f"{dc!r} is not a DC",
+                raise ScenarioError(f"{where}.{key}", f"{shown(dc)} is not a DC",
                                     f"use one of {', '.join(names)}")
         if frozenset((src, dst)) not in pairs:
-            raise ScenarioError(f"{where}.to", f"no WAN link between {src!r} and {dst!r}",
+            raise ScenarioError(f"{where}.to", f"no WAN link between {shown(src)} and {shown(dst)}",
                                 "cross-traffic runs on a WAN link: name its two ends")
         start = checked_number(item.get("start_s", 0), f"{where}.start_s", low=0.0, high=1e6)
         if "stop_s" not in item:
@@ -125,11 +125,11 @@ def parse_cross_traffic(value: Any, dcs: "tuple[DataCenter, ...]", wan: "tuple[W
         if kind == "tcp":
             flows = item.get("flows", 1)
             if isinstance(flows, bool) or not isinstance(flows, int) or not 1 <= flows <= MAX_FLOWS:
-                raise ScenarioError(f"{where}.flows", f"{flows!r} is not a flow count",
+                raise ScenarioError(f"{where}.flows", f"{shown(flows)} is not a flow count",
                                     f"use an integer from 1 to {MAX_FLOWS}")
             cc = item.get("congestion_control")
             if cc is not None and cc not in congestion_controls:
-                raise ScenarioError(f"{where}.congestion_control", f"{cc!r} is not one of "
+                raise ScenarioError(f"{where}.congestion_control", f"{shown(cc)} is not one of "
                                     f"{', '.join(congestion_controls)}",
                                     f"use one of {', '.join(congestion_controls)}")
             out.append(CrossFlow(label=where, src=src, dst=dst, kind=kind, start_s=start,
@@ -151,13 +151,13 @@ def parse_cross_traffic(value: Any, dcs: "tuple[DataCenter, ...]", wan: "tuple[W
 
 
 def _trace(steps: Any, where: str, start: float, stop: float) -> list[Segment]:
-    if not isinstance(steps, list) or not steps:
-        raise ScenarioError(where, "must be a non-empty list of [seconds, rate_mbit] pairs",
-                            "e.g. rate_trace: [[0, 10], [3, 40]]")
+    if not isinstance(steps, list) or not steps or len(steps) > MAX_TRACE_STEPS:
+        raise ScenarioError(where, f"must be a list of 1 to {MAX_TRACE_STEPS} [seconds, "
+                            "rate_mbit] pairs", "e.g. rate_trace: [[0, 10], [3, 40]]")
     points = []
     for j, step in enumerate(steps):
         if not isinstance(step, list) or len(step) != 2:
-            raise ScenarioError(f"{where}[{j}]", f"{step!r} is not a [seconds, rate_mbit] pair",
+            raise ScenarioError(f"{where}[{j}]", f"{shown(step)} is not a [seconds, rate_mbit] pair",
                                 "write each step as [t_s, rate_mbit]")
         t = checked_number(step[0], f"{where}[{j}][0]", low=0.0, high=1e6)
         if (points and t <= points[-1][0]) or (not points and t != 0):

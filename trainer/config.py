@@ -29,11 +29,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, shown, unknown_field
 from trainer.schedule import SCHEDULES  # pure module, no torch
 
 COMPUTE_MODES = ("measured", "profile")
 OPTIMIZERS = ("adamw", "sgd")
+# Upper bounds of every count: generous (the paper-scale scenarios of topologies/paper use 500
+# replicas, 200 layers, 40 micro-batches), but finite, so that a planner or the model sized from
+# them allocates a bounded amount.
+MAX_COUNT = {"stages": 1024, "replicas": 100_000, "micro_batches": 4096, "micro_batch_size": 4096,
+             "iterations": 100_000, "n_layer": 10_000, "n_embd": 1 << 16, "n_head": 1024,
+             "seq_len": 1 << 20, "vocab_size": 1 << 20, "width": 1 << 20, "seq": 1 << 20,
+             "micro_batch": 4096}
+MAX_SEED = 2**63 - 1
+MAX_LR = 10.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,8 +54,7 @@ def _check_keys(d: Any, prefix: str, known: Sequence[str], required: Sequence[st
                             f"write {prefix} as key: value pairs")
     for key in d:
         if key not in known:
-            raise ScenarioError(f"{prefix}.{key}", "unknown key",
-                                f"use one of: {', '.join(known)}")
+            raise unknown_field(prefix, key, known, "unknown key")
     for key in required:
         if key not in d:
             raise ScenarioError(f"{prefix}.{key}", "missing", f"set {prefix}.{key}")
@@ -55,19 +63,23 @@ def _check_keys(d: Any, prefix: str, known: Sequence[str], required: Sequence[st
 
 def _pos_int(d: dict, key: str, prefix: str, default: int | None = None, minimum: int = 1) -> int:
     value = d.get(key, default)
+    maximum = MAX_COUNT[key]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ScenarioError(f"{prefix}.{key}", f"{value!r} is not an integer",
-                            f"set an integer >= {minimum}")
+        raise ScenarioError(f"{prefix}.{key}", f"{shown(value)} is not an integer",
+                            f"set an integer from {minimum} to {maximum}")
     if value < minimum:
-        raise ScenarioError(f"{prefix}.{key}", f"{value} is below {minimum}",
-                            f"set an integer >= {minimum}")
+        raise ScenarioError(f"{prefix}.{key}", f"{shown(value)} is below {minimum}",
+                            f"set an integer from {minimum} to {maximum}")
+    if value > maximum:
+        raise ScenarioError(f"{prefix}.{key}", f"{shown(value)} is above {maximum}",
+                            f"set an integer from {minimum} to {maximum}")
     return value
 
 
 def _choice(d: dict, key: str, prefix: str, choices: Sequence[str], default: str | None) -> str:
     value = d.get(key, default)
     if value not in choices:
-        raise ScenarioError(f"{prefix}.{key}", f"unknown value {value!r}",
+        raise ScenarioError(f"{prefix}.{key}", f"unknown value {shown(value)}",
                             f"use one of: {', '.join(choices)}")
     return value
 
@@ -79,9 +91,10 @@ def _pos_float(d: dict, key: str, prefix: str, default: float) -> float:
             value = float(value)
         except ValueError:
             pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ScenarioError(f"{prefix}.{key}", f"{value!r} is not a positive number",
-                            "set a number > 0")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= MAX_LR:
+        raise ScenarioError(f"{prefix}.{key}", f"{shown(value)} is not a positive number",
+                            f"set a number > 0 and at most {MAX_LR:g}")
     return float(value)
 
 
@@ -137,7 +150,7 @@ class ProfileConfig:
         names = [f.name for f in fields(cls)]
         _check_keys(d, prefix, names, names)
         if not isinstance(d["file"], str) or not d["file"]:
-            raise ScenarioError(f"{prefix}.file", f"{d['file']!r} is not a file name",
+            raise ScenarioError(f"{prefix}.file", f"{shown(d['file'])} is not a file name",
                                 "name a profile in trainer/profiles/, e.g. h200-transformer.json")
         cfg = cls(file=d["file"], width=_pos_int(d, "width", prefix),
                   seq=_pos_int(d, "seq", prefix), micro_batch=_pos_int(d, "micro_batch", prefix),
@@ -201,8 +214,9 @@ class TrainConfig:
             raise ScenarioError(f"{p}.profile", "given but compute is 'measured'",
                                 "set compute: profile or drop profile")
         seed = d.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ScenarioError(f"{p}.seed", f"{seed!r} is not an integer >= 0", "set seed: 0")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise ScenarioError(f"{p}.seed", f"{shown(seed)} is not an integer from 0 to "
+                                f"{MAX_SEED}", "set seed: 0")
         placement, placement_dcs = _placement(d.get("placement"), f"{p}.placement", stages,
                                               replicas)
         return cls(model=model, stages=stages, replicas=replicas,
@@ -249,9 +263,9 @@ def _placement(value: Any, prefix: str, stages: int, replicas: int
             raise ScenarioError(f"{prefix}[{s}]", f"expected {replicas} host names", fix)
         for r, host in enumerate(row):
             if not isinstance(host, str) or not host:
-                raise ScenarioError(f"{prefix}[{s}][{r}]", f"{host!r} is not a host name", fix)
+                raise ScenarioError(f"{prefix}[{s}][{r}]", f"{shown(host)} is not a host name", fix)
             if host in seen:
-                raise ScenarioError(f"{prefix}[{s}][{r}]", f"host {host!r} is used twice",
+                raise ScenarioError(f"{prefix}[{s}][{r}]", f"host {shown(host)} is used twice",
                                     "place one worker per host (one host = one GPU)")
             seen.add(host)
         rows.append(tuple(row))
@@ -273,5 +287,5 @@ def validate_against_hosts(cfg: TrainConfig, n_hosts: int, host_names: Sequence[
             for r, host in enumerate(row):
                 if host not in known:
                     raise ScenarioError(f"{field_prefix}.placement[{s}][{r}]",
-                                        f"host {host!r} is not in the topology",
+                                        f"host {shown(host)} is not in the topology",
                                         f"use one of: {', '.join(host_names)}")

@@ -20,7 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from testbed.errors import ScenarioError
+from testbed.errors import ScenarioError, shown
+from testbed.inputfile import read_text
 
 if TYPE_CHECKING:
     from trainer.config import ProfileConfig
@@ -55,30 +56,42 @@ def optimizer_ms(params: int) -> float:
     return params * ADAM_BYTES_PER_PARAM / H200_HBM_BYTES_PER_S * 1e3
 
 
+MAX_PROFILE_BYTES = 1 << 20      # the shipped profiles are about 11 KB
+
+
 def profile_path(name: str) -> Path:
-    """A bare name is looked up in trainer/profiles/; anything else is a path."""
-    candidate = PROFILE_DIR / name
-    return candidate if candidate.exists() else Path(name)
+    """A bare name (no '/') is a file in trainer/profiles/; anything else is a path."""
+    return PROFILE_DIR / name if "/" not in name else Path(name)
 
 
 @lru_cache(maxsize=8)
-def load_profile(name: str) -> dict:
+def load_profile(name: str, field: str = "training.profile.file") -> dict:
+    """A profile's JSON document: a regular .json file of at most MAX_PROFILE_BYTES holding a
+    JSON object, else ScenarioError(field)."""
+    fix = f"name a file in {PROFILE_DIR} or give the path of a .json profile"
+    if not name.endswith(".json"):
+        raise ScenarioError(field, f"{shown(name)} is not a .json file", fix)
     path = profile_path(name)
+    if not path.exists():
+        raise ScenarioError(field, f"profile {shown(name)} not found (looked for {path})", fix)
+    text = read_text(path, field, MAX_PROFILE_BYTES, fix)
     try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"profile {name!r} not found (looked in {PROFILE_DIR} and {path})")
+        doc = json.loads(text)
+    except (RecursionError, ValueError) as exc:   # JSONDecodeError, or an integer too long
+        raise ScenarioError(field, f"{shown(name)} is not JSON ({str(exc)[:60]})", fix) from None
+    if not isinstance(doc, dict):
+        raise ScenarioError(field, f"{shown(name)} holds no JSON object", fix)
+    return doc
 
 
 def find_block(cfg: ProfileConfig, prefix: str = "training.profile") -> dict:
     """The profile row for (width, seq, micro_batch), or ScenarioError naming what exists."""
-    try:
-        profile = load_profile(cfg.file)
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
-        raise ScenarioError(f"{prefix}.file", str(exc),
-                            f"name a file in {PROFILE_DIR} or give a path") from None
-    blocks = profile.get("blocks", [])
+    profile = load_profile(cfg.file, f"{prefix}.file")
+    blocks = profile.get("blocks")
+    if not isinstance(blocks, list) or not all(
+            isinstance(b, dict) and {"width", "seq", "micro_batch"} <= b.keys() for b in blocks):
+        raise ScenarioError(f"{prefix}.file", f"{shown(cfg.file)} has no list of blocks",
+                            "give a profile written by trainer/measure_profile.py")
     for key, value in (("width", cfg.width), ("seq", cfg.seq), ("micro_batch", cfg.micro_batch)):
         have = sorted({b[key] for b in blocks})
         if value not in have:
