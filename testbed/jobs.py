@@ -10,8 +10,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from testbed import interrupts, report
 from testbed.calibrate import Settings, calibrate, paths_table, table
 from testbed.errors import ScenarioError
@@ -22,6 +20,7 @@ from testbed.results import new_run_dir, provenance, write_json, write_text
 from testbed.runcheck import load_run
 from testbed.scenario import Scenario, load_scenario
 from testbed.systems import get_system
+from testbed.yamlfile import dump_yaml
 
 if TYPE_CHECKING:
     from testbed.progress import Progress
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 def _prepare(scenario: Scenario, out_dir: Path) -> Path:
     check_environment()
     run_dir = new_run_dir(out_dir, scenario.name)
-    write_text(run_dir / "scenario.resolved.yaml", yaml.safe_dump(scenario.raw, sort_keys=False))
+    write_text(run_dir / "scenario.resolved.yaml", dump_yaml(scenario.raw))
     return run_dir
 
 

@@ -40,8 +40,8 @@ from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError, TestbedError
 from testbed.procs import HostProcess, open_log, stop_all
 from testbed.registry import Registry
-from testbed.scenario import (MIN_TCP_BUFFER_BYTES, MTU_BYTES, REAL_TCP_WMEM_MAX_BYTES,
-                              Scenario, scaled_tcp_rmem_max_bytes)
+from testbed.scenario import (MAX_QUEUE_BYTES, MIN_TCP_BUFFER_BYTES, MTU_BYTES,
+                              REAL_TCP_WMEM_MAX_BYTES, Scenario, scaled_tcp_rmem_max_bytes)
 from testbed.minitopo import ScenarioTopo
 from testbed.topo import Plan, make_plan
 from traffic.tcpcc import set_congestion_control
@@ -476,7 +476,9 @@ class Network:
             rate = max([link.rate_mbit] + [f.rate_mbit / T for f in mine if f.rate_mbit])
             delay = max([link.delay_ms + link.jitter_ms] + [
                 (f.delay_ms + (f.jitter_ms or 0)) * T for f in mine if f.delay_ms is not None])
-            in_flight = rate * 1e6 / 8 * delay / 1e3
+            # In flight is cut at the WAN queue's cap, as the queue is: NFQUEUE's maxlen is a
+            # u32, and what it lets the kernel hold is bounded.
+            in_flight = min(rate * 1e6 / 8 * delay / 1e3, MAX_QUEUE_BYTES)
             maxlen = max(1024, int(2 * in_flight // 1000))
             # a->b is delayed as it enters b's gateway, and b->a as it enters a's.
             for k, (src, dst) in enumerate(((w.end_a, w.end_b), (w.end_b, w.end_a))):

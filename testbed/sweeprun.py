@@ -25,13 +25,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from testbed import interrupts
 from testbed.errors import ScenarioError, TestbedError
 from testbed.progress import Progress
 from testbed.results import new_run_dir, write_json, write_text
 from testbed.sweep import Point, check_points, expand
+from testbed.yamlfile import dump_yaml
 
 INDEX_SCHEMA = 1
 LOCK_NAME = ".lock"
@@ -66,7 +65,7 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     else:
         sweep_dir = new_run_dir(out_dir, f"{doc['name']}-sweep")
         lock = _lock(sweep_dir)
-        write_text(sweep_dir / "scenario.yaml", yaml.safe_dump(doc, sort_keys=False))
+        write_text(sweep_dir / "scenario.yaml", dump_yaml(doc))
         index = {"schema_version": INDEX_SCHEMA, "scenario": doc["name"], "key": key,
                  "sweep": doc["sweep"], "systems": systems, "iterations": iterations,
                  "points": [{"index": p.index, "label": p.label, "values": p.values,
@@ -105,7 +104,7 @@ def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_j
     interrupts.check()
     (sweep_dir / "points").mkdir(exist_ok=True)
     path = write_text(sweep_dir / "points" / f"{p.label}.yaml",
-                      yaml.safe_dump(p.doc, sort_keys=False))
+                      dump_yaml(p.doc))
     entry.update(status="running", error=None)
     write_json(sweep_dir / "index.json", index)
     progress.where(f"point {p.index + 1}/{n} {p.label}")

@@ -6,11 +6,13 @@ number; it refuses a key written twice, naming the key and its line, where PyYAM
 last silently; and its errors carry the line. On top of it this module refuses anchors and
 aliases (a few hundred bytes of nested aliases expand to gigabytes) and caps nesting depth;
 `testbed.inputfile` caps the size and reads only regular files. Every bad file is one
-ScenarioError line.
+ScenarioError line. `dump_yaml` writes what the runs record (scenario.resolved.yaml, a sweep's
+points) so that it reads back the same.
 """
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,18 @@ def load_yaml(path: str | Path, fix: str) -> Any:
     except (YAMLError, RecursionError) as exc:
         raise ScenarioError("scenario", f"{name} is not valid YAML: "
                             f"{_first_line(str(exc))}", "fix the syntax") from None
+
+
+def dump_yaml(data: Any) -> str:
+    """data as YAML 1.2 text that load_yaml reads back as data: keys in their order, a string
+    that would read as another type quoted (PyYAML's 1.1 dumper leaves `1e2` bare, which 1.2
+    reads as a number)."""
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.representer.sort_base_mapping_type_on_output = False
+    out = io.StringIO()
+    yaml.dump(data, out)
+    return out.getvalue()
 
 
 def _first_line(text: str | None) -> str:

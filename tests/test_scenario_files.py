@@ -93,6 +93,25 @@ def test_profile_file_must_be_a_regular_file(tmp_path, special):
     assert seconds < 10 and rss < 300, (seconds, rss)
 
 
+def test_profile_file_outside_the_profile_folder_is_refused(tmp_path):
+    from trainer.profiles import PROFILE_DIR
+    outside = tmp_path / "h200-transformer.json"   # a valid profile, copied out of the folder
+    outside.write_text((PROFILE_DIR / "h200-transformer.json").read_text())
+    for name in (str(outside), str(PROFILE_DIR / ".." / ".." / "README.md")):
+        doc = TWO_DC.replace("file: h200-transformer.json", f"file: {name}")
+        rc, lines, _, _ = bounded_cli("validate", str(write(tmp_path, doc)), timeout=15)
+        assert_one_line(rc, lines, "training.profile.file:")
+
+
+def test_recorded_scenarios_read_back_the_same(tmp_path):
+    from testbed.yamlfile import dump_yaml, load_yaml
+    doc = {"name": "1e2", "description": "0o17", "dcs": [{"name": "no", "hosts": 2}],
+           "on": ["off", "yes", "~", "null", "1_000", "12:30:00", "2024-01-01"],
+           "big": 10 ** 30, "x": 1.5, "inf": float("inf"), "neg": -0.0}
+    assert load_yaml(write(tmp_path, dump_yaml(doc)), "fix") == doc
+    assert list(load_yaml(write(tmp_path, dump_yaml(doc), "b.yaml"), "fix")) == list(doc)
+
+
 def test_scenario_from_stdin_fifo_is_refused_not_waited_on(tmp_path):
     read, write = os.pipe()          # held open: a reader of /dev/stdin would wait
     try:

@@ -2,6 +2,7 @@
 hand-made spans, the plot and the profile script's CPU smoke run."""
 
 import json
+import os
 import socket
 import threading
 import time
@@ -311,30 +312,33 @@ def test_timeline_plot_writes_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
 
 
-def test_measure_profile_cpu_smoke(tmp_path):
+def test_measure_profile_cpu_smoke():
     from trainer.measure_profile import main
-    from trainer.profiles import StageCost, optimizer_ms, stage_costs
-    out = tmp_path / "prof.json"
-    assert main([str(out), "--cpu-smoke", "--reps", "2"]) == 0
-    prof = json.loads(out.read_text())
-    assert {"what", "device", "dtype", "torch", "timing", "blocks"} <= prof.keys()
-    row = prof["blocks"][0]
-    assert {"width", "heads", "seq", "micro_batch", "forward_ms", "backward_ms",
-            "activation_bytes"} <= row.keys()
-    assert row["forward_ms"] > 0 and row["activation_bytes"] == row["micro_batch"] * row["seq"] \
-        * row["width"] * 4
-    # the written file works as a profile for a run
-    cfg = TrainConfig.from_dict({
-        "model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64},
-        "stages": 2, "micro_batches": 2, "compute": "profile",
-        "profile": {"file": str(out), "width": row["width"], "seq": row["seq"],
-                    "micro_batch": row["micro_batch"], "n_layer": 3}})
-    costs = stage_costs(cfg.profile, 2)
-    assert costs[0] == StageCost(layers=2, forward_ms=2 * row["forward_ms"],
-                                 backward_ms=2 * row["backward_ms"],
-                                 activation_bytes=row["activation_bytes"],
-                                 params=2 * row["params"],
-                                 optimizer_ms=optimizer_ms(2 * row["params"]))
+    from trainer.profiles import PROFILE_DIR, StageCost, optimizer_ms, stage_costs
+    out = PROFILE_DIR / f"test-smoke-{os.getpid()}.json"   # profiles are read from there only
+    try:
+        assert main([str(out), "--cpu-smoke", "--reps", "2"]) == 0
+        prof = json.loads(out.read_text())
+        assert {"what", "device", "dtype", "torch", "timing", "blocks"} <= prof.keys()
+        row = prof["blocks"][0]
+        assert {"width", "heads", "seq", "micro_batch", "forward_ms", "backward_ms",
+                "activation_bytes"} <= row.keys()
+        assert row["forward_ms"] > 0
+        assert row["activation_bytes"] == row["micro_batch"] * row["seq"] * row["width"] * 4
+        # the written file works as a profile for a run
+        cfg = TrainConfig.from_dict({
+            "model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64},
+            "stages": 2, "micro_batches": 2, "compute": "profile",
+            "profile": {"file": str(out), "width": row["width"], "seq": row["seq"],
+                        "micro_batch": row["micro_batch"], "n_layer": 3}})
+        costs = stage_costs(cfg.profile, 2)
+        assert costs[0] == StageCost(layers=2, forward_ms=2 * row["forward_ms"],
+                                     backward_ms=2 * row["backward_ms"],
+                                     activation_bytes=row["activation_bytes"],
+                                     params=2 * row["params"],
+                                     optimizer_ms=optimizer_ms(2 * row["params"]))
+    finally:
+        out.unlink(missing_ok=True)
 
 
 def test_shipped_profiles_match_their_provenance():

@@ -66,12 +66,14 @@ def profile_path(name: str) -> Path:
 
 @lru_cache(maxsize=8)
 def load_profile(name: str, field: str = "training.profile.file") -> dict:
-    """A profile's JSON document: a regular .json file of at most MAX_PROFILE_BYTES holding a
-    JSON object, else ScenarioError(field)."""
-    fix = f"name a file in {PROFILE_DIR} or give the path of a .json profile"
+    """A profile's JSON document: a regular .json file under PROFILE_DIR of at most
+    MAX_PROFILE_BYTES holding a JSON object, else ScenarioError(field)."""
+    fix = f"name a .json file in {PROFILE_DIR} (copy a measured profile there)"
     if not name.endswith(".json"):
         raise ScenarioError(field, f"{shown(name)} is not a .json file", fix)
     path = profile_path(name)
+    if not path.resolve().is_relative_to(PROFILE_DIR):   # links resolved: none leads out
+        raise ScenarioError(field, f"{shown(name)} is not a file in {PROFILE_DIR}", fix)
     if not path.exists():
         raise ScenarioError(field, f"profile {shown(name)} not found (looked for {path})", fix)
     text = read_text(path, field, MAX_PROFILE_BYTES, fix)
