@@ -37,7 +37,8 @@ from prefill.model import InferenceConfig, build_model, generate_from_cache, pre
 from prefill.records import RecordLog
 from prefill.service import close_gently, serve_main, start_thread
 from trainer.spec import SpecFile
-from prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, send_msg, shown
+from prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, send_msg
+from testbed.errors import shown
 
 MAX_ID_CHARS = 64
 MAX_PAD_BYTES = 1 << 40          # padding is dropped in chunks, never allocated

@@ -70,7 +70,8 @@ from prefill.model import InferenceConfig, InferenceGPT, build_model, prefill, p
 from prefill.profile import PrefillProfile
 from prefill.records import RecordLog
 from prefill.service import close_gently, serve_main
-from prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, send_msg, shown
+from prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, send_msg
+from testbed.errors import shown
 from trainer.gpulock import GpuLock
 from trainer.spec import SpecFile
 
@@ -294,8 +295,10 @@ class PrefillServer:
             send_msg(conn, self.serve(msg.header))
 
     def refuse(self, conn: socket.socket, why: str) -> None:
-        """The reply to a connection over the service's cap (prefill/service.py)."""
-        self._fail(conn, None, f"busy: {why}", retry=True)
+        """The reply to a connection over the service's cap (prefill/service.py); no REJECT
+        record, so a flood of connections cannot grow the records file (the service counts and
+        prints the refusals)."""
+        send_msg(conn, {"ok": False, "id": None, "error": f"busy: {why}", "retry": True})
 
     def _fail(self, conn: socket.socket | None, rid: str | None, error: str,
               retry: bool) -> dict:

@@ -36,12 +36,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from testbed.errors import shown
+
 MAGIC = b"BTW1"
 VERSION = 1
 PREFIX = struct.Struct("!4sHI")          # magic, version, header length
 MAX_HEADER_BYTES = 64 * 1024
 HEADER_DEADLINE_S = 5.0                  # the servers' header_deadline_s
-MAX_SHOWN_CHARS = 80                     # shown(): a value in an error line, cut to this
 _CHUNK_BYTES = 1 << 20                   # padding is sent and dropped in pieces of this size
 _ZEROS = bytes(_CHUNK_BYTES)             # shared, read-only: every sender's padding
 _SMALL_BYTES = 64 * 1024                 # a message up to this size goes out in one sendall
@@ -102,12 +103,6 @@ def send_msg(sock: socket.socket, header: dict[str, Any],
         sock.sendall(_ZEROS[:n] if n < _CHUNK_BYTES else _ZEROS)
         left -= n
     return total
-
-
-def shown(value: Any) -> str:
-    """repr(value) for an error line, cut to MAX_SHOWN_CHARS."""
-    text = repr(value)
-    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
 
 
 def _read_into(sock: socket.socket, buf: memoryview, what: str,

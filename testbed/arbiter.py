@@ -43,10 +43,12 @@ pyroute2's parse took 0.9), first at grant + bytes / rate, then at the predicted
 to 5 ms while nothing moves), and ends the slot when the
 class has sent the granted bytes since the grant, or when DONE has come, the class's backlog is 0
 and it has sent at least 99% of them; also when the client disconnects, and (logged as
-"stalled") when DONE has come, the backlog is 0 and nothing moved for stall_s. A slot ends at
-its deadline whatever the client does ("deadline": grant + the granted bytes at the link's rate
-x SLOT_MARGIN + stall_s; the client gets ERR and is closed), so a client that is granted and
-then neither sends nor closes holds the link no longer.
+"stalled") when DONE has come, the backlog is 0 and nothing moved for stall_s. At its
+deadline (grant + the granted bytes at the link's rate x SLOT_MARGIN + stall_s) a slot whose
+class has queued nothing and sent nothing for stall_s ends ("deadline"; the client gets ERR and
+is closed), so a client that is granted and then neither sends nor closes holds the link no
+longer; one still sending (a slow or faulted link, a lossy TCP) keeps it, checked again every
+stall_s.
 
 Who may ask: a connection from an address that is no sending host of the arbiter's pipelines
 (the spec's `pipelines` IPs) is refused at once (ERR, closed, logged), as is a REQ for a
@@ -271,6 +273,7 @@ class Request:
     bytes0: int = 0
     last_bytes: int = 0
     last_progress: float = 0.0
+    backlog: int = 0             # the class's queue at the last poll
     last_poll: float = 0.0
     next_poll: float = 0.0
     deadline: float = 0.0        # time.monotonic() the slot ends by, whatever happens
@@ -579,19 +582,27 @@ class Arbiter:
         for state in self.links.values():
             req = state.current
             if req is not None and req.deadline <= now:
-                self._over_deadline(req)
-                req = state.current
-            if req is None or req.next_poll > now:
+                self._poll_or_record(state, req)   # fresh counters decide (module docstring)
+                if state.current is req:
+                    if time.monotonic() - req.last_progress < self.spec.stall_s or req.backlog:
+                        req.deadline = time.monotonic() + self.spec.stall_s   # still sending
+                    else:
+                        self._over_deadline(req)
                 continue
-            try:
-                self._poll(state, req)
-            except Exception as exc:  # noqa: BLE001 - try again a little later
-                self.record({"kind": "error", "link": state.spec.link, "reason": f"poll: {exc!r}"})
-                req.next_poll = time.monotonic() + MAX_POLL_S
+            if req is not None and req.next_poll <= now:
+                self._poll_or_record(state, req)
+
+    def _poll_or_record(self, state: LinkState, req: Request) -> None:
+        try:
+            self._poll(state, req)
+        except Exception as exc:  # noqa: BLE001 - try again a little later
+            self.record({"kind": "error", "link": state.spec.link, "reason": f"poll: {exc!r}"})
+            req.next_poll = time.monotonic() + MAX_POLL_S
 
     def _poll(self, state: LinkState, req: Request) -> None:
         stats = self._class_stats(state)
         nbytes, _pkts, backlog = stats[req.pipeline]
+        req.backlog = backlog
         req.polls += 1
         now = time.monotonic()
         sent = nbytes - req.bytes0

@@ -35,7 +35,7 @@ from mininet.util import ensureRoot
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from testbed import interrupts, leash, limits, machine, shaping, wanstats
+from testbed import interrupts, leash, limits, machine, report, shaping, wanstats
 from testbed.delayline import QueueSpec
 from testbed.errors import ScenarioError, TestbedError
 from testbed.procs import HostProcess, open_log, stop_all
@@ -187,7 +187,8 @@ class Network:
         self._old_handlers: dict[int, object] = {}
         self.timings_s: dict[str, float] = {}
         self.congestion_control: dict[str, str] = {}
-        self.kernel_modules_loaded: list[str] | str = []   # by the build (machine)
+        self.kernel_modules_loaded: list[str] | str = []   # by the build, then the run (machine)
+        self._modules_before: frozenset[str] | None = None
         self._owner_pid = os.getpid()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -207,7 +208,7 @@ class Network:
     def start(self) -> None:
         t0 = time.monotonic()
         check_environment()
-        modules_before = machine.loaded_modules()   # before the netem probe and the build
+        self._modules_before = machine.loaded_modules()   # before the netem probe and the build
         if self.requested_backend not in ("auto", "netem", "delayline"):
             raise ScenarioError(self._backend_field, f"{self.requested_backend!r} is not a "
                                 "backend", "use auto, netem or delayline")
@@ -242,7 +243,7 @@ class Network:
                 # CPUs polling while the delay lines must keep time (testbed.machine).
                 self._wakeup_fd, self.cpu_idle = machine.hold_cpu_wakeup_latency()
             self._start_delaylines()
-        self.kernel_modules_loaded = machine.modules_loaded_since(modules_before)
+        self.kernel_modules_loaded = machine.modules_loaded_since(self._modules_before)
         self._start_supervisor()
         self.timings_s["up"] = time.monotonic() - t0
 
@@ -292,6 +293,10 @@ class Network:
             machine.release_cpu_wakeup_latency(self._wakeup_fd)
             self._wakeup_fd = None
             self._restore_signal_handlers(held)
+            if self.backend:   # past the build's start: what the whole run loaded (arbiters'
+                # qdiscs, a congestion control set later) goes into env.json too
+                self.kernel_modules_loaded = machine.modules_loaded_since(self._modules_before)
+                report.record_modules(self.run_dir / "env.json", self.kernel_modules_loaded)
             self.timings_s["down"] = time.monotonic() - t0
 
     # ---- running things in hosts -----------------------------------------------------------

@@ -104,11 +104,18 @@ class HostProcess:
                     os.killpg(self.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                self.popen.wait()
-                os.close(self.pidfd)
+                self.popen.wait()   # the pidfd stays open (__del__): another thread may poll it
         if self._on_exit is not None:
             cb, self._on_exit = self._on_exit, None
             cb(self.pid)
+
+    def __del__(self) -> None:
+        fd, self.pidfd = getattr(self, "pidfd", -1), -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def output(self, tail_chars: int = 4000) -> str:
         try:

@@ -39,11 +39,8 @@ ALIAS_PREFIX = "geotestbed:"
 
 def _start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/pid/stat)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    stat = _stat(pid)
+    return int(stat[19]) if stat is not None else None
 
 
 class Registry:
@@ -85,24 +82,58 @@ def alive(entry: dict) -> bool:
 
 
 def _signal(entry: dict, sig: int) -> None:
-    """sig to a recorded process's group and to it, through a pidfd opened before its start
-    time is checked: a pid reused since is never signalled. The group only while its leader
-    is so verified alive (its number then names no other group)."""
+    """sig to a recorded process and the members of its group, each through a pidfd, so a pid
+    reused since is never signalled: the leader's pidfd is opened before its start time is
+    checked; each member's is opened before its group is checked, and the members count only
+    if the leader is still alive after that (a live leader's number names no other group)."""
     try:
         fd = os.pidfd_open(entry["pid"])
     except OSError:
         return
+    members: list[int] = []
     try:
-        if alive(entry):
+        if not alive(entry):
+            return
+        members = _group_pidfds(entry["pid"])
+        if not alive(entry):
+            return
+        for member in (*members, fd):
             try:
-                os.killpg(entry["pid"], sig)
-            except (ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(member, sig)
+            except ProcessLookupError:
                 pass
-            signal.pidfd_send_signal(fd, sig)
-    except ProcessLookupError:
-        pass
     finally:
-        os.close(fd)
+        for member in (*members, fd):
+            os.close(member)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields 3 on of /proc/pid/stat (state, ppid, pgrp, ...), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _group_pidfds(pgid: int) -> list[int]:
+    """pidfds of the other processes whose group is pgid, each checked after it was opened."""
+    fds = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == pgid:
+            continue
+        stat = _stat(int(name))
+        if stat is None or stat[2] != str(pgid):
+            continue
+        try:
+            fd = os.pidfd_open(int(name))
+        except OSError:
+            continue
+        stat = _stat(int(name))
+        if stat is not None and stat[2] == str(pgid):
+            fds.append(fd)
+        else:
+            os.close(fd)
+    return fds
 
 
 def _registries(directory: Path) -> list[tuple[Path, dict]]:

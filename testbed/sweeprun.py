@@ -60,11 +60,25 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     if resume is not None:
         sweep_dir = Path(resume)
         _read_index(sweep_dir, key, len(points))     # a sweep folder at all, before locking
-        lock = _lock(sweep_dir)
-        index = _read_index(sweep_dir, key, len(points))   # as the last holder left it
     else:
         sweep_dir = new_run_dir(out_dir, f"{doc['name']}-sweep")
-        lock = _lock(sweep_dir)
+    lock = _lock(sweep_dir)
+    try:   # held until the sweep's tables are written: a waiting --resume starts after
+        _sweep(doc, points, checked, key, sweep_dir, resume is not None, run_job,
+               backend=backend, systems=systems, iterations=iterations, quiet=quiet,
+               timeout_s=timeout_s)
+    finally:
+        os.close(lock)
+    return sweep_dir / "index.json"
+
+
+def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sweep_dir: Path,
+           resumed: bool, run_job, *, backend: str | None, systems: list[str] | None,
+           iterations: int | None, quiet: bool, timeout_s: float | None) -> None:
+    """The sweep's points not done yet, then its tables (the caller holds the folder's lock)."""
+    if resumed:
+        index = _read_index(sweep_dir, key, len(points))   # as the last holder left it
+    else:
         write_text(sweep_dir / "scenario.yaml", dump_yaml(doc))
         index = {"schema_version": INDEX_SCHEMA, "scenario": doc["name"], "key": key,
                  "sweep": doc["sweep"], "systems": systems, "iterations": iterations,
@@ -83,7 +97,6 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                        timeout_s=timeout_s)
     finally:
         progress.close()
-        os.close(lock)
     for line in summary(index):
         progress.say(line)
     if any(e["status"] == "done" for e in index["points"]):
@@ -94,7 +107,6 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
         raise TestbedError(f"{len(failed)} of {len(points)} sweep points failed "
                            f"({', '.join(e['label'] for e in failed)}): see "
                            f"{sweep_dir / 'index.json'}")
-    return sweep_dir / "index.json"
 
 
 def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_job, *,

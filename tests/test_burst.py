@@ -99,7 +99,7 @@ def test_unknown_congestion_control_is_one_line(tmp_path):
 
 
 def test_receiver_listens_only_where_it_is_told():
-    """No --bind: one line naming it, exit 2 (it used to listen on every interface)."""
+    """No --bind: one line naming it, exit 2 (no listening on every interface)."""
     out = subprocess.run([sys.executable, "-m", "traffic.burst", "recv", "--port", "0",
                           "--messages", "1", "--bytes", "10", "--out", "/dev/null",
                           "--timeout-s", "1"],

@@ -285,6 +285,47 @@ def test_cleanup_signals_only_the_recorded_process(tmp_path):
         os.close(victim)
 
 
+def test_cleanup_ends_a_recorded_leaders_group_through_pidfds(tmp_path):
+    """A recorded group leader and its group's members end (each through a pidfd checked
+    after it was opened); a process of another group is not touched."""
+    from testbed.registry import cleanup
+
+    owner = subprocess.Popen(["true"])
+    owner.wait()
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(members := _group_members(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(members) == 2, members
+        fds = [os.pidfd_open(p) for p in members]
+        (tmp_path / "dead-1.json").write_text(json.dumps({
+            "run_id": "dead", "owner": {"pid": owner.pid, "start": 1},
+            "pids": [{"pid": leader.pid, "start": _start_time(leader.pid), "what": "sh"}],
+            "interfaces": []}))
+        cleanup(tmp_path)
+        assert leader.wait(timeout=5) is not None
+        assert all(_pid_gone(fd, 2.0) for fd in fds)
+        assert bystander.poll() is None
+    finally:
+        for proc in (leader, bystander):
+            proc.kill()
+            proc.wait()
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if name.isdigit() and int(name) != pgid and stat[2] == str(pgid):
+            out.append(int(name))
+    return out
+
+
 CPULOAD_SCRIPT = r"""
 import sys, time
 from pathlib import Path

@@ -217,7 +217,7 @@ def test_a_trickling_hello_does_not_keep_the_real_peer_out():
         t.join(5)
         slow.close()
         lst.close()
-    assert took < 1.5, f"the real peer waited {took:.1f} s behind a trickling hello"
+    assert took < 3.5, f"the real peer waited {took:.1f} s behind a trickling hello"
 
 
 def test_a_flood_of_silent_connections_does_not_keep_the_real_peer_out():

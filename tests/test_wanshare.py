@@ -209,6 +209,37 @@ def test_a_granted_client_that_goes_silent_loses_its_slot(fake_arbiter):
     assert [s["reason"] for s in arbiter.read_log(arb.spec.log_path)] == ["deadline", "bytes"]
 
 
+def test_a_granted_client_still_sending_keeps_its_slot_past_the_deadline(fake_arbiter):
+    """A slow client (its class moves a little every 0.1 s, as on a faulted or lossy link)
+    keeps its slot past the deadline: it is not cut off mid-message, the next waits."""
+    arb, share, port = fake_arbiter
+    slow = socket.create_connection(("127.0.0.1", port))
+    slow.sendall(b"REQ sa->sb 0 5000\n")
+    assert slow.recv(100).startswith(b"GRANT ")
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.1):
+            share.sent[0] += 10
+
+    threading.Thread(target=trickle, daemon=True).start()
+    threading.Timer(4 * arb.spec.stall_s, lambda: share.sent.__setitem__(0, 10**6)).start()
+    waiter = SlotClient("127.0.0.1", port, "sa->sb", 1, timeout_s=5)
+    t0 = time.monotonic()
+    with waiter.gate(100):
+        took = time.monotonic() - t0
+        share.sent[1] += 200
+    stop.set()
+    assert took >= 3 * arb.spec.stall_s, took      # the deadline (about stall_s) passed by
+    slow.settimeout(0.2)
+    with pytest.raises(socket.timeout):
+        slow.recv(100)                              # no ERR: it was never cut off
+    waiter.close()
+    slow.close()
+    time.sleep(0.1)
+    assert [s["reason"] for s in arbiter.read_log(arb.spec.log_path)] == ["bytes", "bytes"]
+
+
 def test_who_may_ask_and_how_many(tmp_path):
     """A connection from an address that is no sending host of the pipelines is refused, so is
     a REQ for another host's pipeline, and connections past MAX_CONNS."""
@@ -239,7 +270,7 @@ def test_who_may_ask_and_how_many(tmp_path):
 
 
 def test_the_arbiter_serves_file_descriptors_past_1024(tmp_path):
-    """select.select() refuses a descriptor >= 1024 (FD_SETSIZE) and used to end the loop;
+    """select.select() refuses a descriptor >= 1024 (FD_SETSIZE), which would end the loop;
     here the arbiter's listener and clients all get numbers past 1024."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -67,12 +67,13 @@ def init_stage_group(my_ip: str, master_ip: str, master_port: int, rank: int, wo
     like the stage-to-stage channels' I/O threads (trainer.transport): a GPU all-reduce runs on
     the GPU and the NIC and does not wait for CPU-bound neighbours; on 2 cores a normal-priority
     one did. gloo makes its threads in init_process_group; they are set after it, by thread id
-    (host.realtime: a thread an RT thread starts does not inherit RT), and so is any other
-    thread made then (on rank 0 the store's server thread, idle after the rendezvous). Returns
+    (host.realtime: a thread an RT thread starts does not inherit RT). The store is made before
+    it, so on rank 0 the store's server thread, which reads whatever a peer sends, stays at
+    normal priority. Returns
     what was set: "off", "fifo:N" or "refused:ERRNO" (tests/test_dp.py checks gloo's threads)."""
     os.environ["GLOO_SOCKET_IFNAME"] = interface_for_ip(my_ip)
-    before = set(process_threads())
     store = open_store(my_ip, master_ip, master_port, rank, world_size, timeout_s)
+    before = set(process_threads())
     dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
     if io_priority is None:

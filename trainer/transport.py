@@ -710,7 +710,7 @@ class Channel:
 
 _HELLO = struct.Struct("!4sHHH")   # magic, connection index, connections (K), name length
 HELLO_TIMEOUT_S = 5.0     # a connection must send its whole hello this soon after it is accepted
-MAX_PENDING_HELLOS = 64   # connections whose hello is still coming; beyond, the oldest is closed
+MAX_PENDING_HELLOS = 64   # hellos still coming; beyond, the one that sent least is closed
 MAX_HELLO_NAME = 64       # bytes of a hello's name (or the expected name's, when longer)
 
 
@@ -775,8 +775,8 @@ class Listener:
         listening socket and every connection whose hello is still coming), each within
         HELLO_TIMEOUT_S of its accept, so a connection that trickles its hello holds up no
         other. Any other connection (a wrong, slow or missing hello, another K, an index out of
-        range or seen before, the oldest of more than MAX_PENDING_HELLOS pending) is closed and
-        accepting goes on until the deadline."""
+        range or seen before; of more than MAX_PENDING_HELLOS pending, the one that sent least)
+        is closed and accepting goes on until the deadline."""
         _check_connections(connections)
         deadline = time.monotonic() + timeout_s
         max_name = max(MAX_HELLO_NAME, len(expect_hello.encode()))
@@ -841,10 +841,10 @@ class Listener:
                 pending[conn] = _PendingHello(f"{addr[0]}:{addr[1]}",
                                               time.monotonic() + HELLO_TIMEOUT_S)
                 sel.register(conn, selectors.EVENT_READ)
-                if len(pending) > MAX_PENDING_HELLOS:
-                    drop(next(iter(pending)), f"over {MAX_PENDING_HELLOS} hellos pending")
-                if conn in pending:
-                    read(conn)   # a real peer's hello is there already: taken in accept order
+                read(conn)   # a real peer's hello is there already: taken in accept order
+                if len(pending) > MAX_PENDING_HELLOS:   # the one that sent least, oldest first
+                    drop(min(pending, key=lambda c: len(pending[c].data)),
+                         f"over {MAX_PENDING_HELLOS} hellos pending")
 
         self.sock.setblocking(False)
         sel.register(self.sock, selectors.EVENT_READ)
