@@ -107,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, "run")  # run_testbed.py SCENARIO
     args = build_parser().parse_args(argv)
     if args.command in ("run", "calibrate"):
+        from host.realtime import demote_on_rttime
         from testbed import interrupts
         interrupts.install()   # Ctrl-C, SIGTERM, SIGHUP: torn down, and never lost in a fork
+        demote_on_rttime("run_testbed")   # the fault thread runs real-time
     try:
         if args.command == "cleanup":
             from testbed.registry import cleanup

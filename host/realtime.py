@@ -8,10 +8,11 @@ created by a real-time thread (pyroute2's fork children, a thread a library star
 the priority.
 
 RLIMIT_RTTIME belongs to the process: every RT thread of it may run RT_SOFT_S of CPU without
-blocking before the kernel sends the process SIGXCPU, and RT_HARD_S before it kills it. A
-process whose RT loop is its main thread, where Python runs signal handlers (the delay line,
-the arbiter), demotes its threads on SIGXCPU (set_normal); in any other SIGXCPU's default
-action ends the process.
+blocking before the kernel sends the process SIGXCPU, and RT_HARD_S before it kills it. Python
+runs the handler in the main thread, which is not the RT one, so it gets to run: the delay line
+and the arbiter demote their threads in their own handlers; every other process with RT
+threads (the workers, the controller, the runner's fault thread) calls demote_on_rttime from
+its main thread.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import signal
+import sys
 from collections.abc import Sequence
 
 PRIORITY = {
@@ -91,3 +94,15 @@ def set_normal(tids: Sequence[int] = (0,)) -> None:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except OSError:
             pass
+
+
+def demote_on_rttime(name: str) -> None:
+    """From the main thread: on SIGXCPU (an RT thread of this process ran RT_SOFT_S without
+    blocking) every thread goes back to normal priority, said in one line, and the process
+    goes on."""
+    def on_rttime(signum, frame) -> None:  # noqa: ARG001
+        set_normal(process_threads())
+        print(f"{name}: a thread ran {RT_SOFT_S:g} s at real-time priority without blocking; "
+              "every thread back to normal priority", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGXCPU, on_rttime)

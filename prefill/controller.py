@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from host.realtime import set_fifo
+from host.realtime import demote_on_rttime, set_fifo
 from prefill.admission import Admission, Pending, choose, chunk_hold_ns, make_pending
 from prefill.bubble import Bubble, Notice, parse_notice
 from prefill.config import BubbleTeaConfig
@@ -610,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     ctl = Controller(spec)
     signal.signal(signal.SIGTERM, lambda *_: ctl.stop.set())
     signal.signal(signal.SIGINT, lambda *_: ctl.stop.set())
+    demote_on_rttime(f"controller {spec.dc}")   # its notice thread runs real-time
     print(f"controller {spec.dc}: {len(ctl.requests)} requests, "
           f"{len(spec.prefill_servers)} prefill servers, notices on {spec.ip}:{spec.notice_port}",
           flush=True)

@@ -95,6 +95,30 @@ print(json.dumps({"status": status, "demoted_after_s": demoted and demoted[0] - 
 """
 
 
+RUNAWAY_THREAD = """
+import hashlib, json, os, resource, threading, time
+from host.realtime import demote_on_rttime, set_fifo
+resource.setrlimit(resource.RLIMIT_RTTIME, (50_000, 2_000_000))
+demote_on_rttime("test")
+got = {}
+data = bytes(16 << 20)
+def spin():
+    # CPU without the GIL (hashlib lets it go): a loop that waited for the GIL would block,
+    # and blocking restarts the kernel's RTTIME count
+    got["status"] = set_fifo(%d)
+    t0 = time.monotonic()
+    while os.sched_getscheduler(0) != os.SCHED_OTHER and time.monotonic() - t0 < 1.5:
+        hashlib.sha256(data).digest()
+    got["demoted_after_s"] = time.monotonic() - t0
+    got["policy"] = os.sched_getscheduler(0)
+t = threading.Thread(target=spin)
+t.start()
+while t.is_alive():
+    time.sleep(0.01)    # the main thread, where Python runs the SIGXCPU handler
+print(json.dumps(got))
+"""
+
+
 def run_child(code: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -128,6 +152,15 @@ def test_a_loop_that_never_blocks_is_demoted():
     assert doc["status"] == f"fifo:{PRIORITY['delayline']}", doc
     assert doc["demoted_after_s"] and doc["demoted_after_s"] < 1.0, doc
     assert doc["policy"] == os.SCHED_OTHER and doc["rttime"][1] == 2_000_000, doc
+
+
+@root_only
+def test_a_runaway_rt_thread_is_demoted_and_its_process_lives():
+    """demote_on_rttime (workers, controller, runner): SIGXCPU from an RT thread that is not
+    the main one demotes it; the process does not end with SIGXCPU's default action."""
+    doc = run_child(RUNAWAY_THREAD % PRIORITY["worker_io"])
+    assert doc["status"] == f"fifo:{PRIORITY['worker_io']}", doc
+    assert doc["policy"] == os.SCHED_OTHER and doc["demoted_after_s"] < 1.5, doc
 
 
 def test_refused_while_rt_throttling_is_off(tmp_path):

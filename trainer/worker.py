@@ -68,6 +68,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from host.realtime import demote_on_rttime
 from trainer.bubbles import OPT, BubblePredictor
 from trainer.config import TrainConfig
 from trainer.data import MarkovTokens, global_index
@@ -498,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     # 5 ms switch interval: that delay would sit on the pipeline's critical path at every hop.
     sys.setswitchinterval(0.0005)
     spec = WorkerSpec.load(args.spec)
+    demote_on_rttime(f"worker {spec.name}")   # its channel and gloo threads run real-time
     print(f"worker {spec.name}: stage {spec.stage} replica {spec.replica} on {spec.host} "
           f"({spec.ip})", flush=True)
     worker = StageWorker(spec)
