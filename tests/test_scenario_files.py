@@ -32,7 +32,9 @@ BASE = {"name": "t", "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 1
 
 def bounded_cli(*args: str, timeout: float = 30, stdin=subprocess.DEVNULL):
     """run_testbed.py args in a child under RLIMIT_AS and a timeout: (exit code or 'timeout',
-    stderr lines, seconds, the child's peak RSS in MiB)."""
+    stderr lines, seconds, the child's peak RSS in MiB). The peak is the child's own VmHWM,
+    read every 20 ms: wait4's ru_maxrss also counts what the child shared with this process
+    between fork and exec (a pytest that imported torch: hundreds of MiB)."""
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (LIMIT_BYTES, LIMIT_BYTES))
     t0 = time.monotonic()
@@ -41,20 +43,33 @@ def bounded_cli(*args: str, timeout: float = 30, stdin=subprocess.DEVNULL):
                                  stdin=stdin, stdout=subprocess.DEVNULL, stderr=err,
                                  preexec_fn=limit)
         rc: int | str = "timeout"
+        peak_kib = 0
         while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            peak_kib = max(peak_kib, _hwm_kib(child.pid))
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
             if pid:
                 rc = os.waitstatus_to_exitcode(status)
                 break
             if time.monotonic() - t0 > timeout:
                 child.kill()
-                _, _, usage = os.wait4(child.pid, 0)
+                os.waitpid(child.pid, 0)
                 break
             time.sleep(0.02)
         child.returncode = rc if isinstance(rc, int) else -9    # reaped here, not by Popen
         err.seek(0)
         lines = err.read().decode(errors="replace").splitlines()
-    return rc, lines, time.monotonic() - t0, usage.ru_maxrss / 1024
+    return rc, lines, time.monotonic() - t0, peak_kib / 1024
+
+
+def _hwm_kib(pid: int) -> int:
+    """VmHWM of a live process in KiB (0 before its exec has a figure, or once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def assert_one_line(rc, lines, *words: str) -> None:
