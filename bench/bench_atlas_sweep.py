@@ -60,7 +60,7 @@ def row(point: dict, name: str, m: dict) -> dict:
     adherence = [v["slot_adherence"] for v in links if v.get("slot_adherence") is not None]
     switch = [v["switch_error_ms"] for v in links if v.get("switch_error_ms") is not None]
     return dict(point, system=name, iteration_s=m["iteration_time_s"],
-                predicted_compute_only_s=m["predicted"].get("iteration_time_s"),
+                predicted_compute_only_s=m["compute_only"].get("iteration_time_s"),
                 speedup=m.get("speedup_vs_baseline"), gpu_util=m["gpu_utilization"],
                 wan_util=max((v["utilization"] for v in links), default=0.0),
                 slot_adherence=min(adherence) if adherence else None,

@@ -12,7 +12,8 @@ Written to DIR (default `reproduced/`), each file replaced whole:
   bubbletea_vs_rate.png (runs that differ in request rate: utilization and slowdown),
   timeline-<run>-<system>.png (one iteration of every system's timeline).
 Each row names the results folder it came from (relative to the common parent of RESULTS). The
-Markdown tables are printed too. A folder written by another schema version gets one line.
+Markdown tables are printed too. Schema 1 folders (a system's compute-only schedule under
+`predicted`, now `compute_only`) are read as schema 2; another schema version gets one line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from testbed.errors import ScenarioError
 from testbed.results import write_bytes
 from testbed.yamlfile import load_yaml
 
-SCHEMA_VERSION = 1          # metrics.json's `schema_version` that this code reads
+SCHEMA_VERSION = 2          # metrics.json's `schema_version` that this code writes
+READS = (1, 2)              # and those it reads (as_current_schema)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,17 +78,29 @@ def load_runs(paths: Sequence[str]) -> list[Run]:
     for folder, values in found:
         metrics = _json(folder / "metrics.json")
         version = metrics.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READS:
             raise ScenarioError("RESULTS", f"{folder / 'metrics.json'} has schema version "
-                                f"{version} (this testbed reads {SCHEMA_VERSION})",
+                                f"{version} (this testbed reads {', '.join(map(str, READS))})",
                                 "re-run it with this testbed, or reproduce it with the commit "
                                 "that wrote it (env.json names it)")
+        metrics = as_current_schema(metrics)
         scenario_path = folder / "scenario.resolved.yaml"
         scenario = load_yaml(scenario_path, "give a results folder this testbed wrote") \
             if scenario_path.is_file() else {}         # read as strictly as a scenario file
         runs.append(Run(name=str(folder.resolve().relative_to(base)), path=folder,
                         metrics=metrics, scenario=scenario or {}, values=values))
     return runs
+
+
+def as_current_schema(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A metrics.json document of a schema in READS, as SCHEMA_VERSION (a new dict). Schema 1
+    named each system's compute-only schedule `predicted`, which read as the model's prediction
+    (that is `model.predicted`); schema 2 names it `compute_only`."""
+    if metrics.get("schema_version") == 1:
+        systems = {name: {("compute_only" if k == "predicted" else k): v for k, v in m.items()}
+                   for name, m in metrics.get("systems", {}).items()}
+        metrics = dict(metrics, schema_version=2, systems=systems)
+    return metrics
 
 
 def finished_only(runs: Sequence[Run]) -> list[Run]:

@@ -23,7 +23,7 @@ and (for systems with temporal WAN sharing) the order of the slots they take.
   profile holds; unit forward 1 / backward 2 in measured mode), within a message round-robin over
   the pipelines; pipeline d of a crossing starts d x slot_ms after pipeline 0 (its stagger).
 - Busy fraction: the slots' total per iteration against the compute-only iteration time (the
-  profile's simulated iteration, as trainer.launch.predicted_timeline; unknown in measured mode).
+  profile's simulated iteration, as trainer.launch.compute_only_timeline; unknown in measured mode).
 
 Concurrent systems get the same per-link list with sharing "concurrent" and no slot order.
 """

@@ -45,3 +45,43 @@ def test_readme_tables_are_reproduce_s():
         assert block.group(1) == (REFERENCE / "tables" / name).read_text(), (
             f"README's {name} table differs from results/reference/tables/{name}: regenerate "
             "with scripts/make_reference.py or reproduce, and paste it")
+
+
+def test_schema_1_and_its_schema_2_equivalent_give_the_same_tables(tmp_path):
+    """The references are schema 1 (a system's compute-only schedule under `predicted`); the
+    same runs written as schema 2 (`compute_only`) reproduce to the same bytes, and both load
+    as schema 2."""
+    import json
+    import shutil
+
+    from testbed.reproduce import SCHEMA_VERSION, load_runs, reproduce
+
+    assert SCHEMA_VERSION == 2
+    names = [p.name for p in sorted(REFERENCE.iterdir())
+             if p.name.startswith(("two_dc-", "atlas_bubbletea-"))]
+    assert len(names) == 2, names
+    for version in (1, 2):
+        for name in names:
+            src, dst = REFERENCE / name, tmp_path / f"v{version}" / name
+            dst.mkdir(parents=True)
+            shutil.copy(src / "scenario.resolved.yaml", dst)
+            doc = json.loads((src / "metrics.json").read_text())
+            assert doc["schema_version"] == 1
+            assert all("predicted" in m and "compute_only" not in m
+                       for m in doc["systems"].values())
+            if version == 2:
+                doc["schema_version"] = 2
+                doc["systems"] = {n: {("compute_only" if k == "predicted" else k): v
+                                      for k, v in m.items()} for n, m in doc["systems"].items()}
+            (dst / "metrics.json").write_text(json.dumps(doc))
+    out = {}
+    for version in (1, 2):
+        folders = [str(tmp_path / f"v{version}" / n) for n in names]
+        for run in load_runs(folders):
+            assert run.metrics["schema_version"] == 2
+            for m in run.metrics["systems"].values():
+                assert "predicted" not in m and m["compute_only"]["iteration_time_s"] > 0
+        text, written = reproduce(folders, tmp_path / f"out{version}", figures=False)
+        out[version] = (text, {p.name: p.read_bytes() for p in written})
+    assert set(out[1][1]) == {"training.md", "training.csv", "bubbletea.md", "bubbletea.csv"}
+    assert out[1] == out[2]

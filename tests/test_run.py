@@ -72,6 +72,10 @@ def test_metrics_document(doc_run: dict) -> None:
         assert base[key] > 0, key
     assert 0 < base["bubble_fraction"] < 1 and 0 < base["gpu_utilization"] < 1
     assert len(base["loss"]) == 3
+    # schema 2: the compute-only schedule under its own name, the model's prediction under model
+    assert doc["schema_version"] == 2 and "predicted" not in base, sorted(base)
+    assert 0 < base["compute_only"]["iteration_time_s"] < base["model"]["predicted"][
+        "iteration_time_s"], (base["compute_only"], base["model"]["predicted"])
     assert [(s["stage"], s["dc"], s["host"]) for s in base["stages"]] == [
         (0, "east", "east-h1"), (1, "west", "west-h1")]
     assert Path(base["timeline_png"]).stat().st_size > 1000

@@ -704,10 +704,10 @@ def test_metrics_in_real_time_divide_times_and_multiply_rates():
          "bubble_fraction": 0.5, "stages": [{"compute_s": 10.0, "forward_ms": 40.0,
                                               "backward_ms": 80.0}],
          "communication": {"SEND_F": {"count": 2, "bytes": 5, "total_s": 4.0}},
-         "predicted": {"iteration_time_s": 10.0}}
+         "compute_only": {"iteration_time_s": 10.0}}
     out = in_real_time(m, 10.0)
     assert (out["iteration_time_s"], out["tokens_per_s"], out["model_tokens_per_s"]) == (2, 1000, 100)
-    assert out["bubble_fraction"] == 0.5 and out["predicted"]["iteration_time_s"] == 1.0
+    assert out["bubble_fraction"] == 0.5 and out["compute_only"]["iteration_time_s"] == 1.0
     assert out["stages"][0] == {"compute_s": 1.0, "forward_ms": 4.0, "backward_ms": 8.0}
     assert out["communication"]["SEND_F"] == {"count": 2, "bytes": 5, "total_s": 0.4}
     assert out["time_scale"] == 10.0

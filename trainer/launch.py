@@ -11,7 +11,7 @@ by DC (DCs in order of first appearance, hosts in list order within a DC). So th
 stage share a DC where they fit, and the pipeline crosses the WAN between stages.
 
 Run folder:
-    trainer_plan.json           placement, ports, K per channel, stage costs, predicted timeline
+    trainer_plan.json           placement, ports, K per channel, stage costs, compute-only timeline
     specs/trainer-s{S}r{R}.json one per worker (trainer/spec.py)
     logs/{host}-trainer.log     worker stdout/stderr
     spans/trainer-s{S}r{R}.jsonl, loss/trainer-s{S}r{R}.jsonl   per worker
@@ -201,9 +201,10 @@ def _gpu_share_of(gpu_share: Callable[[str], dict | None] | None,
         "allreduce": bool(notify.get("allreduce", False))}
 
 
-def predicted_timeline(cfg: TrainConfig, specs: Sequence[WorkerSpec]) -> dict:
-    """Simulated iteration (profile hold times, no communication): the prediction that sits
-    next to the measurement. Empty in measured mode (durations unknown beforehand)."""
+def compute_only_timeline(cfg: TrainConfig, specs: Sequence[WorkerSpec]) -> dict:
+    """Simulated iteration on the profile hold times with no communication (`compute_only` in
+    the plan and in metrics.json): a lower bound, not the model's prediction (model/, which adds
+    the network). Empty in measured mode (durations unknown beforehand)."""
     if cfg.compute != "profile":
         return {}
     hold = {s.stage: (s.hold_forward_ms, s.hold_backward_ms, s.hold_opt_ms) for s in specs}
@@ -260,7 +261,7 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                          "gate_next": s.gate_next, "gate_prev": s.gate_prev,
                          "gpu_lock_path": s.gpu_lock_path,
                          "bubble_notify": s.bubble_notify} for s in specs],
-            "predicted": predicted_timeline(cfg, specs)}
+            "compute_only": compute_only_timeline(cfg, specs)}
     plan_path.write_text(json.dumps(plan, indent=1))
     env = worker_env(env)
     procs: list[HostProcess] = []

@@ -172,7 +172,7 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
         "op_duration_cv_max": max((max(x["forward_cv"], x["backward_cv"]) for x in stages_out),
                                   default=0.0),
         "communication": {k: dict(v) for k, v in sorted(comm.items())},
-        "predicted": plan.get("predicted", {}),
+        "compute_only": plan.get("compute_only", {}),
         "compute_overruns": over,
         "scale": plan.get("scale"),
     }
@@ -201,9 +201,9 @@ def in_real_time(metrics: dict[str, Any], time_scale: float) -> dict[str, Any]:
     if "compute_overruns" in metrics:
         for key in ("total_ms", "max_ms", "start_latency_total_ms", "start_latency_max_ms"):
             metrics["compute_overruns"][key] /= t
-    if metrics.get("predicted", {}).get("iteration_time_s") is not None:
-        metrics["predicted"] = dict(metrics["predicted"],
-                                    iteration_time_s=metrics["predicted"]["iteration_time_s"] / t)
+    if metrics.get("compute_only", {}).get("iteration_time_s") is not None:
+        metrics["compute_only"] = dict(
+            metrics["compute_only"], iteration_time_s=metrics["compute_only"]["iteration_time_s"] / t)
     metrics["figures"] = (f"real time: measured {t:g}x slower (time_scale), divided back; the "
                           "timeline and the delay lines' counters stay in emulated time")
     return metrics
