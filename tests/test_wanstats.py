@@ -25,7 +25,9 @@ pytestmark = pytest.mark.network
 
 PING_BYTES = 84           # IP bytes of a default ping (20 IP + 8 ICMP + 56 data)
 LATE_TOL_MS = 1.0
-LATENESS_ATTEMPTS = 3
+# This VM's stalls made 3 attempts too few, for the code before issue 21 as for today's (first
+# attempts' p99 0.6-2.3 ms, idle machine, 5 runs each).
+LATENESS_ATTEMPTS = 5
 LOSS_PCT = 5.0
 IPERF_PORT = 5741
 
@@ -102,19 +104,26 @@ def test_pings_are_counted_per_direction(w):
 
 
 def test_iperf3_bytes_are_counted_without_drops(w):
-    w.wan_stats()
-    result = measure_goodput(w, "wa-h1", "wb-h1", IPERF_PORT, 2)
-    stats = w.wan_stats()
-    fwd, back = stats["wa->wb"], stats["wb->wa"]
-    # At least what the receiver counted in its steady window went through the delay line.
-    assert fwd["bytes"] >= result.received_mbit * 1e6 / 8 * result.seconds, \
-        f"{result}\n{describe(stats)}"
-    assert back["packets"] > 0  # the ACKs
-    for direction, s in stats.items():
-        assert s["dropped_loss"] == s["dropped_queue_full"] == s["dropped_user"] == 0, \
-            f"{direction}:\n{describe(stats)}"
-        assert s["id_gaps"] == s["enobufs"] == s["verdict_errors"] == 0, describe(stats)
-        assert s["lateness_ms"]["p99"] < LATE_TOL_MS, f"{direction}:\n{describe(stats)}"
+    """Every attempt counts right and drops nothing; lateness is retried as in the ping test."""
+    attempts = []
+    for _ in range(LATENESS_ATTEMPTS):
+        w.wan_stats()
+        result = measure_goodput(w, "wa-h1", "wb-h1", IPERF_PORT, 2)
+        stats = w.wan_stats()
+        attempts.append(stats)
+        fwd, back = stats["wa->wb"], stats["wb->wa"]
+        # At least what the receiver counted in its steady window went through the delay line.
+        assert fwd["bytes"] >= result.received_mbit * 1e6 / 8 * result.seconds, \
+            f"{result}\n{describe(stats)}"
+        assert back["packets"] > 0  # the ACKs
+        for direction, s in stats.items():
+            assert s["dropped_loss"] == s["dropped_queue_full"] == s["dropped_user"] == 0, \
+                f"{direction}:\n{describe(stats)}"
+            assert s["id_gaps"] == s["enobufs"] == s["verdict_errors"] == 0, describe(stats)
+        if all(s["lateness_ms"]["p99"] < LATE_TOL_MS for s in stats.values()):
+            break
+    assert all(s["lateness_ms"]["p99"] < LATE_TOL_MS for s in attempts[-1].values()), \
+        f"lateness p99 >= {LATE_TOL_MS} ms in {len(attempts)} attempts:\n{describe(attempts)}"
     drop_warnings = [x for x in wanstats.warnings(stats, w.plan.scenario.wan) if "dropped" in x]
     assert not drop_warnings, drop_warnings
     print(f"\niperf3 {result.received_mbit:.2f} Mbit/s: {describe(stats)}")
