@@ -181,7 +181,10 @@ def kernel_leaf_limit(ipr: IPRoute, intf: str) -> int | None:
 # ---- reachability and delay -----------------------------------------------------------------
 def test_every_host_reaches_every_other_host_with_the_path_delay(tri):
     """Every ordered pair answers, and its fastest of 3 RTTs (robust to a stray slow one) is
-    twice the planned path's delay within max(0.5 ms, 2%), or under 1 ms inside a DC."""
+    twice the planned path's delay within max(0.5 ms, 2%), or under 1 ms inside a DC. A pair
+    that misses is pinged again, up to RTT_ATTEMPTS times, as in the WAN RTT test: this VM's
+    host steals CPU now and then (a miss by 8 us with 2.6% stolen was seen), a wrong delay
+    misses every time."""
     names = [h.name for h in tri.plan.hosts]
     failed = []
     for src in names:
@@ -193,12 +196,17 @@ def test_every_host_reaches_every_other_host_with_the_path_delay(tri):
             tol = max(RTT_ABS_TOL_MS, RTT_REL_TOL * want) if a != b else 1.0
             if not failed:
                 since = start_watch(tri)
-            r, out = run_ping(tri, src, dst, 3, 0.05)
-            if r is None or r.received != r.sent:
-                failed.append(f"{src} -> {dst}: no full answer:\n{out}")
-            elif not (want - 0.1 <= r.min_ms <= want + tol):
+            for _ in range(RTT_ATTEMPTS):
+                r, out = run_ping(tri, src, dst, 3, 0.05)
+                if r is None or r.received != r.sent:
+                    failed.append(f"{src} -> {dst}: no full answer:\n{out}")
+                    break
+                if want - 0.1 <= r.min_ms <= want + tol:
+                    break
+            else:
                 failed.append(f"{src} -> {dst}: min RTT {r.min_ms} ms, want {want:g} "
-                              f"(-0.1, +{tol:g}); samples {r.samples_ms}")
+                              f"(-0.1, +{tol:g}) in {RTT_ATTEMPTS} attempts; last samples "
+                              f"{r.samples_ms}")
     assert not failed, "\n".join(failed) + busy_note(tri, since)
 
 
