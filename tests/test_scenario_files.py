@@ -154,17 +154,22 @@ def test_a_file_over_the_size_cap_is_refused(tmp_path):
         load_scenario(path)
 
 
-@pytest.mark.parametrize("value", [10**5000, -10**5000, 2**64], ids=["10^5000", "-10^5000", "2^64"])
-@pytest.mark.parametrize("where", [("dcs", 0, "hosts"), ("wan", 0, "delay_ms"),
-                                   ("wan", 0, "queue"), ("connections",)])
-def test_huge_integers_are_one_short_line(value, where):
+def with_value(where: tuple, value) -> dict:
+    """A copy of BASE with value at the path where (keys and list indices)."""
     doc = copy.deepcopy(BASE)
     node = doc
     for key in where[:-1]:
         node = node[key]
     node[where[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize("value", [10**5000, -10**5000, 2**64], ids=["10^5000", "-10^5000", "2^64"])
+@pytest.mark.parametrize("where", [("dcs", 0, "hosts"), ("wan", 0, "delay_ms"),
+                                   ("wan", 0, "queue"), ("connections",)])
+def test_huge_integers_are_one_short_line(value, where):
     with pytest.raises(ScenarioError) as err:
-        parse_scenario(doc)
+        parse_scenario(with_value(where, value))
     assert len(str(err.value)) <= MAX_LINE_CHARS
 
 
@@ -342,11 +347,7 @@ def check_loads(load) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(FIELDS), VALUES)
 def test_any_value_in_any_field_is_one_short_line(where, value):
-    doc = copy.deepcopy(BASE)
-    node = doc
-    for key in where[:-1]:
-        node = node[key]
-    node[where[-1]] = value
+    doc = with_value(where, value)
     check_loads(lambda: parse_scenario(doc))
 
 
