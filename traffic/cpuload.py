@@ -58,7 +58,7 @@ class CpuLoad:
         self.spawner.registry = Registry("cpuload")
         for i in range(self.workers):
             log = self.log_dir / f"cpu-load-{i}.log"
-            _new_file(log).close()
+            _create(log)
             self.spawner.spawn("localhost", [sys.executable, "-c", LOAD_CODE], log)
         while not all("LOADED" in proc.output() for proc in self.procs):
             for proc in self.procs:
@@ -78,15 +78,16 @@ class CpuLoad:
             self.spawner.registry = None
 
 
-def _new_file(path: Path):
-    """path opened for writing as a new file: never one that exists, nor a link (another
-    user's link in a shared folder would make us, root, write where it points)."""
+def _create(path: Path) -> None:
+    """Create path as a new, empty file: never one that exists, nor a link (another user's
+    link in a shared folder would make us, root, write where it points). The spawner then
+    opens it without following links (testbed.procs.open_log)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o644)
     except FileExistsError:
         raise TestbedError(f"CPU load log {path} exists; give a new or empty --log-dir") from None
-    return os.fdopen(fd, "wb")
+    os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
