@@ -12,7 +12,7 @@
     python run_testbed.py show topologies/two_dc.yaml [--json] # every setting, resolved
     sudo python run_testbed.py cleanup                         # remove what a killed run left
 
-A scenario with a `sweep:` section runs once per point (testbed/sweep.py): `run -q` prints one
+A scenario with a `sweep:` section runs once per point (geodc/spec/sweep.py): `run -q` prints one
 line per point, `run --resume SWEEP_DIR` runs only the points not done yet.
 validate, plan, predict, list, show and reproduce need neither root nor Mininet nor torch.
 
@@ -26,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from testbed.errors import ScenarioError, TestbedError
+from geodc.spec.errors import ScenarioError, TestbedError
 
 COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "list", "show", "reproduce",
             "cleanup")
@@ -107,26 +107,26 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, "run")  # run_testbed.py SCENARIO
     args = build_parser().parse_args(argv)
     if args.command in ("run", "calibrate"):
-        from host.realtime import demote_on_rttime
-        from testbed import interrupts
+        from geodc.host.realtime import demote_on_rttime
+        from geodc.emulation import interrupts
         interrupts.install()   # Ctrl-C, SIGTERM, SIGHUP: torn down, and never lost in a fork
         demote_on_rttime("run_testbed")   # the fault thread runs real-time
     try:
         if args.command == "cleanup":
-            from testbed.registry import cleanup
+            from geodc.emulation.registry import cleanup
             done = cleanup()
             print("\n".join(done) if done else "nothing to clean up")
             return 0
         if args.command == "list":
-            from testbed.catalog import list_text
+            from geodc.cli.catalog import list_text
             print(list_text())
             return 0
         if args.command == "show":
-            from testbed.show import show_command
+            from geodc.cli.show import show_command
             print(show_command(args.scenario, as_json=args.json))
             return 0
         if args.command == "reproduce":
-            from testbed.reproduce import reproduce
+            from geodc.analysis.reproduce import reproduce
             _check_out_dir(args.out)
             text, written = reproduce(args.results, Path(args.out),
                                       figures=not args.no_figures)
@@ -134,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"results: {Path(args.out)} ({len(written)} files)")
             return 0
         if args.command == "plan":
-            from testbed.planview import plan_command
+            from geodc.cli.planview import plan_command
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
             print(plan_command(args.scenario, systems, as_json=args.json))
             return 0
         if args.command == "predict":
-            from model.cli import predict_command
+            from geodc.cli.predict import predict_command
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
             print(predict_command(args.scenario, systems, as_json=args.json,
                                   plan_top=args.plan))
@@ -157,15 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         # bad input is refused before anything that needs root, Mininet or torch is imported
         _check_out_dir(args.out)
         if args.command == "calibrate":
-            from testbed.scenario import load_scenario
+            from geodc.spec.scenario import load_scenario
             load_scenario(args.scenario).check_emulable()
             _dead_runs_notice()
-            from testbed.jobs import calibrate_job
+            from geodc.run.jobs import calibrate_job
             path = calibrate_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  seconds=args.seconds, streams=args.streams)
         else:
-            from testbed.runcheck import load_run
-            from testbed.scenario import load_scenario
+            from geodc.features.checks import load_run
+            from geodc.spec.scenario import load_scenario
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
             if args.timeout_s is not None and not args.timeout_s > 0:
                 raise ScenarioError("--timeout-s", f"{args.timeout_s:g} is not a duration",
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             load_run(args.scenario, systems=systems, iterations=args.iterations)
             _dead_runs_notice()
             if load_scenario(args.scenario).sweep:
-                from testbed.sweeprun import sweep_job
+                from geodc.run.sweeprun import sweep_job
                 path = sweep_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  systems=systems, iterations=args.iterations,
                                  resume=None if args.resume is None else Path(args.resume),
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.resume is not None:
                     raise ScenarioError("--resume", f"{args.scenario} has no sweep",
                                         "use --resume with a scenario that has a sweep: section")
-                from testbed.jobs import run_job
+                from geodc.run.jobs import run_job
                 path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                systems=systems, iterations=args.iterations, quiet=args.quiet,
                                timeout_s=args.timeout_s)
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dead_runs_notice() -> None:
     """One line on stderr if killed runs left something behind for `cleanup`."""
-    from testbed.registry import dead_runs_notice
+    from geodc.emulation.registry import dead_runs_notice
     notice = dead_runs_notice()
     if notice:
         print(notice, file=sys.stderr)
@@ -212,18 +212,18 @@ def _dead_runs_notice() -> None:
 
 def _validate(path: str) -> str:
     """What `validate` prints for one scenario file; ScenarioError on any problem."""
-    from testbed.routing import dc_paths
-    from testbed.runcheck import load_run
-    from testbed.scenario import load_scenario
+    from geodc.plans.routing import dc_paths
+    from geodc.features.checks import load_run
+    from geodc.spec.scenario import load_scenario
     scenario = load_scenario(path)
     what = "network only"
     if scenario.predict_only:
-        from testbed.planview import load_training
+        from geodc.cli.planview import load_training
         cfg = load_training(scenario)
         what = (f"predict only: {sum(dc.hosts for dc in scenario.dcs)} hosts, "
                 f"training P={cfg.stages} D={cfg.replicas}")
     elif scenario.sweep:
-        from testbed.sweep import check_points, expand
+        from geodc.spec.sweep import check_points, expand
         points = expand(dict(scenario.raw))
         check_points(points)          # what `run` checks, for every point
         what = f"sweep of {len(points)} points over {', '.join(scenario.sweep)}"

@@ -32,8 +32,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed.jobs import run_job  # noqa: E402
-from testbed.results import write_json, write_text  # noqa: E402
+from geodc.run.jobs import run_job  # noqa: E402
+from geodc.emulation.results import write_json, write_text  # noqa: E402
 
 SYSTEMS = ("baseline", "multitcp", "temporal", "atlas", "dp-across-dcs")
 PROFILE = {"file": "h200-transformer.json", "width": 2048, "seq": 2048, "micro_batch": 2,

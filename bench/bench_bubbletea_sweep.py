@@ -29,8 +29,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed.jobs import run_job  # noqa: E402
-from testbed.results import write_json, write_text  # noqa: E402
+from geodc.run.jobs import run_job  # noqa: E402
+from geodc.emulation.results import write_json, write_text  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parent.parent / "topologies" / "atlas_bubbletea.yaml"
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed.calibrate import mathis_mbit, measure_goodput  # noqa: E402
-from testbed.network import Network  # noqa: E402
-from testbed.results import new_run_dir, provenance, write_json  # noqa: E402
-from testbed.scenario import CONGESTION_CONTROLS, parse_scenario  # noqa: E402
+from geodc.run.calibrate import mathis_mbit, measure_goodput  # noqa: E402
+from geodc.emulation.network import Network  # noqa: E402
+from geodc.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
+from geodc.spec.scenario import CONGESTION_CONTROLS, parse_scenario  # noqa: E402
 
 TARGET_PCT = 15.0
 

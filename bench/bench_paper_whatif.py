@@ -9,7 +9,7 @@ setting at a time: WAN rate and delay, pipelines per DC pair (replicas, DC sizes
 slow start after idle, and the BubbleTea request rate. Prints two Markdown tables (the README's):
 per setting, the iteration time of baseline, multitcp, atlas and dp-across-dcs and Atlas's
 speedups; per request rate, BubbleTea's GPU utilization, throughput and TTFT. No root, no
-network: model.predict only (about a minute; --quick: the first rows of each).
+network: geodc.predict.predict only (about a minute; --quick: the first rows of each).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from model.predict import predict  # noqa: E402
-from testbed.planview import load_training  # noqa: E402
-from testbed.scenario import load_scenario, parse_scenario  # noqa: E402
-from testbed.systems import get_system  # noqa: E402
+from geodc.predict.predict import predict  # noqa: E402
+from geodc.cli.planview import load_training  # noqa: E402
+from geodc.spec.scenario import load_scenario, parse_scenario  # noqa: E402
+from geodc.plans.systems import get_system  # noqa: E402
 
 PAPER = REPO / "topologies" / "paper"
 SYSTEMS = ("baseline", "multitcp", "atlas", "dp-across-dcs")

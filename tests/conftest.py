@@ -5,10 +5,10 @@ Tests that build emulated networks carry `pytest.mark.network`. They are skipped
 each of them and fails the test if anything new remains:
 
     - interface names in the root namespace (`ip -br link`): a run must make none
-    - registry files of the testbed (testbed.registry.RUNTIME_DIR)
-    - processes whose command line contains mnexec, iperf3, testbed.delayline, 'bash --norc'
-      (Mininet's host shells), trainer.worker (training processes), testbed.arbiter or
-      traffic.capture (temporal WAN sharing)
+    - registry files of the testbed (geodc.emulation.registry.RUNTIME_DIR)
+    - processes whose command line contains mnexec, iperf3, geodc.emulation.delayline, 'bash --norc'
+      (Mininet's host shells), geodc.hostproc.trainer.worker (training processes), geodc.features.temporal.arbiter or
+      geodc.hostproc.traffic.capture (temporal WAN sharing)
     - named network namespaces (`ip netns list`)
 
 Every test, network or not, is also checked against the root namespace's sysctls (this process
@@ -45,8 +45,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_RUNTIME_DIR = Path("/run/geotestbed")
-PROC_MARKERS = ("mnexec", "iperf3", "testbed.delayline", "bash --norc", "trainer.worker",
-                "testbed.arbiter", "traffic.capture")
+PROC_MARKERS = ("mnexec", "iperf3", "geodc.emulation.delayline", "bash --norc", "geodc.hostproc.trainer.worker",
+                "geodc.features.temporal.arbiter", "geodc.hostproc.traffic.capture")
 SETTLE_S = 3.0  # things a teardown ended may take this long to vanish from /proc
 PROC_SYS = "/proc/sys/"
 ROOT_SYSCTL_TREES = ("net/core", "net/ipv4", "net/ipv6/conf/all", "kernel/pty", "fs/file-max")
@@ -67,8 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Mininet's LinuxBridge.setup() reports bridge-nf sysctls through logging's deprecated warn().
     config.addinivalue_line(
         "filterwarnings", "ignore:The 'warn' method is deprecated:DeprecationWarning")
-    if "testbed.registry" in sys.modules:
-        raise pytest.UsageError("testbed.registry was imported before tests/conftest.py could "
+    if "geodc.emulation.registry" in sys.modules:
+        raise pytest.UsageError("geodc.emulation.registry was imported before tests/conftest.py could "
                                 "give the session its own GEOTESTBED_RUNTIME_DIR")
     try:
         SHARED_RUNTIME_DIR.mkdir(parents=True, exist_ok=True)
@@ -393,5 +393,5 @@ def start_child(subprocess_env, tmp_path):
                 child.popen.wait()
                 killed = True
     if killed:
-        from testbed.registry import cleanup
+        from geodc.emulation.registry import cleanup
         cleanup(runtime_dir())

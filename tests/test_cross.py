@@ -1,13 +1,13 @@
-"""The `cross_traffic:` section (traffic.cross): parsed and checked, a UDP rate trace cut into
+"""The `cross_traffic:` section (geodc.features.cross.run): parsed and checked, a UDP rate trace cut into
 back-to-back segments, and a tenant host <dc>-x1 in each DC that sends or receives it. Pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from testbed.errors import ScenarioError
-from testbed.scenario import parse_scenario
-from testbed.topo import make_plan
+from geodc.spec.errors import ScenarioError
+from geodc.spec.scenario import parse_scenario
+from geodc.plans.topo import make_plan
 
 BASE = {"name": "x",
         "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}, {"name": "c", "hosts": 1}],

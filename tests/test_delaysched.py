@@ -1,6 +1,6 @@
-"""The delay line's scheduling (testbed.delaysched), without sockets or root: due times, order
+"""The delay line's scheduling (geodc.emulation.delaysched), without sockets or root: due times, order
 under jitter, loss, batch selection, the wake-up lead, lateness and id gaps; and the parsing of
-the kernel's counters (testbed.delayline). Randomised checks use fixed seeds (hypothesis is not a
+the kernel's counters (geodc.emulation.delayline). Randomised checks use fixed seeds (hypothesis is not a
 dependency of the project)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from testbed import delaysched as ds
-from testbed.delayline import parse_netlink_drops, parse_nfqueue_proc
+from geodc.emulation import delaysched as ds
+from geodc.emulation.delayline import parse_netlink_drops, parse_nfqueue_proc
 
 T0 = 1_700_000_000.0  # a CLOCK_REALTIME-like start: due times are absolute
 

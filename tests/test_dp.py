@@ -1,4 +1,4 @@
-"""trainer.dp: gloo's threads run at the I/O priority asked for (set by thread id after they
+"""geodc.hostproc.trainer.dp: gloo's threads run at the I/O priority asked for (set by thread id after they
 are made; the thread that joins the group stays normal), the all-reduce averages the real
 gradients and leaves the padding zero. Two real processes on loopback; SCHED_FIFO needs root."""
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 WORKER = """
 import json, os, sys, torch
-from trainer.dp import average_gradients, init_stage_group
+from geodc.hostproc.trainer.dp import average_gradients, init_stage_group
 rank, port, prio = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 status = init_stage_group("127.0.0.1", "127.0.0.1", port, rank, 2, 30,
                           io_priority=None if prio == "none" else int(prio))

@@ -1,13 +1,13 @@
-"""The `faults:` section (testbed.faults): parsed, checked, ordered; and the restore events a
-fault with for_s gets (testbed.faultrun.events_of). Pure: no root."""
+"""The `faults:` section (geodc.spec.faults): parsed, checked, ordered; and the restore events a
+fault with for_s gets (geodc.features.faults.run.events_of). Pure: no root."""
 
 from __future__ import annotations
 
 import pytest
 
-from testbed.errors import ScenarioError
-from testbed.faults import events_of
-from testbed.scenario import parse_scenario
+from geodc.spec.errors import ScenarioError
+from geodc.spec.faults import events_of
+from geodc.spec.scenario import parse_scenario
 
 BASE = {"name": "f",
         "dcs": [{"name": "a", "hosts": 2, "decode_hosts": 1}, {"name": "b", "hosts": 1}],
@@ -98,8 +98,8 @@ def test_recorded_figures_are_in_configured_units_with_time_scale():
     (configured) figures, and a restore the link's."""
     from types import SimpleNamespace
 
-    from testbed.faultrun import FaultRunner
-    from testbed.topo import make_plan
+    from geodc.features.faults.run import FaultRunner
+    from geodc.plans.topo import make_plan
     sc = parse_scenario(dict(BASE, time_scale=10, faults=[
         {"kind": "delay", "link": ["a", "b"], "at_s": 1, "delay_ms": 40, "jitter_ms": 2,
          "for_s": 1}]))

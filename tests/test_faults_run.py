@@ -1,4 +1,4 @@
-"""Faults applied to a live network (testbed.faultrun), seen on the wire (root, `network`).
+"""Faults applied to a live network (geodc.features.faults.run), seen on the wire (root, `network`).
 
 One network, two DCs 5 ms apart; a ping every 20 ms from a-h1 to b-h1 while the runner
 raises the delay to 25 ms, cuts the link, then lowers the rate. Each fault must show in the
@@ -14,10 +14,10 @@ import statistics
 
 import pytest
 
-from testbed import shaping
-from testbed.faultrun import FaultRunner
-from testbed.network import Network
-from testbed.scenario import parse_scenario
+from geodc.emulation import shaping
+from geodc.features.faults.run import FaultRunner
+from geodc.emulation.network import Network
+from geodc.spec.scenario import parse_scenario
 from tests.scenarios import two_dc
 
 pytestmark = pytest.mark.network
@@ -122,14 +122,14 @@ def metrics_of(out) -> dict:
 
 @pytest.fixture(scope="module")
 def calm() -> list[float]:
-    """The losses an undisturbed run gives: the single-process reference (trainer.reference),
+    """The losses an undisturbed run gives: the single-process reference (geodc.hostproc.trainer.reference),
     which a pipelined run reproduces exactly (tests/test_trainer_run.py)."""
     import tempfile
 
     import yaml
 
-    from trainer.config import TrainConfig
-    from trainer.reference import reference_losses
+    from geodc.spec.training import TrainConfig
+    from geodc.hostproc.trainer.reference import reference_losses
     with tempfile.TemporaryDirectory() as tmp:
         doc = yaml.safe_load(training(__import__("pathlib").Path(tmp), "calm", []).read_text())
     return reference_losses(TrainConfig.from_dict(doc["training"]))
@@ -187,13 +187,13 @@ def test_cross_traffic_runs_beside_training_and_reports_its_goodput(tmp_path, ca
         assert all(abs(v / want - 1) < 0.3 for v in got), (want, udp["intervals_mbit"])
     assert udp["lost_pct"] is not None and udp["packets"] > 1000
     assert tcp["kind"] == "tcp" and 1 < tcp["goodput_mbit"] < 100, tcp
-    from traffic.cross import summary_lines
+    from geodc.features.cross.run import summary_lines
     assert summary_lines([udp])[0].startswith("cross-traffic cross_traffic[0] (east->west udp "
                                               "30/90 Mbit/s, 2-6.5 s): goodput ")
 
 
 @pytest.mark.parametrize("process, host, cause", [
-    ("trainer", "west-h1", "trainer.worker in west-h1"),
+    ("trainer", "west-h1", "geodc.hostproc.trainer.worker in west-h1"),
     ("delayline", "west-gw", "delay line in west-gw (links east->west) died")])
 def test_a_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path, process, host,
                                                                      cause):
@@ -220,6 +220,6 @@ def test_a_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path, p
     # partial results being written
     assert 0 < part["stopped_s"] - crash["applied_s"] < 5, (part["stopped_s"], crash)
     # the paper tables still build from it, with the stopped system marked
-    from testbed.reproduce import reproduce
+    from geodc.analysis.reproduce import reproduce
     text, _ = reproduce([str(next(out.iterdir()))], tmp_path / "tables")
     assert f"stopped after {part['iterations_done']} of 60 iterations" in text, text

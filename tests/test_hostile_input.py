@@ -13,10 +13,10 @@ import threading
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefill import wire
-from testbed.errors import ScenarioError
-from testbed.scenario import Scenario, parse_scenario
-from trainer import transport
+from geodc.hostproc.prefill import wire
+from geodc.spec.errors import ScenarioError
+from geodc.spec.scenario import Scenario, parse_scenario
+from geodc.hostproc.trainer import transport
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers(-10**12, 10**12)

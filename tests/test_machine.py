@@ -1,11 +1,11 @@
-"""testbed.machine: CPU time shares from /proc/stat (steal included), the no-halt request and
+"""geodc.emulation.machine: CPU time shares from /proc/stat (steal included), the no-halt request and
 the kernel modules a build loaded."""
 
 from __future__ import annotations
 
 import struct
 
-from testbed.machine import (CpuTimes, hold_cpu_wakeup_latency, loaded_modules,
+from geodc.emulation.machine import (CpuTimes, hold_cpu_wakeup_latency, loaded_modules,
                              modules_loaded_since, release_cpu_wakeup_latency)
 
 STAT_A = "cpu  100 0 50 800 10 0 20 20 0 0\ncpu0 50 0 25 400 5 0 10 10 0 0\n"

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from model.pipeline import PipelineModel, Route, simulate
-from model.predict import predict
-from model.transfer import INITIAL_WINDOW_SEGMENTS, PathSpec, rounds_needed, transfer_ms
-from testbed.planview import load_training
-from testbed.scenario import TCP_MSS_BYTES, load_scenario
-from testbed.slotplan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
-from testbed.systems import SYSTEMS, get_system
-from trainer.schedule import bubble_fraction, schedule_table
+from geodc.predict.pipeline import PipelineModel, Route, simulate
+from geodc.predict.predict import predict
+from geodc.predict.transfer import INITIAL_WINDOW_SEGMENTS, PathSpec, rounds_needed, transfer_ms
+from geodc.cli.planview import load_training
+from geodc.spec.scenario import TCP_MSS_BYTES, load_scenario
+from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
+from geodc.plans.systems import SYSTEMS, get_system
+from geodc.rules.schedule import bubble_fraction, schedule_table
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -226,7 +226,7 @@ def test_every_committed_reference_run_is_within_the_targets(run_dir):
 def test_planner_ranks_stage_to_dc_assignments(capsys):
     """atlas_paper: 12 of 27 assignments fit (asia's 2 hosts take one stage of D = 2, eu's 3
     one); the fastest is Algorithm 1's (stages 0-1 in us, 2 in eu)."""
-    from model.planner import plan_options
+    from geodc.predict.planner import plan_options
     from run_testbed import main
     sc = load_scenario(REPO / "topologies" / "atlas_paper.yaml")
     options = plan_options(sc, load_training(sc))
@@ -245,7 +245,7 @@ def test_planner_ranks_stage_to_dc_assignments(capsys):
 def test_folding_alike_replicas(system, monkeypatch):
     """D = 12 (above the folding threshold): under fair sharing folding is exact; under
     temporal sharing it waits for the last slot of the class, so it is never faster."""
-    import model.predict as mp
+    import geodc.predict.predict as mp
     sc = load_scenario(REPO / "topologies" / "two_dc.yaml")
     sc = dataclasses.replace(sc, dcs=tuple(dataclasses.replace(dc, hosts=12) for dc in sc.dcs))
     cfg = dataclasses.replace(load_training(sc), replicas=12, placement=None,
@@ -266,8 +266,8 @@ def test_folding_alike_replicas(system, monkeypatch):
 
 def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
     from run_testbed import main
-    from testbed.errors import ScenarioError
-    from testbed.runcheck import load_run
+    from geodc.spec.errors import ScenarioError
+    from geodc.features.checks import load_run
     paper = sorted((REPO / "topologies" / "paper").glob("*.yaml"))
     assert paper
     for path in paper:
@@ -287,7 +287,7 @@ def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
 def test_predict_only_scenarios_may_use_more_connections(tmp_path, capsys):
     """16 connections is the emulator's limit (sender threads on 2 cores), not the model's."""
     from run_testbed import main
-    from testbed.systems import scenario_connections
+    from geodc.plans.systems import scenario_connections
     doc = {"name": "wide", "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
            "wan": [{"between": ["a", "b"], "delay_ms": 80, "rate_mbit": 100000}],
            "connections": 200}
@@ -306,7 +306,7 @@ def test_predict_only_scenarios_may_use_more_connections(tmp_path, capsys):
 
 def test_slow_start_after_idle_off_in_the_scenario_and_the_model(tmp_path, capsys):
     from run_testbed import main
-    from model.predict import build
+    from geodc.predict.predict import build
     tuned = load_scenario(REPO / "topologies" / "paper" / "gpt70b_3dc.yaml")
     assert not tuned.tcp_slow_start_after_idle          # its hosts are WAN-tuned
     cfg = load_training(tuned)
@@ -367,15 +367,15 @@ def test_bursts_share_a_link_first_come_first_served():
 
 
 def test_one_round_is_a_stripe_within_its_window():
-    from model.transfer import one_round
+    from geodc.predict.transfer import one_round
     path = PathSpec(rate_mbit=100, one_way_ms=20, rtt_ms=40, window_bytes=45_927, connections=11)
     assert one_round(335_544, path)                     # 11 stripes of 30.5 kB
     assert not one_round(335_544, dataclasses.replace(path, connections=3))   # 112 kB each
 
 
 def test_what_the_emulation_added_is_reported_beside_the_errors():
-    from model.check import emulation_overheads, summary_line
-    from testbed.temporal import slot_overheads_ms
+    from geodc.analysis.model_check import emulation_overheads, summary_line
+    from geodc.features.temporal.run import slot_overheads_ms
     ms = 1_000_000
     # two slots of 125,000 link-layer bytes at 100 Mbit/s (10 ms each): the first held 13 ms,
     # the second asked during it and was granted 2 ms after it ended, held 12 ms

@@ -1,4 +1,4 @@
-"""model.bubbletea: prefill admitted into the simulated bubbles by the controller's rule."""
+"""geodc.predict.bubbletea: prefill admitted into the simulated bubbles by the controller's rule."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from model.bubbletea import BETWEEN_MS, DISPATCH_MS, announced_bubbles, fill
-from model.predict import predict
-from prefill.config import BubbleTeaConfig, LoadConfig
-from prefill.profile import PrefillProfile
-from testbed.planview import load_training
-from testbed.scenario import load_scenario
-from testbed.systems import get_system
+from geodc.predict.bubbletea import BETWEEN_MS, DISPATCH_MS, announced_bubbles, fill
+from geodc.predict.predict import predict
+from geodc.spec.bubbletea import BubbleTeaConfig, LoadConfig
+from geodc.rules.prefill_profile import PrefillProfile
+from geodc.cli.planview import load_training
+from geodc.spec.scenario import load_scenario
+from geodc.plans.systems import get_system
 
 REPO = Path(__file__).resolve().parent.parent
 MS = 1_000_000
@@ -123,7 +123,7 @@ def test_prediction_beside_the_committed_bubbletea_run():
 
 
 def test_a_bubbletea_run_is_checked_against_the_model():
-    from model.check import compare, summary_line
+    from geodc.analysis.model_check import compare, summary_line
     doc = json.loads((REPO / "docs" / "bubbletea" / "atlas_bubbletea-x40-metrics.json")
                      .read_text())
     metrics = doc["systems"]["atlas+bubbletea"]
@@ -139,7 +139,7 @@ def test_a_bubbletea_run_is_checked_against_the_model():
 def test_folded_replicas_take_their_share_of_the_load(monkeypatch):
     """atlas_bubbletea's two replicas of a stage sit in one DC: folded, one simulated GPU per
     stage takes half the requests; its figures stay those of the two GPUs simulated apart."""
-    import model.predict as mp
+    import geodc.predict.predict as mp
     sc = load_scenario(REPO / "topologies" / "atlas_bubbletea.yaml")
     cfg = load_training(sc)
     apart = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea

@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute
 
-from testbed import shaping
-from testbed.calibrate import measure_goodput
-from testbed.errors import TestbedError
-from testbed.machine import CpuTimes
-from testbed.network import Network
-from testbed.scenario import load_scenario
+from geodc.emulation import shaping
+from geodc.run.calibrate import measure_goodput
+from geodc.spec.errors import TestbedError
+from geodc.emulation.machine import CpuTimes
+from geodc.emulation.network import Network
+from geodc.spec.scenario import load_scenario
 from tests.scenarios import two_dc, write_scenario
-from traffic import iperf, ping
+from geodc.emulation.tools import iperf, ping
 
 pytestmark = pytest.mark.network
 
@@ -400,9 +400,9 @@ def test_teardown_when_the_body_raises(tmp_path, leftovers):
 SIGNAL_SCRIPT = r"""
 import sys, time
 from pathlib import Path
-from testbed.network import Network
-from testbed.scenario import load_scenario
-from traffic import iperf
+from geodc.emulation.network import Network
+from geodc.spec.scenario import load_scenario
+from geodc.emulation.tools import iperf
 try:
     with Network(load_scenario(sys.argv[1]), Path(sys.argv[2])) as net:
         net.spawn(net.plan.hosts[-1].name, iperf.server_argv(5204), Path(sys.argv[2]) / "iperf3-s.log")
@@ -437,7 +437,7 @@ def test_teardown_on_signal(tmp_path, leftovers, start_child, signum):
 def test_forced_netem_backend(tmp_path, leftovers):
     """backend: netem is honoured where the kernel has netem, and refused with a one-line
     ScenarioError naming the field where it has not (as on this project's machines)."""
-    from testbed.errors import ScenarioError
+    from geodc.spec.errors import ScenarioError
 
     before = leftovers.snapshot()
     data = dict(two_dc("f"), backend="netem")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.errors import ScenarioError
-from testbed.placement import from_hosts, place, place_for_system
-from testbed.scenario import parse_scenario
-from testbed.systems import SYSTEMS
-from trainer.config import TrainConfig
+from geodc.spec.errors import ScenarioError
+from geodc.plans.placement import from_hosts, place, place_for_system
+from geodc.spec.scenario import parse_scenario
+from geodc.plans.systems import SYSTEMS
+from geodc.spec.training import TrainConfig
 
 
 def scenario(*dcs: tuple[str, int]):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from prefill.load import fit_context, load_trace, poisson, replay
+from geodc.features.bubbletea.load import fit_context, load_trace, poisson, replay
 
 
 def test_shipped_traces_load_whole_and_in_order():

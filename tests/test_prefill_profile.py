@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefill.profile import PrefillProfile
+from geodc.rules.prefill_profile import PrefillProfile
 
 
 def test_measured_points_are_returned_exactly_and_kv_matches_the_profile():

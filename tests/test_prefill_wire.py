@@ -1,4 +1,4 @@
-"""Framing of BubbleTea messages (prefill/wire.py) over real TCP on 127.0.0.1: round trips with
+"""Framing of BubbleTea messages (geodc/hostproc/prefill/wire.py) over real TCP on 127.0.0.1: round trips with
 payload and padding, refusals before allocation, garbage, and EOF in and between messages."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from prefill.wire import (MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, PeerClosed, WireError,
+from geodc.hostproc.prefill.wire import (MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, PeerClosed, WireError,
                           recv_msg, send_msg)
 
 LIMITS = {"max_payload_bytes": 1 << 20, "max_pad_bytes": 1 << 24}

@@ -1,4 +1,4 @@
-"""host.realtime: the one way to SCHED_FIFO. A thread it sets forks children (and starts
+"""geodc.host.realtime: the one way to SCHED_FIFO. A thread it sets forks children (and starts
 threads) at normal priority, RLIMIT_RTTIME is set, it refuses while RT throttling is off, and
 nothing else in the code base calls sched_setscheduler. The priority changes run in a child
 Python process (RLIMIT_RTTIME belongs to the process: the test process keeps its own)."""
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from host.realtime import PRIORITY, RT_HARD_S, RT_SOFT_S, set_fifo
+from geodc.host.realtime import PRIORITY, RT_HARD_S, RT_SOFT_S, set_fifo
 
 REPO = Path(__file__).resolve().parent.parent
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root (CAP_SYS_NICE)")
@@ -27,7 +27,7 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root 
 # what it got, its policy, its fork child's, a thread it starts, and the main thread's.
 THREAD_MODE = """
 import json, os, resource, threading
-from host.realtime import set_fifo
+from geodc.host.realtime import set_fifo
 out = {}
 def child_policy():
     r, w = os.pipe()
@@ -60,7 +60,7 @@ print(json.dumps(out))
 # Every thread of a process, as the delay line and the arbiter do, and back (SIGXCPU's demotion).
 PROCESS_MODE = """
 import json, os, threading
-from host.realtime import process_threads, set_fifo, set_normal
+from geodc.host.realtime import process_threads, set_fifo, set_normal
 hold = threading.Event()
 t = threading.Thread(target=hold.wait)
 t.start()
@@ -78,7 +78,7 @@ print(json.dumps({"status": status, "rt": rt, "normal": normal}))
 # set stays) sends SIGXCPU, and the delay line's handler demotes every thread.
 RUNAWAY = """
 import json, os, resource, signal, time
-from host.realtime import process_threads, set_fifo, set_normal
+from geodc.host.realtime import process_threads, set_fifo, set_normal
 resource.setrlimit(resource.RLIMIT_RTTIME, (50_000, 2_000_000))
 demoted = []
 def on_rttime(signum, frame):
@@ -97,7 +97,7 @@ print(json.dumps({"status": status, "demoted_after_s": demoted and demoted[0] - 
 
 RUNAWAY_THREAD = """
 import hashlib, json, os, resource, threading, time
-from host.realtime import demote_on_rttime, set_fifo
+from geodc.host.realtime import demote_on_rttime, set_fifo
 resource.setrlimit(resource.RLIMIT_RTTIME, (50_000, 2_000_000))
 demote_on_rttime("test")
 got = {}
@@ -191,7 +191,7 @@ def code_files() -> list[Path]:
 
 
 def test_no_sched_setscheduler_outside_host_realtime():
-    """Every real-time thread goes through host.realtime's guards: no other module calls
+    """Every real-time thread goes through geodc.host.realtime's guards: no other module calls
     sched_setscheduler (by attribute or by name)."""
     helper = REPO / "host" / "realtime.py"
     found = []
@@ -206,7 +206,7 @@ def test_no_sched_setscheduler_outside_host_realtime():
                 name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
                 if name == "sched_setscheduler":
                     found.append(f"{rel}:{node.lineno}")
-    assert not found, f"sched_setscheduler outside host/realtime.py: {found}"
+    assert not found, f"sched_setscheduler outside geodc/host/realtime.py: {found}"
 
 
 def test_the_rt_notice_thread_survives_a_deeply_nested_datagram(tmp_path):

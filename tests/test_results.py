@@ -1,4 +1,4 @@
-"""testbed.results: every run gets a folder of its own; files are replaced whole."""
+"""geodc.emulation.results: every run gets a folder of its own; files are replaced whole."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import stat
 import threading
 from types import SimpleNamespace
 
-from testbed.results import new_run_dir, write_bytes, write_json, write_text
+from geodc.emulation.results import new_run_dir, write_bytes, write_json, write_text
 
 
 def test_two_runs_in_the_same_second_get_two_folders(tmp_path):
@@ -76,7 +76,7 @@ def test_timeline_figures_draw_through_no_fixed_temp_name(tmp_path):
     """reproduce's timelines drew to out/.<run>-<system>.tmp.png: a link planted there was
     followed (the PNG written where it pointed)."""
     from tests.test_trainer_parts import fake_run
-    from testbed.reproduce_plots import draw_timelines
+    from geodc.analysis.reproduce_plots import draw_timelines
     spans, _, _ = fake_run()
     (tmp_path / "run" / "atlas").mkdir(parents=True)
     (tmp_path / "run" / "atlas" / "trainer_spans.jsonl").write_text(

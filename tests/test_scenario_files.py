@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.errors import MAX_LINE_CHARS, ScenarioError
-from testbed.scenario import MAX_QUEUE_BYTES, MTU_BYTES, Scenario, load_scenario, parse_scenario
+from geodc.spec.errors import MAX_LINE_CHARS, ScenarioError
+from geodc.spec.scenario import MAX_QUEUE_BYTES, MTU_BYTES, Scenario, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 TWO_DC = (REPO / "topologies" / "two_dc.yaml").read_text()
@@ -109,7 +109,7 @@ def test_profile_file_must_be_a_regular_file(tmp_path, special):
 
 
 def test_profile_file_outside_the_profile_folder_is_refused(tmp_path):
-    from trainer.profiles import PROFILE_DIR
+    from geodc.rules.profiles import PROFILE_DIR
     outside = tmp_path / "h200-transformer.json"   # a valid profile, copied out of the folder
     outside.write_text((PROFILE_DIR / "h200-transformer.json").read_text())
     for name in (str(outside), str(PROFILE_DIR / ".." / ".." / "README.md")):
@@ -119,7 +119,7 @@ def test_profile_file_outside_the_profile_folder_is_refused(tmp_path):
 
 
 def test_recorded_scenarios_read_back_the_same(tmp_path):
-    from testbed.yamlfile import dump_yaml, load_yaml
+    from geodc.spec.yamlfile import dump_yaml, load_yaml
     doc = {"name": "1e2", "description": "0o17", "dcs": [{"name": "no", "hosts": 2}],
            "on": ["off", "yes", "~", "null", "1_000", "12:30:00", "2024-01-01"],
            "big": 10 ** 30, "x": 1.5, "inf": float("inf"), "neg": -0.0}
@@ -201,7 +201,7 @@ def test_yaml_1_2_scalars(tmp_path):
 def test_shipped_scenarios_read_as_they_did_under_pyyaml(path):
     """No shipped file has a value YAML 1.1 and 1.2 read differently (no, on, 1e2, 0o17, 1:30)."""
     import yaml
-    from testbed.yamlfile import load_yaml
+    from geodc.spec.yamlfile import load_yaml
     old = yaml.safe_load(path.read_text())
     assert repr(load_yaml(path, "")) == repr(old)
 
@@ -299,7 +299,7 @@ def test_queue_is_bounded(queue):
                                           ("replicas", 10**7), ("lr", float("inf")),
                                           ("seed", 2**64)])
 def test_training_counts_are_bounded(field, value):
-    from trainer.config import TrainConfig
+    from geodc.spec.training import TrainConfig
     d = {"model": {"n_layer": 2, "n_embd": 8, "n_head": 2, "seq_len": 8, "vocab_size": 16},
          "stages": 2, "micro_batches": 2, field: value}
     with pytest.raises(ScenarioError, match=rf"^training\.{field}: "):

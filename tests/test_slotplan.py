@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from testbed.placement import place, place_for_system
-from testbed.scenario import load_scenario, parse_scenario
-from testbed.slotplan import WIRE_BYTES_PER_PAYLOAD_BYTE, plan_slots
-from testbed.systems import SYSTEMS, window_bytes
-from trainer.config import TrainConfig
+from geodc.plans.placement import place, place_for_system
+from geodc.spec.scenario import load_scenario, parse_scenario
+from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, plan_slots
+from geodc.plans.systems import SYSTEMS, window_bytes
+from geodc.spec.training import TrainConfig
 
 WINDOW_100 = 62914 * 0.73     # bytes one connection advertises at scale 100
 
@@ -63,7 +63,7 @@ def test_rate_limited_slot_by_hand():
     sc = two_dc(connections=16)
     plan = plan_slots(sc, measured(n_embd=256), place(sc, 2, 2, "atlas"), SYSTEMS["atlas"])
     (c,) = link(plan, "east", "west").crossings
-    # 65536 B: 16 stripes of 4 KiB (trainer.stripes), so all 16 connections carry it
+    # 65536 B: 16 stripes of 4 KiB (geodc.rules.stripes), so all 16 connections carry it
     assert c.connections == 16 and not c.window_limited
     # 16 windows / 40 ms = 153.7 Mbit/s > 100 Mbit/s: 68523 B x 8 / 100 Mbit/s = 5.48 ms
     assert c.wire_bytes == round(65536 * 1514 / 1448) == 68523

@@ -1,4 +1,4 @@
-"""Sweeps (testbed.sweep, testbed.sweeprun) and `reproduce` (testbed.reproduce): expansion and
+"""Sweeps (geodc.spec.sweep, geodc.run.sweeprun) and `reproduce` (geodc.analysis.reproduce): expansion and
 its errors; a real sweep interrupted with Ctrl-C and resumed; reproduce's tables, byte for byte,
 and its refusals."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.errors import ScenarioError
-from testbed.sweep import check_points, expand
+from geodc.spec.errors import ScenarioError
+from geodc.spec.sweep import check_points, expand
 
 REPO = Path(__file__).resolve().parent.parent
 

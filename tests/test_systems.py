@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from testbed import scenario as scenario_mod
-from testbed.errors import ScenarioError
-from testbed.scenario import RCV_WINDOW_FRACTION, parse_scenario, scaled_tcp_rmem_max_bytes
-from testbed.systems import (SYSTEMS, System, auto_connections, connections_for, get_system,
+from geodc.spec import scenario as scenario_mod
+from geodc.spec.errors import ScenarioError
+from geodc.spec.scenario import RCV_WINDOW_FRACTION, parse_scenario, scaled_tcp_rmem_max_bytes
+from geodc.plans.systems import (SYSTEMS, System, auto_connections, connections_for, get_system,
                              path_rate_mbit, path_rtt_ms, window_bytes)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.arbiter import read_log
+from geodc.features.temporal.arbiter import read_log
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.network

@@ -1,4 +1,4 @@
-"""testbed.timeouts: a run's limits come from the model's prediction, not a fixed 600 s."""
+"""geodc.plans.timeouts: a run's limits come from the model's prediction, not a fixed 600 s."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from model.predict import predict
-from testbed.planview import load_training
-from testbed.scenario import load_scenario
-from testbed.systems import get_system
-from testbed.timeouts import DEFAULT_PEER_S, DEFAULT_RUN_S, MIN_RUN_S, timeouts_for
+from geodc.predict.predict import predict
+from geodc.cli.planview import load_training
+from geodc.spec.scenario import load_scenario
+from geodc.plans.systems import get_system
+from geodc.plans.timeouts import DEFAULT_PEER_S, DEFAULT_RUN_S, MIN_RUN_S, timeouts_for
 
 REPO = Path(__file__).resolve().parent.parent
 

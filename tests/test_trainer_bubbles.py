@@ -6,7 +6,7 @@
   its bubbles by UDP to a socket of this test and logs them as IDLE spans; a "hog" that takes
   one host's GPU lock at each of its notices and keeps it 30 ms past the predicted end (a prefill
   that overruns) makes that worker wait (GPU_WAIT), and never computes at the same time as it;
-- the arrival bounds (trainer/worker.py): each notice names the message its op awaits, with
+- the arrival bounds (geodc/hostproc/trainer/worker.py): each notice names the message its op awaits, with
   its wire time while it has not begun (then one arrival notice at its first byte) or first byte
   + wire time once it has, and between hosts of one DC the maker's output notices at the start
   of the op making each message; all checked against the run's spans;
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from testbed.procs import LocalSpawner
-from trainer.bubbles import MIN_NOTICE_MS, BubblePredictor
-from trainer.config import TrainConfig
-from trainer.events import COMPUTE_SPANS, read_jsonl
-from trainer.gpulock import GpuLock
-from trainer.launch import HostInfo, TrainRun, free_base_port, launch, plan_workers
-from trainer.schedule import schedule_table
-from trainer.worker import wire_ns
+from geodc.emulation.procs import LocalSpawner
+from geodc.rules.bubbles import MIN_NOTICE_MS, BubblePredictor
+from geodc.spec.training import TrainConfig
+from geodc.host.spans import COMPUTE_SPANS, read_jsonl
+from geodc.host.gpulock import GpuLock
+from geodc.run.launch import HostInfo, TrainRun, free_base_port, launch, plan_workers
+from geodc.rules.schedule import schedule_table
+from geodc.hostproc.trainer.worker import wire_ns
 
 MODEL = {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
 HOSTS = [HostInfo(name="dc0h0", ip="127.0.0.1", dc="dc0"),
@@ -217,7 +217,7 @@ def last_spreads(recv: dict, r: dict, t_ns: int) -> set[int | None]:
 
 def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
                  same_dc: bool) -> None:
-    """The arrival-bound fields of every notice (trainer/worker.py) against the run's spans."""
+    """The arrival-bound fields of every notice (geodc/hostproc/trainer/worker.py) against the run's spans."""
     cfg = profile_cfg()
     spans = read_jsonl(result.spans_path)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
@@ -355,7 +355,7 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     assert check_start_latency(spans, exact=False) > 0
 
     # the timeline draws the waits and, given the hog's intervals as prefills, those too
-    from trainer.timeline_plot import plot_timeline
+    from geodc.analysis.timeline_plot import plot_timeline
     prefills = [{"name": "PREFILL", "host": HOG_HOST, "t_start_ns": t0, "t_end_ns": t1}
                 for t0, t1 in controller.hogged]
     out = plot_timeline(result.spans_path, tmp_path / "tl.png", iteration=waits[0]["iteration"],

@@ -2,8 +2,8 @@
 
 import pytest
 
-from testbed.errors import ScenarioError
-from trainer.config import TrainConfig, validate_against_hosts
+from geodc.spec.errors import ScenarioError
+from geodc.spec.training import TrainConfig, validate_against_hosts
 
 
 def base(**over) -> dict:

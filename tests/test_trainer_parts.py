@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-from trainer.config import TrainConfig
-from trainer.data import MarkovTokens
-from trainer.metrics import in_real_time, metrics_from_records
-from trainer.model import GPTConfig
-from trainer.pipeline import plan_stages, split_layers
-from trainer.stage import build_full_model, build_stage
-from trainer.transport import KIND_ACT, KIND_GRAD, Listener, connect
+from geodc.spec.training import TrainConfig
+from geodc.hostproc.trainer.data import MarkovTokens
+from geodc.rules.figures import in_real_time, metrics_from_records
+from geodc.hostproc.gpt import GPTConfig
+from geodc.rules.stages import plan_stages, split_layers
+from geodc.hostproc.trainer.stage import build_full_model, build_stage
+from geodc.hostproc.trainer.transport import KIND_ACT, KIND_GRAD, Listener, connect
 
 
 def free_port() -> int:
@@ -138,14 +138,14 @@ def test_transport_deadlines_name_the_peer():
 
 
 def _raw_hello(port: int, hello: str) -> socket.socket:
-    from trainer.transport import hello_frame
+    from geodc.hostproc.trainer.transport import hello_frame
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     sock.sendall(hello_frame(hello, 0, 1))
     return sock
 
 
 def test_unknown_dtype_in_a_header_reaches_recv():
-    from trainer.transport import HEADER, MAGIC
+    from geodc.hostproc.trainer.transport import HEADER, MAGIC
     port = free_port()
     lst = Listener("127.0.0.1", port)
     sock = _raw_hello(port, "s0r0")
@@ -207,7 +207,7 @@ def test_listener_skips_stray_connections_until_its_peer_comes():
 def fake_run(f_ms=10, b_ms=20, P=2, M=4, iterations=3):
     """Spans of a perfect GPipe run (from the simulator), as workers would write them, with
     5 ms between one iteration's last compute end and the next one's first compute start."""
-    from trainer.schedule import schedule_table, simulate
+    from geodc.rules.schedule import schedule_table, simulate
     sim = simulate(schedule_table("gpipe", P, M), f_ms, b_ms)
     spans, period_ns = [], int(sim.window_ms * 1e6) + 5_000_000
     for it in range(iterations):
@@ -275,8 +275,8 @@ def test_metrics_count_compute_overruns():
 
 
 def test_optimizer_step_estimate():
-    from trainer.config import ProfileConfig
-    from trainer.profiles import find_block, optimizer_ms, stage_costs
+    from geodc.spec.training import ProfileConfig
+    from geodc.rules.profiles import find_block, optimizer_ms, stage_costs
     assert optimizer_ms(403_000_000) == pytest.approx(403e6 * 30 / 4.8e12 * 1e3)   # 2.5 ms
     cfg = ProfileConfig(file="h200-transformer.json", width=2048, seq=2048, micro_batch=2,
                         n_layer=24)
@@ -306,15 +306,15 @@ def test_metrics_with_two_iterations_average_both():
 
 
 def test_timeline_plot_writes_png(tmp_path):
-    from trainer.timeline_plot import plot_timeline
+    from geodc.analysis.timeline_plot import plot_timeline
     spans, _, _ = fake_run()
     out = plot_timeline(spans, tmp_path / "tl.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
 
 
 def test_measure_profile_cpu_smoke():
-    from trainer.measure_profile import main
-    from trainer.profiles import PROFILE_DIR, StageCost, optimizer_ms, stage_costs
+    from geodc.hostproc.trainer.measure_profile import main
+    from geodc.rules.profiles import PROFILE_DIR, StageCost, optimizer_ms, stage_costs
     out = PROFILE_DIR / f"test-smoke-{os.getpid()}.json"   # profiles are read from there only
     try:
         assert main([str(out), "--cpu-smoke", "--reps", "2"]) == 0
@@ -344,7 +344,7 @@ def test_measure_profile_cpu_smoke():
 def test_shipped_profiles_match_their_provenance():
     import hashlib
     import re
-    from trainer.profiles import PROFILE_DIR
+    from geodc.rules.profiles import PROFILE_DIR
     text = (PROFILE_DIR / "PROVENANCE.md").read_text()
     rows = re.findall(r"^\| `([^`]+\.json)` \|.*\| ([0-9a-f]{64}) \|$", text, re.M)
     assert {name for name, _ in rows} == {p.name for p in PROFILE_DIR.glob("*.json")}
@@ -359,7 +359,7 @@ def test_transport_sockets_run_the_chosen_congestion_control(cc):
     are allowed to everyone here."""
     import os
 
-    from traffic.tcpcc import congestion_control_of
+    from geodc.host.tcpcc import congestion_control_of
 
     allowed = open("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read().split()
     if cc not in open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split():

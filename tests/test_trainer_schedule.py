@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer.schedule import (bubble_fraction, parse_action, schedule_table, simulate)
+from geodc.rules.schedule import (bubble_fraction, parse_action, schedule_table, simulate)
 
 CASES = [(P, M) for P in (1, 2, 3, 4, 8) for M in (1, 2, 4, 5, 8, 16)]
 

@@ -1,0 +1,2 @@
+"""Result files in, tables and figures out: metrics, reproduce, plots, the model check.
+"""

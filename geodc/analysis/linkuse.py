@@ -1,0 +1,69 @@
+"""How busy each WAN link direction was during the measured iterations, from the workers' own
+records (pure: spans in, fractions out).
+
+Bytes: every SEND_F / SEND_B span between stage replicas in different DCs adds its message
+bytes to each link direction of the routed path (geodc.plans.routing.dc_paths); an ALLREDUCE span
+of a stage whose replicas sit in different DCs adds what a ring all-reduce sends to the next
+rank, 2 (D-1) / D x the buffer (gloo's ring pattern, assumed, not captured). Wire bytes are
+payload x 1514/1448 (TCP/IP/Ethernet headers at MTU 1500, geodc.features.temporal.plan). Utilization =
+wire bits / (the emulated rate x the measured iterations' wall time).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Sequence
+
+from geodc.plans.routing import dc_paths
+from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE
+
+if TYPE_CHECKING:
+    from geodc.plans.placement import Placement
+    from geodc.spec.scenario import Scenario
+
+
+def link_bytes(spans: Sequence[dict], placement: "Placement", scenario: "Scenario",
+               iterations: Sequence[int]) -> dict[str, float]:
+    """"a->b" -> payload bytes that crossed that link direction in the given iterations."""
+    paths = {(p.src, p.dst): p.dcs for p in dc_paths(scenario)}
+    dcs = placement.stage_dcs
+    D = len(dcs[0]) if dcs else 0
+    used = set(iterations)
+    out: dict[str, float] = defaultdict(float)
+
+    def add(src: str, dst: str, n: float) -> None:
+        if src == dst:
+            return
+        route = paths[(src, dst)]
+        for x, y in zip(route, route[1:]):
+            out[f"{x}->{y}"] += n
+
+    for r in spans:
+        if r.get("iteration") not in used or not r.get("bytes"):
+            continue
+        s, rep = r["stage"], r["replica"]
+        if r["name"] == "SEND_F":
+            add(dcs[s][rep], dcs[s + 1][rep], r["bytes"])
+        elif r["name"] == "SEND_B":
+            add(dcs[s][rep], dcs[s - 1][rep], r["bytes"])
+        elif r["name"] == "ALLREDUCE" and D > 1:
+            add(dcs[s][rep], dcs[s][(rep + 1) % D], r["bytes"] * 2 * (D - 1) / D)
+    return dict(out)
+
+
+def utilization(spans: Sequence[dict], placement: "Placement", scenario: "Scenario",
+                iterations: Sequence[int], window_s: float) -> dict[str, dict]:
+    """Per link direction of the scenario: {"training_bytes", "training_wire_bytes",
+    "utilization"} over window_s seconds of emulated time (the measured iterations' walls)."""
+    emulated = scenario.emulated()
+    got = link_bytes(spans, placement, scenario, iterations)
+    out = {}
+    for w in emulated.wan:
+        for a, b in ((w.a, w.b), (w.b, w.a)):
+            key = f"{a}->{b}"
+            payload = got.get(key, 0.0)
+            wire = payload * WIRE_BYTES_PER_PAYLOAD_BYTE
+            capacity = w.rate_mbit * 1e6 / 8 * window_s
+            out[key] = {"training_bytes": int(payload), "training_wire_bytes": int(wire),
+                        "utilization": round(wire / capacity, 4) if capacity > 0 else 0.0}
+    return out

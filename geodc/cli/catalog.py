@@ -1,0 +1,42 @@
+"""`run_testbed.py list`: the scenarios under topologies/, one line each. Pure: no root.
+
+One job: find the scenario files, load each (a broken one is listed with its error, not fatal),
+and say what it is: name, path, DCs and hosts, emulated or for the model only, its systems and
+its `description`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from geodc.spec.errors import ScenarioError
+from geodc.spec.scenario import load_scenario
+from geodc.spec.paths import TOPOLOGIES
+
+
+
+def scenario_files(root: Path = TOPOLOGIES) -> list[Path]:
+    return sorted(root.rglob("*.yaml"))
+
+
+def list_text(root: Path = TOPOLOGIES) -> str:
+    rows = []
+    for path in scenario_files(root):
+        rel = path.relative_to(root.parent) if root.parent in path.parents else path
+        try:
+            sc = load_scenario(path)
+        except ScenarioError as exc:
+            rows.append((str(rel), "-", "-", "-", f"invalid: {exc}"))
+            continue
+        kind = "model only" if sc.predict_only else (
+            "network + training" if sc.training is not None else "network only")
+        hosts = sum(dc.hosts for dc in sc.dcs)
+        systems = ", ".join(sc.systems) if sc.training is not None else "-"
+        rows.append((str(rel), f"{len(sc.dcs)} DCs, {hosts:,} hosts", kind, systems,
+                     sc.description or "(no description)"))
+    if not rows:
+        return f"no scenarios under {root}"
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[4]}"
+                     + (f"\n{'':<{widths[0]}}  systems: {r[3]}" if r[3] != "-" else "")
+                     for r in rows)

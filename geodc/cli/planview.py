@@ -1,0 +1,174 @@
+"""`run_testbed.py plan`: what each system would do on a scenario, as text or one JSON document.
+
+One job: gather and format the plan (geodc.plans.placement, geodc.plans.systems, geodc.features.temporal.plan) per
+system: the DC and host of every stage replica, the WAN links each stage boundary crosses and
+with how many TCP connections, which stages' all-reduce crosses the WAN, and the WAN sharing
+plan. Pure: no root, no network, no Mininet, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from geodc.spec.errors import ScenarioError
+from geodc.plans.placement import Placement, place_for_system
+from geodc.plans.routing import dc_paths
+from geodc.spec.scenario import Scenario, load_scenario
+from geodc.features.temporal.plan import SlotPlan, plan_slots
+from geodc.plans.systems import System, connections_for, get_system
+
+if TYPE_CHECKING:
+    from geodc.spec.training import TrainConfig
+
+POLICY_NOTES = {"scenario-order": "hosts filled DC by DC in scenario order",
+                "atlas": "all replicas of a stage in one DC, largest DCs first",
+                "dp-across-dcs": "each pipeline in one DC, replicas spread over DCs"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Route:
+    """Stage boundary s -> s+1 for the pipelines that share one DC pair."""
+
+    boundary: int
+    pipelines: tuple[int, ...]
+    src_dc: str
+    dst_dc: str
+    forward: tuple[str, ...]    # routed DCs of the activations (src ... dst); () inside a DC
+    backward: tuple[str, ...]   # routed DCs of the gradients (dst ... src)
+    connections: int            # K per transfer, on every link of the path
+
+    @property
+    def wan(self) -> bool:
+        return self.src_dc != self.dst_dc
+
+    def to_dict(self) -> dict:
+        hop = lambda dcs: [f"{a}->{b}" for a, b in zip(dcs, dcs[1:])]  # noqa: E731
+        return {"boundary": self.boundary, "pipelines": list(self.pipelines),
+                "src_dc": self.src_dc, "dst_dc": self.dst_dc, "wan": self.wan,
+                "forward_links": hop(self.forward), "backward_links": hop(self.backward),
+                "connections": self.connections}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SystemPlan:
+    system: System
+    placement: Placement
+    routes: tuple[Route, ...]
+    slots: SlotPlan
+    bubbletea: dict | None = None     # +bubbletea systems: where the prefill side runs, load
+
+    def to_dict(self) -> dict:
+        s = self.system
+        return {"system": s.name, "placement_policy": s.placement, "connections": s.connections,
+                "wan_sharing": s.wan_sharing, "fill_bubbles": s.fill_bubbles,
+                "placement": self.placement.to_dict(),
+                "boundaries": [r.to_dict() for r in self.routes],
+                "slot_plan": self.slots.to_dict(), "bubbletea": self.bubbletea}
+
+    def lines(self) -> list[str]:
+        s, pl = self.system, self.placement
+        how = {"policy": POLICY_NOTES[pl.policy], "pinned-dcs": "stages pinned to DCs by "
+               "training.placement", "pinned-hosts": "hosts given by training.placement"}[pl.source]
+        out = [f"{s.name}: placement {pl.policy} ({how}), connections {s.connections}, "
+               f"WAN sharing {s.wan_sharing}"]
+        for st, row in enumerate(pl.hosts):
+            out.append(f"  stage {st}: " + ", ".join(f"r{r} {h} ({pl.stage_dcs[st][r]})"
+                                                     for r, h in enumerate(row)))
+        for rt in self.routes:
+            pipes = ",".join(map(str, rt.pipelines))
+            head = f"  s{rt.boundary}->s{rt.boundary + 1} pipelines {pipes}: "
+            if not rt.wan:
+                out.append(head + f"inside {rt.src_dc}")
+                continue
+            fwd = ", ".join(f"{a}->{b}" for a, b in zip(rt.forward, rt.forward[1:]))
+            line = head + f"{rt.src_dc}->{rt.dst_dc} over {fwd} (K={rt.connections} connections per transfer)"
+            if rt.backward != tuple(reversed(rt.forward)):
+                back = ", ".join(f"{a}->{b}" for a, b in zip(rt.backward, rt.backward[1:]))
+                line += f"; gradients back over {back}"
+            out.append(line)
+        wan_ar = [f"stage {st} ({', '.join(dict.fromkeys(pl.stage_dcs[st]))})"
+                  for st, x in enumerate(pl.allreduce_across_wan()) if x]
+        out.append("  all-reduce over the WAN: " + ("; ".join(wan_ar) if wan_ar else "none"))
+        out += ["  " + line for line in self.slots.summary_lines()]
+        if self.bubbletea is not None:
+            bt = self.bubbletea
+            for dc, d in bt["dcs"].items():
+                out.append(f"  bubbletea {dc}: prefill on {', '.join(d['prefill'])}; decode on "
+                           f"{', '.join(d['decode'])}; controller on {d['controller']}; "
+                           f"{d['requests']} requests")
+            out.append(f"  bubbletea load: {bt['kept']} requests ({bt['offered_per_s']:.1f}/s "
+                       f"over {bt['duration_s']:g} s), {bt['refused']} refused, "
+                       f"{bt['truncated']} truncated to {bt['context_tokens']} tokens")
+        return out
+
+
+def routes_of(scenario: Scenario, placement: Placement, system: System) -> tuple[Route, ...]:
+    paths = {(p.src, p.dst): p.dcs for p in dc_paths(scenario)}
+    out = []
+    for s, row in enumerate(placement.boundaries()):
+        groups: dict[tuple[str, str], list[int]] = {}
+        for r, pair in enumerate(row):
+            groups.setdefault(pair, []).append(r)
+        for (a, b), pipes in groups.items():
+            out.append(Route(boundary=s, pipelines=tuple(pipes), src_dc=a, dst_dc=b,
+                             forward=paths.get((a, b), ()), backward=paths.get((b, a), ()),
+                             connections=connections_for(scenario, system, a, b)))
+    return tuple(out)
+
+
+def plan_system(scenario: Scenario, cfg: "TrainConfig", system: System) -> SystemPlan:
+    placement = place_for_system(scenario, cfg, system)
+    bt = None
+    if system.fill_bubbles:
+        from geodc.features.bubbletea.run import bubbletea_plan
+        bt = bubbletea_plan(scenario, cfg.compute, placement, system.name)
+    return SystemPlan(system=system, placement=placement,
+                      routes=routes_of(scenario, placement, system),
+                      slots=plan_slots(scenario, cfg, placement, system), bubbletea=bt)
+
+
+def resolve_systems(scenario: Scenario, names: Sequence[str] | None) -> list[System]:
+    names = list(names) if names else list(scenario.systems)
+    out = []
+    for i, name in enumerate(names):
+        out.append(get_system(name, f"systems[{i}]"))
+    return out
+
+
+def load_training(scenario: Scenario) -> "TrainConfig":
+    from geodc.spec.training import TrainConfig  # torch-free
+    if scenario.training is None:
+        raise ScenarioError("training", f"{scenario.path or scenario.name} has no training "
+                            "section", "add one (see topologies/two_dc.yaml)")
+    return TrainConfig.from_dict(scenario.training)
+
+
+def plan_document(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan]) -> dict:
+    return {"scenario": scenario.name, "path": scenario.path, "scale": scenario.scale,
+            "time_scale": scenario.time_scale, "routing": scenario.routing,
+            "connections": scenario.connections,
+            "training": {"stages": cfg.stages, "replicas": cfg.replicas,
+                         "micro_batches": cfg.micro_batches, "schedule": cfg.schedule,
+                         "compute": cfg.compute},
+            "systems": {p.system.name: p.to_dict() for p in plans}}
+
+
+def plan_text(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan]) -> str:
+    out = [f"{scenario.path or scenario.name}: P={cfg.stages} stages x D={cfg.replicas} "
+           f"replicas, M={cfg.micro_batches} ({cfg.schedule}, {cfg.compute}), scale "
+           f"{scenario.scale:g}, connections {scenario.connections}"]
+    for p in plans:
+        out += p.lines()
+    return "\n".join(out)
+
+
+def plan_command(path: str, systems: Sequence[str] | None = None, as_json: bool = False) -> str:
+    """What `run_testbed.py plan` prints. Raises ScenarioError on bad input."""
+    scenario = load_scenario(path)
+    cfg = load_training(scenario)
+    plans = [plan_system(scenario, cfg, s) for s in resolve_systems(scenario, systems)]
+    if as_json:
+        return json.dumps(plan_document(scenario, cfg, plans), indent=1)
+    return plan_text(scenario, cfg, plans)

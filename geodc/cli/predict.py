@@ -1,0 +1,94 @@
+"""`run_testbed.py predict SCENARIO [--systems a,b] [--json]`: the model's figures per system,
+without building anything (no root, no network, no torch).
+
+One job: format geodc.predict.predict's predictions for the scenario's systems as a table or one JSON
+document; per system the speedup against the first system listed (baseline when present), and
+for a +bubbletea system a line of BubbleTea's predicted figures (geodc.predict.bubbletea).
+With --plan N: the N fastest stage-to-DC assignments instead (geodc.predict.planner). A scenario with a
+sweep: every point in turn.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Sequence
+
+from geodc.spec.errors import ScenarioError
+from geodc.cli.planview import load_training, resolve_systems
+from geodc.spec.scenario import load_scenario
+
+
+def predict_command(path: str, systems: Sequence[str] | None = None,
+                    as_json: bool = False, plan_top: int | None = None) -> str:
+    scenario = load_scenario(path)
+    if not scenario.sweep:
+        return _predict_one(scenario, systems, as_json, plan_top)
+    from geodc.spec.scenario import parse_scenario
+    from geodc.spec.sweep import expand
+    out = []
+    docs = []
+    for point in expand(dict(scenario.raw)):       # a sweep: every point, as `run` would
+        one = parse_scenario(point.doc, path=scenario.path)
+        text = _predict_one(one, systems, as_json, plan_top)
+        if as_json:
+            docs.append(dict(json.loads(text), point=point.index, values=point.values))
+        else:
+            out.append(f"sweep point {point.index} ({json.dumps(point.values)}):\n{text}")
+    if as_json:
+        return json.dumps({"scenario": scenario.name, "points": docs}, indent=1)
+    return "\n\n".join(out)
+
+
+def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
+                 plan_top: int | None) -> str:
+    from geodc.predict.predict import predict
+    cfg = load_training(scenario)
+    if cfg.compute != "profile":
+        raise ScenarioError("training.compute", "the model needs profile mode (measured op "
+                            "times are not known before a run)", "set compute: profile")
+    if plan_top is not None:
+        from geodc.predict.planner import plan_options, plan_text
+        options = plan_options(scenario, cfg)
+        if as_json:
+            return json.dumps({"scenario": scenario.name, "options": [
+                {"stage_dcs": list(o.stage_dcs), **o.prediction.to_dict()}
+                for o in options[:plan_top]]}, indent=1)
+        return plan_text(scenario, options, plan_top)
+    rows = []
+    t0 = time.perf_counter()
+    for system in resolve_systems(scenario, systems):
+        rows.append(predict(scenario, cfg, system))
+    took_s = time.perf_counter() - t0
+    base = rows[0].iteration_time_s
+    if as_json:
+        return json.dumps({"scenario": scenario.name, "seconds": took_s,
+                           "systems": [dict(p.to_dict(), speedup=base / p.iteration_time_s)
+                                       for p in rows]}, indent=1)
+    out = [f"{scenario.name}: model of P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
+           f"{cfg.schedule}, {rows[0].iterations} iterations ({took_s:.2f} s)",
+           f"{'system':<24} {'iteration s':>11} {'speedup':>8} {'bubble':>7} {'GPU util':>8}"
+           "  WAN utilization"]
+    for p in rows:
+        wan = ", ".join(f"{k} {v:.0%}" for k, v in p.wan_utilization.items()) or "-"
+        out.append(f"{p.system:<24} {p.iteration_time_s:>11.3f} "
+                   f"{base / p.iteration_time_s:>7.2f}x {p.bubble_fraction:>7.3f} "
+                   f"{p.gpu_utilization:>8.3f}  {wan}")
+    for p in rows:
+        if p.bubbletea is not None:
+            out.append(bubbletea_text(p.system, p.bubbletea))
+    return "\n".join(out)
+
+
+def bubbletea_text(system: str, bt: dict) -> str:
+    """One line of geodc.predict.bubbletea's figures."""
+    pf, load = bt["prefill"], bt["load"]
+    ttft = pf["ttft_ms"]
+    causes = sorted(bt["unused_bubble"]["share_by_cause"].items(), key=lambda kv: -kv[1])
+    return (f"{system}: GPU utilization {bt['gpu_utilization']:.3f} (training "
+            f"{bt['training_only']:.3f} + prefill {bt['prefill_share']:.3f}), "
+            f"{pf['requests_per_s']:.1f} requests/s served of "
+            f"{load.get('offered_per_s', 0.0):.1f} offered, TTFT p50/p99 "
+            + ("-" if ttft["p50"] is None else f"{ttft['p50']:.0f}/{ttft['p99']:.0f} ms")
+            + f", deadline misses {pf['deadline_misses']}, unused bubble: "
+            + ", ".join(f"{c} {v:.0%}" for c, v in causes[:3] if v > 0))

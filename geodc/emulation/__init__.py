@@ -1,0 +1,3 @@
+"""The emulated network on this kernel: namespaces, shaping, delay lines, and the registry of
+every process a run starts. Root-only at run time.
+"""

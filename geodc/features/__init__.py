@@ -1,0 +1,3 @@
+"""The features a system may switch on, one folder each (temporal sharing, BubbleTea, faults,
+cross-traffic): a pure plan, read by plan/show/predict, and a run handle.
+"""

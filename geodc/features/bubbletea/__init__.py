@@ -1,0 +1,2 @@
+"""BubbleTea: prefill requests in pipeline bubbles, the request load and its processes.
+"""

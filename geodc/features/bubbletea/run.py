@@ -1,0 +1,272 @@
+"""Start and stop BubbleTea's processes around one system's training run (systems "+bubbletea").
+
+One job: the lifecycle of the prefill side on the emulated network. Before training: the request
+load (geodc.features.bubbletea.load, from the scenario's `bubbletea:` section) split over the DCs that train, in
+proportion to their training hosts; a decode server on every decode host of those DCs; a
+controller (geodc.hostproc.prefill.controller) on each such DC's first decode host; a prefill server
+(geodc.hostproc.prefill.server) on every training host, sharing the host's GPU lock with the training worker.
+`gpu_share(host)` is what geodc.run.launch gives each worker (its lock, and where to send its
+bubble notices). After training: SIGTERM the controllers (they write what stayed unserved), then
+the servers, and merge every record into <system dir>/prefill_records.jsonl.
+
+The prefill-side processes run at nice BUBBLETEA_NICE: on a real server the inference stack has
+CPU cores of its own, here it shares 2 cores with the training workers, whose holds and
+transport must not wait behind it (that wait would be a slowdown the real system does not have).
+The controller's notice thread alone runs at SCHED_FIFO (geodc.host.realtime's "notice", where the
+network runs real-time): the arrival bound needs the notices heard within its margin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from geodc.host.realtime import PRIORITY
+from geodc.spec.errors import ScenarioError, TestbedError
+from geodc.emulation.procs import HostProcess, stop_all
+
+if TYPE_CHECKING:
+    from geodc.spec.bubbletea import BubbleTeaConfig
+    from geodc.emulation.network import Network
+    from geodc.plans.placement import Placement
+    from geodc.spec.scenario import Scenario
+    from geodc.spec.training import TrainConfig
+
+PREFILL_PORT = 28000
+DECODE_PORT = 28100
+NOTICE_PORT = 28200
+BUBBLETEA_NICE = 10
+READY_TIMEOUT_S = 60.0
+REPLY_GRACE_S = 15.0   # a controller waits for its in-flight prefills before it records
+
+
+def check(scenario: "Scenario", placement: "Placement", system_name: str) -> "BubbleTeaConfig":
+    """The settings a +bubbletea system runs with, or ScenarioError naming what is missing."""
+    if scenario.bubbletea is None:
+        raise ScenarioError("bubbletea", f"{system_name} needs the scenario's bubbletea section",
+                            "add bubbletea: {load: {trace: conv, rate_multiplier: 20}} "
+                            "(see topologies/atlas_bubbletea.yaml)")
+    for i, dc in enumerate(scenario.dcs):
+        if dc.name in placement.dcs_used() and dc.decode_hosts < 1:
+            raise ScenarioError(f"dcs[{i}].decode_hosts", f"DC {dc.name!r} trains under "
+                                f"{system_name} but has no decode host",
+                                "set decode_hosts: 1 (or more) on it")
+    return scenario.bubbletea
+
+
+def hosts_by_dc(placement: "Placement") -> dict[str, list[str]]:
+    """The training hosts of each DC that trains (DCs in order of first use)."""
+    out: dict[str, list[str]] = {dc: [] for dc in placement.dcs_used()}
+    for hosts, dcs in zip(placement.hosts, placement.stage_dcs):
+        for host, dc in zip(hosts, dcs):
+            out[dc].append(host)
+    return out
+
+
+def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> dict[str, Any]:
+    """The load, fitted to the context and split over dcs ({dc: training hosts}) by smooth
+    weighted round robin: request i goes to the DC most behind its share."""
+    from geodc.features.bubbletea import load as loadmod
+    from geodc.rules.prefill_profile import PrefillProfile
+
+    trace = loadmod.load_trace(cfg.load.trace)
+    if cfg.load.kind == "replay":
+        reqs = loadmod.replay(trace, rate_multiplier=cfg.load.rate_multiplier,
+                              start_s=cfg.load.start_s, window_s=cfg.load.window_s)
+    else:
+        reqs = loadmod.poisson(rate_per_s=cfg.load.poisson_per_s, duration_s=cfg.load.window_s,
+                               lengths=trace, seed=cfg.load.seed)
+    # profile mode: the target's profiled context; measured: the real model's own
+    context = (PrefillProfile.load(cfg.profile).max_tokens if compute == "profile"
+               else cfg.model["context"])
+    kept, refused = loadmod.fit_context(reqs, max_context_tokens=context, rule=cfg.context_rule)
+    total = sum(dcs.values())
+    credit = {dc: 0.0 for dc in dcs}
+    per_dc: dict[str, list[dict]] = {dc: [] for dc in dcs}
+    for r in kept:
+        for dc in dcs:
+            credit[dc] += dcs[dc] / total
+        dc = max(dcs, key=lambda d: credit[d])
+        credit[dc] -= 1.0
+        per_dc[dc].append({"id": f"r{r.index}", "arrival_s": r.arrival_s,
+                           "target_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+                           "truncated_from": r.truncated_from})
+    duration_s = (cfg.load.window_s / cfg.load.rate_multiplier if cfg.load.kind == "replay"
+                  else cfg.load.window_s)
+    return {"per_dc": per_dc, "context_tokens": context, "rule": cfg.context_rule,
+            "offered_per_s": len(kept) / duration_s, "duration_s": duration_s,
+            "requests": len(reqs), "kept": len(kept), "refused": len(refused),
+            "truncated": sum(r.truncated_from is not None for r in kept),
+            "load": {"kind": cfg.load.kind, "trace": cfg.load.trace,
+                     "rate_multiplier": cfg.load.rate_multiplier,
+                     "poisson_per_s": cfg.load.poisson_per_s, "window_s": cfg.load.window_s,
+                     "start_s": cfg.load.start_s}}
+
+
+def bubbletea_plan(scenario: "Scenario", compute: str, placement: "Placement",
+                   system_name: str) -> dict[str, Any]:
+    """Where the prefill side of a +bubbletea system runs, and its load (no network)."""
+    cfg = check(scenario, placement, system_name)
+    hosts = hosts_by_dc(placement)
+    load = make_requests(cfg, compute, {dc: len(hs) for dc, hs in hosts.items()})
+    return {"dcs": {dc: {"prefill": hs, "decode": scenario.decode_host_names(dc),
+                         "controller": scenario.decode_host_names(dc)[0],
+                         "requests": len(load["per_dc"][dc])} for dc, hs in hosts.items()},
+            **{k: v for k, v in load.items() if k != "per_dc"}}
+
+
+@dataclass
+class BubbleTeaRun:
+    sys_dir: Path
+    locks: dict[str, str]                      # training host -> GPU lock path
+    notify: dict[str, dict]                    # training host -> controller notice address
+    load: dict[str, Any]
+    controllers: list[HostProcess] = field(default_factory=list)
+    servers: list[HostProcess] = field(default_factory=list)
+    record_paths: list[Path] = field(default_factory=list)
+
+    def gpu_share(self, host: str) -> dict | None:
+        if host not in self.locks:
+            return None
+        return {"gpu_lock_path": self.locks[host], "bubble_notify": self.notify.get(host)}
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) each kind of prefill-side process has used so far, summed:
+        work the emulation adds on this machine's cores beside the training workers."""
+        out: dict[str, float] = {}
+        for p in self.controllers + self.servers:
+            kind = next((k for k in ("controller", "decode_server", "server") if
+                         f"prefill.{k}" in " ".join(p.argv)), "other")
+            out[kind] = out.get(kind, 0.0) + _cpu_s(p.pid)
+        return {k: round(v, 2) for k, v in out.items()}
+
+    def stop(self) -> None:
+        """Controllers first (they record what stayed unserved), then the servers."""
+        stuck = stop_all(self.controllers, grace_s=REPLY_GRACE_S)
+        stuck += stop_all(self.servers, grace_s=3.0)
+        if stuck:
+            raise TestbedError("BubbleTea processes would not stop: "
+                               + ", ".join(p.describe() for p in stuck))
+
+    def crashed(self) -> list[str]:
+        """Prefill-side processes that died during training (training went on without them)."""
+        return [p.describe() for p in self.controllers + self.servers
+                if p.poll() not in (None, 0)]
+
+    def merge_records(self) -> Path:
+        from geodc.host.spans import merge_jsonl
+        out = self.sys_dir / "prefill_records.jsonl"
+        merge_jsonl([p for p in self.record_paths if p.exists()], out, sort_key="t_start_ns")
+        return out
+
+
+def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
+          placement: "Placement", sys_dir: Path, system_name: str) -> BubbleTeaRun:
+    """Start every prefill-side process of one system's run (module docstring)."""
+    from geodc.hostproc.prefill.controller import ControllerSpec, Endpoint
+    from geodc.hostproc.prefill.decode_server import DecodeSpec
+    from geodc.hostproc.prefill.server import PrefillSpec
+    from geodc.run.launch import worker_env
+
+    cfg = check(scenario, placement, system_name)
+    base = sys_dir / "bubbletea"
+    by_dc = hosts_by_dc(placement)
+    load = make_requests(cfg, train_cfg.compute, {dc: len(hs) for dc, hs in by_dc.items()})
+    env = worker_env()
+    python = ["nice", "-n", str(BUBBLETEA_NICE), sys.executable]
+    run = BubbleTeaRun(sys_dir=sys_dir, locks={}, notify={}, load=load)
+    try:
+        for dc in by_dc:
+            decode = [net.plan.host(n) for n in scenario.decode_host_names(dc)]
+            ctl_host = decode[0]
+            decoders = []
+            for h in decode:
+                spec = DecodeSpec(host=h.name, dc=dc, ip=h.ip, port=DECODE_PORT,
+                                  records_path=str(base / "records" / f"decode-{h.name}.jsonl"),
+                                  model=cfg.model,
+                                  max_new_tokens_cap=(cfg.decode_tokens_max
+                                                      if train_cfg.compute == "profile" else None))
+                path = base / "specs" / f"decode-{h.name}.json"
+                spec.write(path)
+                run.record_paths.append(Path(spec.records_path))
+                run.servers.append(net.spawn(h.name, python + ["-m", "geodc.hostproc.prefill.decode_server",
+                                                               "--spec", str(path)],
+                                             sys_dir / "logs" / f"{h.name}-decode.log", env))
+                decoders.append(Endpoint(host=h.name, ip=h.ip, port=DECODE_PORT))
+            prefills = []
+            for name in by_dc[dc]:
+                h = net.plan.host(name)
+                lock = str(base / "gpu" / f"{name}.lock")
+                spec = PrefillSpec(host=name, dc=dc, ip=h.ip, port=PREFILL_PORT,
+                                   gpu_lock_path=lock,
+                                   records_path=str(base / "records" / f"prefill-{name}.jsonl"),
+                                   model=cfg.model, compute=train_cfg.compute,
+                                   profile=cfg.profile, time_scale=scenario.time_scale,
+                                   scale=scenario.scale, kv_fraction=cfg.kv_fraction,
+                                   decode_servers=[{"ip": d.ip, "port": d.port}
+                                                   for d in decoders])
+                path = base / "specs" / f"prefill-{name}.json"
+                spec.write(path)
+                run.record_paths.append(Path(spec.records_path))
+                run.servers.append(net.spawn(name, python + ["-m", "geodc.hostproc.prefill.server", "--spec",
+                                                             str(path)],
+                                             sys_dir / "logs" / f"{name}-prefill.log", env))
+                run.locks[name] = lock
+                run.notify[name] = {"ip": ctl_host.ip, "port": NOTICE_PORT,
+                                    "allreduce": cfg.fill_allreduce}
+                prefills.append(Endpoint(host=name, ip=h.ip, port=PREFILL_PORT))
+            req_path = base / f"requests-{dc}.json"
+            req_path.parent.mkdir(parents=True, exist_ok=True)
+            req_path.write_text(json.dumps(load["per_dc"][dc]))
+            cspec = ControllerSpec(dc=dc, host=ctl_host.name, ip=ctl_host.ip,
+                                   notice_port=NOTICE_PORT,
+                                   records_path=str(base / "records" / f"controller-{dc}.jsonl"),
+                                   requests_path=str(req_path), prefill_servers=prefills,
+                                   decode_servers=decoders, bubbletea=cfg.to_dict(),
+                                   compute=train_cfg.compute, time_scale=scenario.time_scale,
+                                   connect_timeout_s=60.0 * scenario.time_scale,
+                                   notice_priority=PRIORITY["notice"] if net.realtime else None)
+            path = base / "specs" / f"controller-{dc}.json"
+            cspec.write(path)
+            run.record_paths.append(Path(cspec.records_path))
+            run.controllers.append(net.spawn(ctl_host.name, python + [
+                "-m", "geodc.hostproc.prefill.controller", "--spec", str(path)],
+                sys_dir / "logs" / f"{ctl_host.name}-controller.log", env))
+        _wait_ready(run)
+    except BaseException:
+        stop_all(run.controllers + run.servers)
+        raise
+    return run
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _wait_ready(run: BubbleTeaRun) -> None:
+    """Until every server says it listens and every controller has started (or one died)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    want = {id(p): ("listening" if p in run.servers else "controller") for p in
+            run.servers + run.controllers}
+    pending = list(run.servers + run.controllers)
+    while pending:
+        for p in list(pending):
+            if p.poll() is not None:
+                raise TestbedError(f"BubbleTea process failed to start: {p.describe()}\n"
+                                   f"{p.output(2000)}")
+            if want[id(p)] in p.output(4000):
+                pending.remove(p)
+        if time.monotonic() > deadline:
+            raise TestbedError("BubbleTea processes not ready after "
+                               f"{READY_TIMEOUT_S:.0f} s: "
+                               + ", ".join(p.describe() for p in pending))
+        time.sleep(0.05)

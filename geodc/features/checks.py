@@ -1,0 +1,69 @@
+"""Everything `run` checks before it builds anything, and all that `validate` checks. Pure: no
+root, no kernel, no Mininet, no torch (so `validate` runs with only the scenario's packages).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from geodc.features.bubbletea import run as bubbletea
+from geodc.spec.errors import ScenarioError
+from geodc.plans.placement import place_for_system
+from geodc.spec.scenario import Scenario, load_scenario
+from geodc.plans.systems import get_system
+
+if TYPE_CHECKING:
+    from geodc.spec.training import TrainConfig
+
+
+def load_run(scenario_path: str, *, systems: list[str] | None = None,
+             iterations: int | None = None) -> tuple[Scenario, "TrainConfig", list[str]]:
+    """Everything `run` checks before building anything (also what `validate` checks):
+    the scenario, its training section against its hosts, the systems asked for, and that
+    each system can be placed on the scenario's hosts. A scenario with a sweep: its first
+    point (geodc.spec.sweep; `validate` checks them all)."""
+    scenario = load_scenario(scenario_path)
+    if scenario.sweep:
+        from geodc.spec.scenario import parse_scenario
+        from geodc.spec.sweep import expand
+        scenario = parse_scenario(expand(dict(scenario.raw))[0].doc, path=scenario.path)
+    return check_run(scenario, systems=systems, iterations=iterations)
+
+
+def check_run(scenario: Scenario, *, systems: list[str] | None = None,
+              iterations: int | None = None) -> tuple[Scenario, "TrainConfig", list[str]]:
+    """load_run's checks of a loaded scenario."""
+    from geodc.spec.training import TrainConfig, validate_against_hosts
+
+    scenario.check_emulable()
+    if scenario.training is None:
+        raise ScenarioError("training", f"{scenario.path or scenario.name} has no training "
+                            "section", "add one (see topologies/two_dc.yaml) or use the "
+                            "calibrate command")
+    training = dict(scenario.training)
+    if iterations is not None:
+        training["iterations"] = iterations
+    cfg = TrainConfig.from_dict(training)
+    validate_against_hosts(cfg, len(scenario.host_names()), scenario.host_names())
+    field = "--systems" if systems else "systems"
+    systems = list(systems or scenario.systems)
+    for i, name in enumerate(systems):
+        system = get_system(name, f"{field}[{i}]")   # geodc.plans.systems: what `run` can train
+        placement = place_for_system(scenario, cfg, system)
+        if system.fill_bubbles:
+            bubbletea.check(scenario, placement, name)
+        check_faults(scenario, system)
+    if len(set(systems)) != len(systems):
+        raise ScenarioError(field, f"{','.join(systems)} names a system twice", "name each once")
+    return scenario, cfg, systems
+
+
+def check_faults(scenario: Scenario, system) -> None:
+    """A rate fault cannot hold under temporal WAN sharing: its slot arbiter re-plans the
+    link's rates at every switch (geodc.features.faults.run)."""
+    rate_faults = [f.label for f in scenario.faults if f.kind == "rate"]
+    if system.temporal and rate_faults:
+        raise ScenarioError(rate_faults[0], f"{system.name} shares the WAN in time: its slot "
+                            "arbiter re-plans the link's rates at every switch, so a rate fault "
+                            "cannot hold there", "drop the rate faults or run a system without "
+                            "temporal sharing")

@@ -1,0 +1,2 @@
+"""Cross-traffic of other tenants on the WAN.
+"""

@@ -1,0 +1,2 @@
+"""Scheduled faults on WAN links during a run.
+"""

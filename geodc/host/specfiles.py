@@ -1,0 +1,110 @@
+"""The per-worker spec file: everything one stage replica needs, written by the launcher.
+
+One job: the launcher/worker contract, as a dataclass that round-trips through JSON. A worker
+finds its peers only here: `next` is the listener of stage s+1 replica d (ip, port) it connects
+to; `listen_port` is where it accepts stage s-1 replica d (bound to its own `ip`); `dp_master_*`
+is the TCPStore of its stage's data-parallel group (the stage's replica 0). `connections_next`
+and `connections_prev` are the K (TCP connections each message is striped over) of those two
+channels; both ends of a channel get the same K. `gpu_lock_path` (geodc/host/gpulock.py) is the
+host's GPU lock the worker holds for every F, B and OPT when the host's GPU is shared with a
+prefill server (BubbleTea), and `bubble_notify` the UDP address of the DC's controller the worker
+announces its predicted bubbles to (geodc/rules/bubbles.py); both None in a plain training run.
+`prev.pad_bytes` / `next.pad_bytes` are what those neighbours pad their messages to: with the
+model config they give the one shape and size a channel accepts (geodc/hostproc/trainer/worker.py).
+`inbound_prev` / `inbound_next` say how fast a message from that neighbour can arrive at most
+(profile mode: its padded bytes and the lowest rate on its way).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+class SpecFile:
+    """JSON round trip of a spec dataclass: the file a launcher writes and its process reads
+    (this worker spec, and the BubbleTea servers' and controller's). `from_dict` rebuilds
+    nested dataclasses where a spec has them."""
+
+    __slots__ = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: Path):
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Peer:
+    name: str            # worker name, e.g. "s1r0@dc1h1" (the hello that is checked)
+    host: str
+    ip: str
+    port: int
+    dc: str | None = None
+    pad_bytes: int = 0   # what the peer pads its messages to (its spec's pad_bytes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerSpec(SpecFile):
+    run_id: str
+    name: str
+    stage: int
+    replica: int
+    host: str
+    ip: str
+    dc: str
+    listen_port: int | None          # stage > 0: accept stage s-1 here
+    prev: Peer | None                # who connects to us (stage > 0)
+    next: Peer | None                # whom we connect to (stage < P-1)
+    dp_master_ip: str
+    dp_master_port: int
+    config: dict                     # TrainConfig.to_dict()
+    scale: float
+    hold_forward_ms: float = 0.0     # profile mode: hold each F/B to this long (0 = measured)
+    hold_backward_ms: float = 0.0
+    hold_opt_ms: float = 0.0         # profile mode: hold the optimizer step to this long
+    pad_bytes: int = 0               # pad each activation/gradient message to this many bytes
+    allreduce_pad_bytes: int = 0     # pad the gradient all-reduce buffer to this many bytes
+    spans_path: str
+    loss_path: str
+    connect_timeout_s: float = 60.0
+    recv_timeout_s: float = 120.0
+    congestion_control: str | None = None   # TCP_CONGESTION of the stage-to-stage sockets
+    connections_next: int = 1        # K: TCP connections of the channel to `next`
+    connections_prev: int = 1        # K: TCP connections of the channel from `prev`
+    # Temporal WAN sharing: the arbiter to ask before each message to next / prev, or None.
+    # {"ip": arbiter address, "port": int, "link": "a->b", "pipeline": replica index}
+    gate_next: dict | None = None
+    gate_prev: dict | None = None
+    io_priority: int | None = None   # SCHED_FIFO of the channels' I/O threads (None: normal)
+    # BubbleTea: the host's GPU lock file (None: no lock, no bubble notices) and the DC
+    # controller's UDP address for bubble notices ({"ip": str, "port": int}, or None).
+    gpu_lock_path: str | None = None
+    bubble_notify: dict | None = None
+    # How a message from prev / next comes (profile mode, BubbleTea; else None): {"rate_mbit":
+    # the lowest rate on its way as the network shapes it (None: unshaped), "bytes": the
+    # neighbour's padded message bytes, "hold_ms": the hold of the neighbour's op that makes it
+    # (F of prev, B of next), "same_dc": whether the neighbour is in this DC}. A message of N
+    # bytes takes at least N * 8 / rate after its first byte, and comes no sooner than hold_ms
+    # after its op starts: lower bounds on the bubble that waits for it (geodc/hostproc/trainer/worker.py).
+    inbound_prev: dict | None = None
+    inbound_next: dict | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WorkerSpec:
+        d = dict(d)
+        for key in ("prev", "next"):
+            if d.get(key) is not None:
+                d[key] = Peer(**d[key])
+        return cls(**d)

@@ -1,0 +1,2 @@
+"""BubbleTea's processes: the controller, prefill servers and decode servers.
+"""

@@ -1,0 +1,2 @@
+"""Traffic processes: WAN bursts, packet capture, CPU load.
+"""

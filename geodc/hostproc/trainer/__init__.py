@@ -1,0 +1,2 @@
+"""The training worker: one pipeline stage replica, its transports and data parallelism.
+"""

@@ -1,0 +1,2 @@
+"""Pure plans made from a scenario: systems, routing, placement, topology, timeouts.
+"""

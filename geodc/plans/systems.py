@@ -1,0 +1,174 @@
+"""Training systems as plain data, and how many TCP connections each cross-DC transfer gets.
+
+One job: name what a system does differently (where it places stages, how many TCP connections a
+transfer uses, how the WAN links are shared), so the planner (geodc.plans.placement,
+geodc.features.temporal.plan) and the runner read the same table instead of branching on names. Pure: no
+kernel, no Mininet, no torch.
+
+    baseline       scenario-order placement, 1 connection, transfers share the WAN concurrently
+    multitcp       scenario-order placement, the scenario's K connections, concurrent
+    temporal       scenario-order placement, 1 connection, temporal WAN slots
+    atlas          Atlas placement (all replicas of a stage in one DC), K connections, temporal
+    dp-across-dcs  each pipeline in one DC, so every stage's all-reduce crosses the WAN
+    <any>+bubbletea  the same system, with prefill requests filling its bubbles (fill_bubbles;
+                   geodc.features.bubbletea.run runs it, the scenario's `bubbletea:` section configures it)
+
+K connections (the scenario's `connections`, default auto): a transfer between DCs X and Y over
+one TCP flow is window-limited at window / RTT, so K flows striped over the message move K times
+that, up to the path's bottleneck rate. `auto` picks the smallest K that fills the path:
+
+    K = ceil(rate x RTT / window), clamped to 1..16
+
+rate = the lowest configured rate_mbit over the path's links, RTT = the path's one-way delay
+there plus back (geodc.plans.routing.dc_paths), window = the receive window the testbed's hosts
+advertise per connection = scaled_tcp_rmem_max_bytes(scale) x RCV_WINDOW_FRACTION. Configured,
+not time_scale-dilated, values are used: time dilation divides rate and multiplies RTT by the
+same T, so rate x RTT (and K) is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from geodc.spec.errors import ScenarioError
+from geodc.plans.routing import Path, dc_paths
+from geodc.spec.scenario import (BUBBLETEA_SUFFIX, MAX_CONNECTIONS, RCV_WINDOW_FRACTION,
+                              max_connections, scaled_tcp_rmem_max_bytes)
+
+if TYPE_CHECKING:
+    from geodc.spec.scenario import Scenario
+
+PLACEMENTS = ("scenario-order", "atlas", "dp-across-dcs")
+CONNECTION_RULES = ("one", "scenario")
+WAN_SHARING = ("concurrent", "temporal")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class System:
+    name: str
+    placement: str      # "scenario-order" | "atlas" | "dp-across-dcs" (geodc.plans.placement)
+    connections: str    # "one" (1 per transfer) | "scenario" (the scenario's K per link)
+    wan_sharing: str    # "concurrent" | "temporal" (geodc.features.temporal.plan)
+    fill_bubbles: bool = False
+
+    def __post_init__(self) -> None:
+        for value, allowed in ((self.placement, PLACEMENTS), (self.connections, CONNECTION_RULES),
+                               (self.wan_sharing, WAN_SHARING)):
+            if value not in allowed:
+                raise ValueError(f"system {self.name}: {value!r} is not one of {allowed}")
+
+    @property
+    def temporal(self) -> bool:
+        return self.wan_sharing == "temporal"
+
+    @property
+    def without_bubbles(self) -> str:
+        """The name of the same system without prefill in its bubbles."""
+        return self.name.removesuffix(BUBBLETEA_SUFFIX)
+
+
+SYSTEMS: dict[str, System] = {s.name: s for s in (
+    System(name="baseline", placement="scenario-order", connections="one",
+           wan_sharing="concurrent"),
+    System(name="multitcp", placement="scenario-order", connections="scenario",
+           wan_sharing="concurrent"),
+    System(name="temporal", placement="scenario-order", connections="one",
+           wan_sharing="temporal"),
+    System(name="atlas", placement="atlas", connections="scenario", wan_sharing="temporal"),
+    System(name="dp-across-dcs", placement="dp-across-dcs", connections="one",
+           wan_sharing="concurrent"),
+)}
+
+
+def get_system(name: str, field: str = "systems") -> System:
+    """The system called `name` (one of SYSTEMS, or one of them + "+bubbletea": the same
+    choices with fill_bubbles), or ScenarioError on `field` listing the names there are."""
+    base = name.removesuffix(BUBBLETEA_SUFFIX) if isinstance(name, str) else None
+    if base not in SYSTEMS:
+        raise ScenarioError(field, f"{name!r} is not a system",
+                            f"use one of {', '.join(SYSTEMS)}, each optionally with "
+                            f"{BUBBLETEA_SUFFIX}")
+    if base == name:
+        return SYSTEMS[name]
+    return replace(SYSTEMS[base], name=name, fill_bubbles=True)
+
+
+def window_bytes(scale: float) -> float:
+    """The receive window one connection of the testbed's hosts advertises (bytes)."""
+    return scaled_tcp_rmem_max_bytes(scale) * RCV_WINDOW_FRACTION
+
+
+def auto_connections(link_rate_mbit: float, rtt_ms: float, window_bytes: float,
+                     cap: int = MAX_CONNECTIONS) -> int:
+    """K = ceil(rate x RTT / window), clamped to 1..cap: the fewest window-limited connections
+    that together fill a path of this bottleneck rate and round-trip time."""
+    if window_bytes <= 0:
+        raise ValueError(f"window_bytes must be > 0, got {window_bytes}")
+    bdp_bytes = link_rate_mbit * 1e6 / 8 * rtt_ms / 1e3
+    # round off float noise before ceil (e.g. exactly 2 windows must give 2, not 3)
+    k = math.ceil(round(bdp_bytes / window_bytes, 9))
+    return max(1, min(cap, k))
+
+
+def path_between(scenario: "Scenario", src_dc: str, dst_dc: str) -> Path:
+    """The routed path src_dc -> dst_dc (KeyError for an unknown or equal pair)."""
+    for p in dc_paths(scenario):
+        if (p.src, p.dst) == (src_dc, dst_dc):
+            return p
+    raise KeyError((src_dc, dst_dc))
+
+
+def path_rtt_ms(scenario: "Scenario", src_dc: str, dst_dc: str) -> float:
+    """One-way delay of the path there plus that of the path back (configured values)."""
+    return (path_between(scenario, src_dc, dst_dc).delay_ms
+            + path_between(scenario, dst_dc, src_dc).delay_ms)
+
+
+def path_rate_mbit(scenario: "Scenario", src_dc: str, dst_dc: str) -> float:
+    """The bottleneck: the lowest configured rate over the path's links."""
+    dcs = path_between(scenario, src_dc, dst_dc).dcs
+    rate = {frozenset(link.between): link.rate_mbit for link in scenario.wan}
+    return min(rate[frozenset(hop)] for hop in zip(dcs, dcs[1:]))
+
+
+def host_path_rate_mbit(scenario: "Scenario", src_dc: str, dst_dc: str) -> float | None:
+    """The lowest rate (Mbit/s, as given in `scenario`: pass `scenario.emulated()` for what the
+    network shapes) from a host in src_dc to one in dst_dc: both host links and, between two
+    DCs, path_rate_mbit. None when nothing on the way is shaped (one DC's unshaped veths)."""
+    dcs = {d.name: d for d in scenario.dcs}
+    rates = [dcs[dc].rate_mbit for dc in {src_dc, dst_dc} if dcs[dc].rate_mbit is not None]
+    if src_dc != dst_dc:
+        rates.append(path_rate_mbit(scenario, src_dc, dst_dc))
+    return min(rates) if rates else None
+
+
+def arrival_bounds_hold(scenario: "Scenario") -> str | None:
+    """Why a message's bytes could come faster than the configured rates allow, so that
+    BubbleTea's arrival bound would not be a bound (None: they cannot): jitter on a WAN link (a
+    message's packets squeezed together), or faults that change a link's delay or rate."""
+    jittery = [f"{w.a}-{w.b}" for w in scenario.wan if w.jitter_ms > 0]
+    if jittery:
+        return f"jitter on {', '.join(jittery)}"
+    changed = sorted({f.kind for f in scenario.faults if f.kind in ("delay", "rate")})
+    return f"{' and '.join(changed)} faults" if changed else None
+
+
+def scenario_connections(scenario: "Scenario", src_dc: str, dst_dc: str) -> int:
+    """The scenario's K for transfers src_dc -> dst_dc: its `connections`, or the auto rule."""
+    if src_dc == dst_dc:
+        return 1
+    if scenario.connections != "auto":
+        return int(scenario.connections)
+    return auto_connections(path_rate_mbit(scenario, src_dc, dst_dc),
+                            path_rtt_ms(scenario, src_dc, dst_dc), window_bytes(scenario.scale),
+                            max_connections(scenario.predict_only))
+
+
+def connections_for(scenario: "Scenario", system: System, src_dc: str, dst_dc: str) -> int:
+    """TCP connections one transfer src_dc -> dst_dc uses under `system`: 1 inside a DC and for
+    systems with connections "one"; else the scenario's K (scenario_connections)."""
+    if src_dc == dst_dc or system.connections == "one":
+        return 1
+    return scenario_connections(scenario, src_dc, dst_dc)

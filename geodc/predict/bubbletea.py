@@ -1,0 +1,257 @@
+"""BubbleTea in the model: a run's prefill requests admitted into the simulated bubbles by the
+controller's own rule. Pure: no kernel, no root, no torch.
+
+One job: from geodc.predict.pipeline's simulated ops of a `+bubbletea` system, play the prefill side as
+a run does, and read its figures with geodc.rules.bubbletea_figures.bubbletea_metrics (the code a run's
+figures come from). Each part is the run's own code or rule:
+- bubbles: at the end of each compute op a worker announces the gap before its next op as
+  geodc.rules.bubbles.BubblePredictor predicts it (the minimum of its last iterations' gaps; none
+  while it has too little history, none under MIN_NOTICE_MS, none for the gap that holds the
+  all-reduce unless fill_allreduce: BubblePredictor.announced_ns, as the workers announce). A
+  bubble ends at its predicted end or when the next op starts, whichever is first;
+- the load: geodc.features.bubbletea.run.make_requests (the same requests, split over the DCs the same
+  way), each DC's replay starting at its first bubble notice (geodc/hostproc/prefill/controller.py);
+- admission: geodc.rules.admission.choose at every pick (the host's chunked request first, then a
+  whole request, then a first chunk); expiry at the TTFT deadline (Admission.expire);
+- a prefill holds the GPU for exactly its profile time (profile mode: what the server holds);
+- controller latency, measured on this emulation (medians over docs/bubbletea/runs' records of
+  the x5-x80 sweep, in real time): DISPATCH_MS from a bubble's start to its first prefill
+  (notice, pick, message), BETWEEN_MS between two prefills of one bubble (pipelined dispatch).
+  A host whose bubble nothing fits picks again at the next arrival.
+Not modelled: training slowdown (a prefill never overruns here: its time is its prediction;
+runs measure +0-3 %), KV transfer and the decode servers (no KV messages on the network), the
+prefill side's own CPU, the server's cutting of a late chunk.
+Folded replicas (geodc.predict.predict, above its FOLD_ABOVE_REPLICAS): one simulated GPU stands for
+its alike ones and gets their share of the load, a fraction `share` = simulated / real GPUs
+(thin_load: a Poisson load at share x its rate; a replayed trace keeps every request whose
+running share crosses a whole number, so its bursts keep their timing). Its figures count as many
+times as the GPUs it stands for, and rates and counts are divided by `share` (unthin). Pooling
+across the GPUs a simulated one stands for is lost: each sees only its share of the queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Sequence
+
+from geodc.rules.admission import Admission, Pending, choose, chunk_hold_ns, make_pending
+from geodc.rules.bubbletea_figures import bubbletea_metrics
+from geodc.rules.prefill_profile import PrefillProfile
+from geodc.rules.bubbles import BubblePredictor
+from geodc.host.spans import COMPUTE_SPANS
+
+if TYPE_CHECKING:
+    from geodc.spec.bubbletea import BubbleTeaConfig
+
+DISPATCH_MS = 0.5     # a bubble's start to its first prefill's start (measured median 0.4-0.6)
+BETWEEN_MS = 0.35     # one prefill's end to the next one's start in a bubble (0.29-0.40)
+NS_PER_MS = 1_000_000
+
+
+@dataclass(slots=True)
+class _Bubble:
+    host: str
+    dc: str
+    t_idle_ns: int
+    end_ns: int
+    reason: str = "no_request"
+    used: bool = False
+
+
+def announced_bubbles(spans: Sequence[dict], rows: Sequence[Sequence[str]], dp: bool,
+                      fill_allreduce: bool) -> dict[str, list[tuple[int, int]]]:
+    """Per host: (t_idle_ns, end_ns) of every bubble its worker announces (module docstring)."""
+    by_host: dict[str, list[dict]] = {}
+    for s in spans:
+        if s["name"] in COMPUTE_SPANS:
+            by_host.setdefault(s["host"], []).append(s)
+    out: dict[str, list[tuple[int, int]]] = {}
+    for host, ops in by_host.items():
+        ops.sort(key=lambda o: o["t_start_ns"])
+        row = list(rows[ops[0]["stage"]])
+        k_of = {a: k for k, a in enumerate(row)}
+        pred = BubblePredictor(row)
+        got = out.setdefault(host, [])
+        for prev, op in zip(ops, ops[1:]):
+            k = len(row) if op["name"] == "OPT" else k_of[f"{op['name']}{op['microbatch']}"]
+            gap = op["t_start_ns"] - prev["t_end_ns"]
+            guess = pred.announced_ns(k, dp=dp, fill_allreduce=fill_allreduce)
+            if guess is not None:
+                got.append((prev["t_end_ns"], prev["t_end_ns"] + min(guess, gap)))
+            pred.observe(op["iteration"], k, gap)
+    return out
+
+
+def fill(bubbles: dict[str, list[tuple[int, int]]], host_dc: dict[str, str],
+         per_dc: dict[str, list[dict]], cfg: "BubbleTeaConfig", profile: PrefillProfile,
+         end_ns: int) -> list[dict]:
+    """Play every DC's controller over the announced bubbles until end_ns; its records
+    (PREFILL, REQUEST, BUBBLE as docs/bubbletea/design.md names them)."""
+    records: list[dict] = []
+    heap: list[tuple[int, int, str, Any]] = []
+    seq = 0
+
+    def push(t: int, kind: str, data: Any) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, kind, data))
+        seq += 1
+
+    for host, bs in bubbles.items():
+        for a, b in bs:
+            push(a, "open", _Bubble(host, host_dc[host], a, b))
+    t0: dict[str, int] = {}          # each DC's replay starts with its first notice
+    for host, bs in bubbles.items():
+        if bs:
+            dc = host_dc[host]
+            t0[dc] = min(t0.get(dc, bs[0][0]), bs[0][0])
+    queues = {dc: Admission() for dc in per_dc}
+    arrivals: dict[str, list[Pending]] = {}
+    for dc, reqs in per_dc.items():
+        if dc not in t0:
+            continue
+        arrivals[dc] = [make_pending(id=q["id"], seq=i, t_arrival_ns=t0[dc] + round(
+            q["arrival_s"] * 1e9), target_tokens=q["target_tokens"],
+            output_tokens=q["output_tokens"], deadline_ms=cfg.ttft_deadline_ms,
+            predict_ms=profile.prefill_ms, guard_ms=cfg.guard_for_ms, time_scale=1.0,
+            truncated_from=q.get("truncated_from")) for i, q in enumerate(reqs)]
+    nxt = {dc: 0 for dc in arrivals}
+    partial: dict[str, Pending | None] = {h: None for h in bubbles}
+    chunking = cfg.chunked_prefill
+
+    def chunk_ns(done: int, end: int) -> tuple[int, int]:
+        return chunk_hold_ns(profile, cfg, done, end, time_scale=1.0)
+
+    def request(r: Pending, outcome: str, **extra: Any) -> None:
+        records.append({"name": "REQUEST", "id": r.id, "t_arrival_ns": r.t_arrival_ns,
+                        "deadline_ns": r.deadline_ns, "target_tokens": r.target_tokens,
+                        "outcome": outcome, **extra})
+
+    def arrive(dc: str, now: int) -> None:
+        got = arrivals[dc]
+        while nxt[dc] < len(got) and got[nxt[dc]].t_arrival_ns <= now:
+            queues[dc].arrive(got[nxt[dc]])
+            nxt[dc] += 1
+        for r in queues[dc].expire(now):
+            request(r, "expired")
+
+    def close(b: _Bubble) -> None:
+        records.append({"name": "BUBBLE", "host": b.host, "t_idle_ns": b.t_idle_ns,
+                        "end": "used" if b.reason == "fit" else b.reason})
+
+    while heap:
+        now, _, kind, b = heapq.heappop(heap)
+        if now >= end_ns or b.dc not in arrivals:
+            continue
+        if kind == "open":
+            push(now + round(DISPATCH_MS * NS_PER_MS), "pick", b)
+            continue
+        if now >= b.end_ns:
+            close(b)
+            continue
+        arrive(b.dc, now)
+        c = choose(queues[b.dc], partial[b.host], now, b.end_ns, chunk_ns,
+                   profile.min_chunk_tokens, chunking)
+        b.reason = c.reason
+        r = c.request
+        if r is None:
+            got = arrivals[b.dc]
+            later = got[nxt[b.dc]].t_arrival_ns if nxt[b.dc] < len(got) else None
+            if later is not None and later + DISPATCH_MS * NS_PER_MS < b.end_ns:
+                push(later + round(DISPATCH_MS * NS_PER_MS), "pick", b)
+            else:
+                close(b)
+            continue
+        hold = r.predicted_ns if c.chunk is None else chunk_ns(*c.chunk)[0]
+        start, end = now, now + hold
+        start_tok, end_tok = c.chunk if c.chunk is not None else (0, r.target_tokens)
+        final = end_tok == r.target_tokens
+        records.append({"name": "PREFILL", "id": r.id, "host": b.host, "t_start_ns": start,
+                        "t_end_ns": end, "target_tokens": r.target_tokens,
+                        "chunk_start": start_tok, "chunk_end": end_tok, "final": final})
+        if c.chunk is not None:
+            if c.first_chunk:
+                partial[b.host] = r
+                r.t_first_start_ns = start
+            r.chunks += 1
+            r.done_tokens = end_tok
+        if final:
+            partial[b.host] = None
+            request(r, "served" if end <= r.deadline_ns else "late",
+                    t_prefill_start_ns=r.t_first_start_ns or start, t_first_token_ns=end,
+                    host=b.host, chunks=r.chunks)
+        push(end + round(BETWEEN_MS * NS_PER_MS), "pick", b)
+    for dc, q in queues.items():
+        for r in q.drain():
+            request(r, "unserved")
+    for r in partial.values():
+        if r is not None:
+            request(r, "unserved")
+    return records
+
+
+def predict_bubbletea(spans: Sequence[dict], host_dc: dict[str, str],
+                      rows: Sequence[Sequence[str]], dp: bool, cfg: "BubbleTeaConfig",
+                      load: dict[str, Any]) -> dict[str, Any]:
+    """BubbleTea's figures (geodc.rules.bubbletea_figures' block) for the simulated training `spans`, one
+    host per GPU, under `load` (geodc.features.bubbletea.run.make_requests)."""
+    profile = PrefillProfile.load(cfg.profile)
+    bubbles = announced_bubbles(spans, rows, dp, cfg.fill_allreduce)
+    end_ns = max(s["t_end_ns"] for s in spans)
+    records = fill(bubbles, host_dc, load["per_dc"], cfg, profile, end_ns)
+    return bubbletea_metrics(spans, records, time_scale=1.0,
+                             load={k: v for k, v in load.items() if k != "per_dc"})
+
+
+def thin_load(cfg: "BubbleTeaConfig", compute: str, host_dc: dict[str, str],
+              gpus: dict[str, int]) -> tuple[dict[str, Any], float]:
+    """(geodc.features.bubbletea.run.make_requests' load for the simulated hosts, share = simulated /
+    real GPUs) (module docstring)."""
+    from geodc.features.bubbletea.run import make_requests
+    simulated = Counter(host_dc.values())
+    share = sum(simulated.values()) / sum(gpus.values())
+    gen = cfg
+    if share < 1 and cfg.load.kind == "poisson":
+        gen = replace(cfg, load=replace(cfg.load, poisson_per_s=cfg.load.poisson_per_s * share))
+    load = make_requests(gen, compute, {dc: simulated[dc] for dc in gpus if simulated[dc]})
+    if share < 1:
+        if cfg.load.kind == "poisson":
+            load["offered_per_s"] /= share
+        else:
+            for dc, reqs in load["per_dc"].items():
+                kept, credit = [], 0.0
+                for q in reqs:
+                    credit += share
+                    if credit >= 1.0:
+                        credit -= 1.0
+                        kept.append(q)
+                load["per_dc"][dc] = kept
+    return load, share
+
+
+def unthin(m: dict[str, Any], weight: dict[str, int], share: float) -> dict[str, Any]:
+    """geodc.rules.bubbletea_figures' figures of the simulated hosts as those of every GPU (module
+    docstring): means weighted by the GPUs each host stands for, rates and counts / share."""
+    hosts = m["per_host"]
+    w = [weight[h["host"]] for h in hosts]
+
+    def mean(key: str, stage: int | None = None) -> float:
+        pairs = [(x, h[key]) for x, h in zip(w, hosts) if stage is None or h["stage"] == stage]
+        return sum(x * v for x, v in pairs) / sum(x for x, _ in pairs)
+
+    out = dict(m, gpu_utilization=mean("gpu_utilization"), training_only=mean("training"),
+               prefill_share=mean("prefill"),
+               per_stage=[dict(st, gpu_utilization=mean("gpu_utilization", st["stage"]),
+                               training_only=mean("training", st["stage"]))
+                          for st in m["per_stage"]],
+               simulated={"gpus": sum(w), "hosts": len(hosts), "load_share": share})
+    if share < 1:
+        pf = dict(m["prefill"])
+        for key in ("requests_per_s", "prompt_tokens_per_s"):
+            pf[key] /= share
+        for key in ("prefills", "in_window", "deadline_misses", "decoded"):
+            pf[key] = round(pf[key] / share)
+        pf["outcomes"] = {k: round(v / share) for k, v in pf["outcomes"].items()}
+        out["prefill"] = pf
+    return out

@@ -1,0 +1,320 @@
+"""A discrete-event model of pipeline-parallel training over a WAN: several iterations of P
+stages x D replicas x M micro-batches, op by op. Pure: no kernel, no root, no torch.
+
+One job: given the per-op compute times, where each stage replica sits, how long each message
+takes alone (geodc.predict.transfer) and how the WAN links are shared, say when every op starts and
+ends. geodc.predict.predict builds the inputs from a scenario and a system and reads figures off the
+result.
+
+Rules, the workers' (geodc/hostproc/trainer/worker.py):
+- Each worker (s, r) runs its schedule row (geodc.rules.schedule: gpipe or 1f1b) in order, then,
+  with D > 1, the stage's gradient all-reduce (it starts when all D replicas have finished their
+  row and lasts `allreduce_ms[s]`), then the optimizer step, then the next iteration's row.
+- F(s, r, m) needs the activation of F(s-1, r, m); B(s, r, m) the gradient of B(s+1, r, m)
+  (the last stage's B its own F). A message is sent when the op that makes it ends.
+- A message inside a DC takes its route's `solo_ms`; over the WAN, its solo time is `solo_ms`,
+  or `solo_idle_ms` (slow start) when the route's previous message left more than `rto_ms`
+  before (the connections went idle). A message over the WAN moves its wire bytes over
+  every link of its routed path, then arrives one way later:
+  - "concurrent" sharing (TCP's fair share): all messages on a link share it max-min fairly
+    (progressive filling over the path's links), each at most at its own cap, the rate at which
+    it would take solo_ms alone (so a lone message takes exactly geodc.predict.transfer's time). But a
+    link whose every route is a `burst` (the whole message leaves in its first round trip: each
+    stripe fits its connection's window) serves its messages first come, first served: the
+    bursts queue at the bottleneck in the order they were sent and nothing is left for a
+    second round to interleave. Each holds the link for its wire bytes at the link's rate and
+    arrives one way later, or no earlier than its solo time after it was sent (a message in
+    slow start after idle leaves in several rounds; the link is not held during their round
+    trips). Measured: sweep_delay's multitcp at 20 and 40 ms ran as fast as atlas, where
+    fair sharing predicted +17% and +13%;
+  - "temporal" sharing (Atlas): the message's first link is held by one message at a time, in
+    the order they became ready (ties: the order given), each for its solo data time.
+Plain heap (heapq): the event count is a few per op, an event wakes only the workers it concerns,
+and each touches at most the messages on the WAN at that moment. Alike replicas (same DCs, so
+same routes) may be folded into one with a weight (geodc.predict.predict does): its messages count
+weight times on their links (fair sharing: weight flows at the rate each gets; temporal: weight
+slots in turn, and the folded message arrives with the last of them, so the folded pipeline
+waits as long as the last of its replicas would).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from geodc.rules.schedule import parse_action
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Route:
+    """How one stage boundary's messages travel in one pipeline and one direction."""
+    links: tuple[str, ...]      # "a->b" link directions of the WAN path; () inside a DC
+    solo_ms: float              # one message's time alone, first byte sent to last arrived
+    one_way_ms: float = 0.0     # the path's delay (inside solo_ms)
+    wire_bytes: float = 0.0     # per message
+    solo_idle_ms: float | None = None   # alone, after its connections sat idle > rto_ms
+    rto_ms: float = float("inf")
+    burst: bool = False         # the whole message leaves in one round trip (steady windows)
+
+    def solo(self, idle_ms: float) -> float:
+        """Alone, after idle_ms since this route's last message left."""
+        if self.solo_idle_ms is not None and idle_ms > self.rto_ms:
+            return self.solo_idle_ms
+        return self.solo_ms
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineModel:
+    table: Sequence[Sequence[str]]          # schedule rows, one per stage
+    replicas: int
+    forward_ms: Sequence[float]             # per stage
+    backward_ms: Sequence[float]
+    opt_ms: Sequence[float]
+    allreduce_ms: Sequence[float]           # per stage (of all its replicas); 0 without any
+    forward_routes: dict[tuple[int, int], Route]    # (boundary s, replica r): s -> s+1
+    backward_routes: dict[tuple[int, int], Route]   # (boundary s, replica r): s+1 -> s
+    link_rate_mbit: dict[str, float] = field(default_factory=dict)  # WAN link directions
+    sharing: str = "concurrent"             # "concurrent" | "temporal"
+    # replica r stands for weights[r] alike replicas (same DCs, same routes: they behave the
+    # same), default 1 each: its WAN messages count that many times on their links
+    weights: Sequence[int] | None = None
+    # wire bits each iteration's all-reduces put on WAN link directions (counted, not timed:
+    # all-reduces do not contend with the pipeline's messages in this model)
+    allreduce_link_bits: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    stage: int
+    replica: int
+    iteration: int
+    name: str            # F | B | ALLREDUCE | OPT
+    microbatch: int | None
+    start_ms: float
+    end_ms: float
+
+
+@dataclass
+class _Flow:
+    key: tuple
+    links: tuple[str, ...]
+    left_bits: float
+    cap_mbit: float
+    one_way_ms: float
+    weight: int = 1           # alike messages it stands for, each at rate_mbit
+    rate_mbit: float = 0.0
+
+
+@dataclass
+class SimResult:
+    ops: list[Op]
+    link_bits: dict[str, dict[int, float]]   # link direction -> iteration -> wire bits sent
+
+
+def simulate(m: PipelineModel, iterations: int) -> SimResult:
+    """Run `iterations` iterations back to back from time 0 (module docstring)."""
+    P, D = len(m.table), m.replicas
+    weight = list(m.weights) if m.weights is not None else [1] * D
+    rows = [list(row) for row in m.table]
+    ops: list[Op] = []
+    link_bits: dict[str, dict[int, float]] = {}
+    arrived: dict[tuple, float] = {}          # (kind, s, r, it, mb) -> arrival time
+    f_end: dict[tuple, float] = {}            # (s, r, it, mb) -> end of that F
+    pos = {(s, r): 0 for s in range(P) for r in range(D)}      # index in row + [AR, OPT]
+    it_of = {(s, r): 0 for s in range(P) for r in range(D)}
+    free = {(s, r): 0.0 for s in range(P) for r in range(D)}
+    running: set[tuple[int, int]] = set()     # workers whose op has not ended yet
+    done_rows: dict[tuple[int, int], list[float]] = {}         # (stage, it) -> row ends
+    events: list[tuple[float, int, str, tuple]] = []
+    seq = [0]
+
+    def push(t: float, kind: str, data: tuple) -> None:
+        seq[0] += 1
+        heapq.heappush(events, (t, seq[0], kind, data))
+
+    # WAN state
+    flows: dict[tuple, _Flow] = {}
+    all_routes = [*m.forward_routes.values(), *m.backward_routes.values()]
+    fifo_links = {l for r in all_routes for l in r.links
+                  if all(x.burst for x in all_routes if l in x.links)}
+    last_update = [0.0]
+    queues: dict[str, list[tuple[float, int, tuple, Route, int]]] = {}   # temporal: per link
+    busy_until: dict[str, float] = {}
+
+    def progress(now: float) -> None:
+        dt = now - last_update[0]
+        if dt > 0:
+            for f in flows.values():
+                f.left_bits -= f.rate_mbit * 1e3 * dt      # Mbit/s x ms = 1e3 bits
+        last_update[0] = now
+
+    def reshare(now: float) -> None:
+        """Max-min fair rates with caps (progressive filling), then schedule the next end."""
+        active = [f for f in flows.values() if f.left_bits > EPS]
+        for f in active:
+            f.rate_mbit = 0.0
+        unfrozen = set(id(f) for f in active)
+        cap_left = {l: m.link_rate_mbit.get(l, float("inf")) for f in active for l in f.links}
+        while unfrozen:
+            users = {l: [f for f in active if id(f) in unfrozen and l in f.links]
+                     for l in cap_left}
+            share = min((cap_left[l] / sum(f.weight for f in u) for l, u in users.items() if u),
+                        default=float("inf"))
+            inc = min([share] + [f.cap_mbit - f.rate_mbit for f in active
+                                 if id(f) in unfrozen])
+            for f in active:
+                if id(f) in unfrozen:
+                    f.rate_mbit += inc
+                    for l in f.links:
+                        cap_left[l] -= inc * f.weight
+            for f in active:
+                if id(f) in unfrozen and (f.cap_mbit - f.rate_mbit <= EPS or any(
+                        cap_left[l] <= EPS for l in f.links)):
+                    unfrozen.discard(id(f))
+        for f in active:
+            push(now + f.left_bits / (f.rate_mbit * 1e3), "flow_end", (f.key, now))
+
+    last_sent: dict[int, float] = {}
+
+    def send(now: float, key: tuple, route: Route, it: int) -> None:
+        """A message leaves now: key = (kind, s, r, it, mb) of the op that needs it."""
+        w = weight[key[2]]
+        solo = route.solo(now - last_sent.get(id(route), float("-inf")))
+        last_sent[id(route)] = now
+        route = Route(links=route.links, solo_ms=solo, one_way_ms=route.one_way_ms,
+                      wire_bytes=route.wire_bytes)
+        for l in route.links:
+            link_bits.setdefault(l, {}).setdefault(it, 0.0)
+            link_bits[l][it] += route.wire_bytes * 8 * w
+        if not route.links:
+            push(now + route.solo_ms, "arrive", (key,))
+        elif m.sharing == "temporal" or route.links[0] in fifo_links:
+            first = route.links[0]
+            queues.setdefault(first, []).append((now, seq[0], key, route, w))
+            seq[0] += 1
+            push(now, "grant", (first,))
+        else:
+            progress(now)
+            data_ms = max(EPS, route.solo_ms - route.one_way_ms)
+            flows[key] = _Flow(key=key, links=route.links, left_bits=route.wire_bytes * 8,
+                               cap_mbit=route.wire_bytes * 8 / data_ms / 1e3,
+                               one_way_ms=route.one_way_ms, weight=w)
+            reshare(now)
+
+    def ready(s: int, r: int) -> tuple[str, float] | None:
+        """The next op of worker (s, r) and the earliest time its input allows it."""
+        it, k = it_of[(s, r)], pos[(s, r)]
+        row = rows[s]
+        if k < len(row):
+            kind, mb = parse_action(row[k])
+            if kind == "F":
+                if s == 0:
+                    return row[k], 0.0
+                t = arrived.get(("F", s, r, it, mb))
+            elif s == P - 1:
+                t = f_end.get((s, r, it, mb))
+            else:
+                t = arrived.get(("B", s, r, it, mb))
+            return (row[k], t) if t is not None else None
+        if k == len(row):
+            ends = done_rows.get((s, it), [])
+            if D == 1:
+                return "ALLREDUCE", free[(s, r)]
+            return ("ALLREDUCE", max(ends)) if len(ends) == D else None
+        return "OPT", free[(s, r)]
+
+    everyone = [(s, r) for s in range(P) for r in range(D)]
+
+    def try_start(now: float, workers: list[tuple[int, int]]) -> None:
+        """Start the next op of each of `workers` (those the event concerns) if it can."""
+        for w in workers:
+            s, r = w
+            if it_of[w] >= iterations or w in running:
+                continue
+            nxt = ready(s, r)
+            if nxt is None or nxt[1] > now + EPS:
+                continue
+            name, _ = nxt
+            it = it_of[w]
+            if name in ("ALLREDUCE", "OPT"):
+                dur = m.allreduce_ms[s] if name == "ALLREDUCE" else m.opt_ms[s]
+                op = Op(s, r, it, name, None, now, now + dur)
+            else:
+                kind, mb = parse_action(name)
+                dur = m.forward_ms[s] if kind == "F" else m.backward_ms[s]
+                op = Op(s, r, it, kind, mb, now, now + dur)
+            if dur > 0 or name not in ("ALLREDUCE",):
+                ops.append(op)
+            free[w] = op.end_ms
+            running.add(w)
+            push(op.end_ms, "op_end", (s, r, it, name))
+
+    push(0.0, "tick", ())
+    while events:
+        now, _, kind, data = heapq.heappop(events)
+        touched: list[tuple[int, int]] = []
+        if kind == "tick":
+            touched = everyone
+        if kind == "op_end":
+            s, r, it, name = data
+            w = (s, r)
+            running.discard(w)
+            touched = [w]
+            if name == "ALLREDUCE":
+                pos[w] += 1
+            elif name == "OPT":
+                pos[w] = 0
+                it_of[w] += 1
+                if (s, r) == (0, 0):      # once per iteration
+                    for link, bits in m.allreduce_link_bits.items():
+                        per_it = link_bits.setdefault(link, {})
+                        per_it[it] = per_it.get(it, 0.0) + bits
+            else:
+                pos[w] += 1
+                k, mb = parse_action(name)
+                if k == "F":
+                    f_end[(s, r, it, mb)] = now
+                if k == "F" and s < P - 1:
+                    send(now, ("F", s + 1, r, it, mb), m.forward_routes[(s, r)], it)
+                if k == "B" and s > 0:
+                    send(now, ("B", s - 1, r, it, mb), m.backward_routes[(s - 1, r)], it)
+                if pos[w] == len(rows[s]):
+                    done_rows.setdefault((s, it), []).append(now)
+                    touched = [(s, x) for x in range(D)]     # the all-reduce's barrier
+        elif kind == "arrive":
+            arrived[data[0]] = now
+            touched = [(data[0][1], data[0][2])]
+        elif kind == "flow_end":
+            key, stamp = data
+            f = flows.get(key)
+            if f is None or stamp < last_update[0] - EPS:
+                continue          # superseded by a later reshare
+            progress(now)
+            # every message whose data is through (several may end at once)
+            for k in [k for k, g in flows.items() if g.left_bits <= 1.0]:   # bits: float noise
+                push(now + flows.pop(k).one_way_ms, "arrive", (k,))
+            reshare(now)
+        elif kind == "grant":
+            link = data[0]
+            q = queues.get(link, [])
+            if not q or busy_until.get(link, 0.0) > now + EPS:
+                continue
+            q.sort(key=lambda x: (x[0], x[1]))
+            sent, _, key, route, w = q.pop(0)
+            if m.sharing == "temporal":     # the slot is the message's, round-trip waits too
+                data_ms = (route.solo_ms - route.one_way_ms) * w   # the alike messages in turn
+                arrive = now + data_ms + route.one_way_ms            # the last of them
+            else:   # a FIFO queue: the link is busy with its bytes only; never before solo
+                data_ms = route.wire_bytes * 8 / (m.link_rate_mbit[link] * 1e3) * w
+                arrive = max(now + data_ms + route.one_way_ms, sent + route.solo_ms)
+            busy_until[link] = now + data_ms
+            push(arrive, "arrive", (key,))
+            push(now + data_ms, "grant", (link,))
+        try_start(now, touched)
+    left = {w: it_of[w] for w in it_of if it_of[w] < iterations}
+    if left:
+        raise ValueError(f"model deadlocked: workers {left} did not finish")
+    return SimResult(ops=ops, link_bits=link_bits)

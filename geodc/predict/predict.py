@@ -1,0 +1,286 @@
+"""The model's prediction for one scenario and one system: iteration time, bubbles, GPU and WAN
+utilization. Pure: no kernel, no root, no torch (geodc.spec.training and geodc.rules.profiles are plain
+Python).
+
+One job: build geodc.predict.pipeline's inputs from what the testbed would run, simulate, and read the
+figures off with the same definitions the emulated run's metrics use (geodc.rules.figures: the
+simulated ops become spans, so iteration walls, utilization and bubbles are computed by the
+same code). Configured, real-time values throughout (time_scale does not enter).
+
+Inputs, each from the module that decides it in a run:
+- placement: geodc.plans.placement (the system's policy); schedule rows: geodc.rules.schedule;
+- compute: the profile's forward/backward per stage (geodc.rules.profiles.stage_costs) and the
+  estimated optimizer step (geodc.rules.profiles.optimizer_ms); profile mode only;
+- a message: the profile's activation bytes / scale (geodc.features.temporal.plan.message_payload_bytes);
+  inside a DC, its wire bytes at the DC's host-link rate (no time if the links are unshaped);
+  over the WAN, geodc.predict.transfer over the routed path (geodc.plans.routing) at the lower of the path's
+  rate and the sending DC's host-link rate, K = geodc.plans.systems.connections_for, window =
+  geodc.plans.systems.window_bytes(scale); a message whose connections sat idle longer than the RTO
+  (RTT + Linux's 200 ms minimum) is sent in slow start from 10 segments (unless the scenario
+  sets tcp_slow_start_after_idle: false, as WAN-tuned hosts do);
+- the all-reduce: a ring (reduce-scatter, all-gather), 2 (D-1) steps of a 1/D chunk to the next replica, each step
+  as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
+  DCs geodc.predict.transfer over one connection (gloo's pair), in slow start for the first step (the
+  connection sat idle since the last iteration's all-reduce);
+- WAN sharing: the system's (concurrent: fair, or first come, first served on a link where every
+  message is one round trip's burst, geodc.predict.pipeline; temporal: one message at a time per link). The
+  stages' all-reduces over the WAN share their links too, as a bound: a stage's all-reduce lasts
+  at least all stages' all-reduce bits over the busiest WAN link its ring uses / that link's
+  rate (as if all ran at once: in 1F1B the stages finish their backward passes close together,
+  the first stage last). They do not contend with the pipeline's messages.
+Above FOLD_ABOVE_REPLICAS replicas, replicas whose stages sit in the same DCs are simulated as
+one with a weight (geodc.predict.pipeline), which makes the run time independent of D. It is exact for
+fair sharing of alike flows. Under temporal sharing it is pessimistic: the folded pipeline waits
+for the last of its replicas' slots, where each real one waits for its own. At D = 2, folding
+would have predicted atlas_paper's atlas at 0.471 s and atlas_bubbletea's at 0.418 s; unfolded,
+the model gives 0.429 and 0.376 s, against 0.492 and 0.391 s measured.
+Not modelled: CPU contention of the emulation, the delay line's own lateness, loss, the
+temporal arbiter's grant latency, prefill (BubbleTea) traffic on the links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from geodc.predict.pipeline import PipelineModel, Route, SimResult, simulate
+from geodc.predict.transfer import PathSpec, one_round, transfer_ms
+from geodc.plans.placement import place_for_system
+from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_payload_bytes
+from geodc.plans.systems import connections_for, path_between, path_rate_mbit, path_rtt_ms, \
+    window_bytes
+from geodc.rules.schedule import schedule_table
+
+if TYPE_CHECKING:
+    from geodc.plans.placement import Placement
+    from geodc.spec.scenario import Scenario
+    from geodc.plans.systems import System
+    from geodc.spec.training import TrainConfig
+
+FOLD_ABOVE_REPLICAS = 8     # more replicas than this: alike ones are simulated as one
+RTO_MIN_MS = 200.0          # Linux's tcp_rto_min: idle longer than RTT + this restarts slow start
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    system: str
+    iteration_time_s: float
+    bubble_fraction: float
+    gpu_utilization: float
+    pipeline_bubble_fraction: float
+    per_stage_bubble: list[float]
+    wan_utilization: dict[str, float]         # link direction -> busy share (training bytes)
+    allreduce_ms: list[float]
+    iterations: int
+    bubbletea: dict[str, Any] | None = None   # +bubbletea systems: geodc.predict.bubbletea's figures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: int) -> Route:
+    wire = payload * WIRE_BYTES_PER_PAYLOAD_BYTE
+    host_rate = {dc.name: dc.rate_mbit for dc in scenario.dcs}
+    if src == dst:
+        rate = host_rate[src]
+        return Route(links=(), solo_ms=0.0 if rate is None else wire * 8 / (rate * 1e3),
+                     wire_bytes=wire)
+    path = path_between(scenario, src, dst)
+    rate = path_rate_mbit(scenario, src, dst)
+    if host_rate[src] is not None:
+        rate = min(rate, host_rate[src])
+    spec = PathSpec(rate_mbit=rate, one_way_ms=path.delay_ms,
+                    rtt_ms=path_rtt_ms(scenario, src, dst),
+                    window_bytes=window_bytes(scenario.scale),
+                    connections=connections_for(scenario, system, src, dst))
+    return Route(links=tuple(f"{a}->{b}" for a, b in zip(path.dcs, path.dcs[1:])),
+                 solo_ms=transfer_ms(payload, spec), one_way_ms=path.delay_ms,
+                 wire_bytes=wire, solo_idle_ms=transfer_ms(payload, spec, slow_start=True)
+                 if scenario.tcp_slow_start_after_idle else None,
+                 rto_ms=spec.rtt_ms + RTO_MIN_MS, burst=one_round(payload, spec))
+
+
+def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") -> float:
+    """The ring all-reduce of buffer_bytes over replicas in dcs (module docstring)."""
+    D = len(dcs)
+    if D < 2:
+        return 0.0
+    chunk = -(-buffer_bytes // D)
+    host_rate = {dc.name: dc.rate_mbit for dc in scenario.dcs}
+
+    def hop_ms(a: str, b: str, first: bool) -> float:
+        if a == b:
+            rate = host_rate[a]
+            return 0.0 if rate is None else chunk * WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / (rate * 1e3)
+        rate = path_rate_mbit(scenario, a, b)
+        if host_rate[a] is not None:
+            rate = min(rate, host_rate[a])
+        spec = PathSpec(rate_mbit=rate, one_way_ms=path_between(scenario, a, b).delay_ms,
+                        rtt_ms=path_rtt_ms(scenario, a, b),
+                        window_bytes=window_bytes(scenario.scale), connections=1)
+        return transfer_ms(chunk, spec, slow_start=first)
+
+    hops = {(dcs[r], dcs[(r + 1) % D]) for r in range(D)}      # every step: the same hops
+    first = max(hop_ms(a, b, scenario.tcp_slow_start_after_idle) for a, b in hops)
+    later = max(hop_ms(a, b, False) for a, b in hops)
+    return first + (2 * (D - 1) - 1) * later
+
+
+def replica_classes(stage_dcs: tuple[tuple[str, ...], ...]) -> list[tuple[int, int]]:
+    """(first replica, how many) of each group of replicas whose stages sit in the same DCs
+    (so their messages take the same routes and they behave alike), in replica order."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for r in range(len(stage_dcs[0])):
+        groups.setdefault(tuple(row[r] for row in stage_dcs), []).append(r)
+    return [(rs[0], len(rs)) for rs in groups.values()]
+
+
+def simulated_replicas(placement: "Placement") -> list[tuple[int, int]]:
+    """(first replica, how many it stands for) of each replica the model simulates: alike ones
+    folded above FOLD_ABOVE_REPLICAS (module docstring), else every one alone."""
+    if placement.replicas > FOLD_ABOVE_REPLICAS:
+        return replica_classes(placement.stage_dcs)
+    return [(r, 1) for r in range(placement.replicas)]
+
+
+def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
+          placement: "Placement | None" = None) -> PipelineModel:
+    """geodc.predict.pipeline's inputs for `system` running cfg on scenario (module docstring);
+    placement: the system's (geodc.plans.placement), computed here when not given."""
+    from geodc.rules.profiles import stage_costs
+    if cfg.compute != "profile" or cfg.profile is None:
+        raise ValueError("the model needs compute: profile (measured op times are not known "
+                         "before a run)")
+    if placement is None:
+        placement = place_for_system(scenario, cfg, system)
+    P = cfg.stages
+    costs = stage_costs(cfg.profile, P)
+    buffers = [int(c.gradient_bytes / scenario.scale) for c in costs]
+    payloads = message_payload_bytes(cfg, scenario.scale)
+    classes = simulated_replicas(placement)
+    fwd, bwd = {}, {}
+    for s in range(P - 1):
+        for c, (r, _) in enumerate(classes):
+            a, b = placement.stage_dcs[s][r], placement.stage_dcs[s + 1][r]
+            fwd[(s, c)] = _route(scenario, system, a, b, payloads[s])
+            bwd[(s, c)] = _route(scenario, system, b, a, payloads[s])
+    rates = {}
+    for w in scenario.wan:
+        rates[f"{w.a}->{w.b}"] = rates[f"{w.b}->{w.a}"] = w.rate_mbit
+    stage_bits = _allreduce_wan_bits(scenario, placement, buffers)
+    link_bits: dict[str, float] = {}
+    for bits in stage_bits:
+        for link, b in bits.items():
+            link_bits[link] = link_bits.get(link, 0.0) + b
+    # the stages' WAN all-reduces share their links: each lasts at least as long as all of
+    # them take over the busiest link it uses (module docstring)
+    allreduce = [max(allreduce_ms(buffers[s], placement.stage_dcs[s], scenario),
+                     max((link_bits[k] / (rates[k] * 1e3) for k in stage_bits[s]), default=0.0))
+                 for s in range(P)]
+    return PipelineModel(table=schedule_table(cfg.schedule, P, cfg.micro_batches),
+                         replicas=len(classes), weights=[n for _, n in classes],
+                         forward_ms=[c.forward_ms for c in costs],
+                         backward_ms=[c.backward_ms for c in costs],
+                         opt_ms=[c.optimizer_ms for c in costs], allreduce_ms=allreduce,
+                         forward_routes=fwd, backward_routes=bwd, link_rate_mbit=rates,
+                         sharing=system.wan_sharing,
+                         allreduce_link_bits=link_bits)
+
+
+def _allreduce_wan_bits(scenario: "Scenario", placement: "Placement", buffers: list[int]
+                       ) -> list[dict[str, float]]:
+    """Per stage, the wire bits per iteration its ring all-reduce puts on each WAN link
+    direction: 2 (D-1)/D of the buffer from each replica to the next, where they differ in DC
+    (as geodc.analysis.linkuse counts a run's)."""
+    stages: list[dict[str, float]] = []
+    D = placement.replicas
+    for s, buffer in enumerate(buffers):
+        out: dict[str, float] = {}
+        stages.append(out)
+        dcs = placement.stage_dcs[s]
+        for r in range(D):
+            a, b = dcs[r], dcs[(r + 1) % D]
+            if D < 2 or a == b:
+                continue
+            path = path_between(scenario, a, b).dcs
+            for x, y in zip(path, path[1:]):
+                key = f"{x}->{y}"
+                out[key] = out.get(key, 0.0) + (buffer * 2 * (D - 1) / D
+                                                * WIRE_BYTES_PER_PAYLOAD_BYTE * 8)
+    return stages
+
+
+def as_spans(result: SimResult) -> list[dict]:
+    """The simulated ops as the workers' span records (times in ns)."""
+    return [{"name": o.name, "stage": o.stage, "replica": o.replica, "host": f"s{o.stage}r"
+             f"{o.replica}", "dc": "", "iteration": o.iteration, "microbatch": o.microbatch,
+             "t_start_ns": round(o.start_ms * 1e6), "t_end_ns": round(o.end_ms * 1e6)}
+            for o in result.ops if o.name != "ALLREDUCE"]
+
+
+def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
+            iterations: int | None = None) -> Prediction:
+    """Simulate `iterations` (default: the run's) and read the figures as a run's metrics."""
+    from geodc.rules.figures import metrics_from_records
+    from geodc.rules.bubbles import MIN_HISTORY, WARMUP_ITERATIONS
+    n = max(3, iterations or cfg.iterations)
+    if system.fill_bubbles:   # BubbleTea's window: from its first notices, two iterations or more
+        n = max(n, WARMUP_ITERATIONS + MIN_HISTORY + 2)
+    placement = place_for_system(scenario, cfg, system)
+    model = build(scenario, cfg, system, placement)
+    result = simulate(model, n)
+    plan = {"config": dict(cfg.to_dict(), replicas=model.replicas), "workers": [
+        {"stage": s, "replica": r, "host": f"s{s}r{r}", "dc": ""}
+        for s in range(cfg.stages) for r in range(model.replicas)]}
+    m = metrics_from_records(as_spans(result), [], plan)
+    weights = list(model.weights or [1] * model.replicas)
+    total = sum(weights)
+    util = {(st["stage"], st["replica"]): st["gpu_utilization"] for st in m["stages"]}
+    per_stage_util = [sum(weights[c] * util[(s, c)] for c in range(model.replicas)) / total
+                      for s in range(cfg.stages)]
+    gpu_util = sum(per_stage_util) / cfg.stages
+    used = m["iterations_averaged"]
+    window_ms = m["iteration_time_s"] * 1e3 * len(used)
+    wan = {link: sum(b.get(i, 0.0) for i in used) / (model.link_rate_mbit[link] * 1e3
+                                                        * window_ms)
+           for link, b in sorted(result.link_bits.items())}
+    return Prediction(system=system.name, iteration_time_s=m["iteration_time_s"],
+                      bubble_fraction=1.0 - gpu_util, gpu_utilization=gpu_util,
+                      pipeline_bubble_fraction=m["pipeline_bubble_fraction"],
+                      per_stage_bubble=[1.0 - u for u in per_stage_util],
+                      wan_utilization=wan, allreduce_ms=list(model.allreduce_ms),
+                      iterations=n,
+                      bubbletea=_bubbletea(scenario, cfg, system, placement, result)
+                      if system.fill_bubbles else None)
+
+
+def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
+               placement: "Placement", result: SimResult) -> dict[str, Any]:
+    """geodc.predict.bubbletea's figures for the simulated run under the load a run would replay (same
+    requests, same DC split). Unfolded, every GPU is its own host; folded (above
+    FOLD_ABOVE_REPLICAS), each simulated replica stands for its alike GPUs with their share of
+    the load (geodc.predict.bubbletea.thin_load), and its figures count that many times."""
+    from geodc.predict.bubbletea import predict_bubbletea, thin_load, unthin
+    from geodc.features.bubbletea.run import check, hosts_by_dc
+    bt = check(scenario, placement, system.name)
+    classes = simulated_replicas(placement)
+    folded = any(n > 1 for _, n in classes)
+    offsets = [sum(n for _, n in classes[:c]) for c in range(len(classes))]
+    spans, host_dc, weight = [], {}, {}
+    for span in as_spans(result):
+        s, c = span["stage"], span["replica"]
+        first, n = classes[c]
+        for i in range(1 if folded else n):
+            r = c if folded else offsets[c] + i
+            host = f"s{s}r{r}"
+            spans.append(dict(span, replica=r, host=host))
+            host_dc[host] = placement.stage_dcs[s][first]
+            weight[host] = n if folded else 1
+    gpus = {dc: len(hs) for dc, hs in hosts_by_dc(placement).items()}
+    load, share = thin_load(bt, cfg.compute, host_dc, gpus)
+    rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
+    m = predict_bubbletea(spans, host_dc, rows, placement.replicas > 1, bt, load)
+    m = unthin(m, weight, share)
+    keep = ("gpu_utilization", "training_only", "prefill_share", "per_stage", "window_s",
+            "iterations", "iteration_time_s", "prefill", "unused_bubble", "load", "simulated")
+    return {k: m[k] for k in keep}

@@ -1,0 +1,2 @@
+"""Orchestration of one job: build the network, start the features and workers, collect.
+"""
