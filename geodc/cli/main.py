@@ -1,0 +1,250 @@
+"""The command line: build the emulated multi-DC testbed for a scenario and run something on it.
+
+    sudo python run_testbed.py calibrate topologies/three_dc.yaml [--out results] [--backend B]
+    sudo python run_testbed.py run topologies/atlas_paper.yaml [--systems baseline,atlas] [--iterations N]
+    sudo python run_testbed.py topologies/two_dc.yaml          # shorthand for run
+    sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
+    python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
+    python run_testbed.py predict topologies/atlas_paper.yaml [--json] [--systems a,b] [--plan N]
+    python run_testbed.py reproduce results/RUN... [--out DIR] # tables and figures from results
+    python run_testbed.py list                                 # the shipped scenarios
+    python run_testbed.py show topologies/two_dc.yaml [--json] # every setting, resolved
+    sudo python run_testbed.py cleanup                         # remove what a killed run left
+
+A scenario with a `sweep:` section runs once per point (geodc/spec/sweep.py): `run -q` prints one
+line per point, `run --resume SWEEP_DIR` runs only the points not done yet.
+validate, plan, predict, list, show and reproduce need neither root nor Mininet nor torch.
+
+CLI only: parse flags, load the scenario, call the job, print one line on error. Exit codes:
+0 ok, 1 the run failed, 2 bad input (scenario or flags), 130 interrupted (after cleaning up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from geodc.spec.errors import ScenarioError, TestbedError
+
+COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "list", "show", "reproduce",
+            "cleanup")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="run_testbed.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="build the network and train on it (default command)")
+    run.add_argument("scenario")
+    run.add_argument("--systems", default=None,
+                     help="comma-separated, each on a fresh network: baseline, multitcp, temporal, "
+                          "atlas, dp-across-dcs (default: the scenario's systems)")
+    run.add_argument("--iterations", type=int, default=None, help="override training.iterations")
+    run.add_argument("--resume", default=None, metavar="SWEEP_DIR",
+                     help="a sweep's results folder: run only its points not done yet (same "
+                          "scenario and flags)")
+    run.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                     help="stop a system's training after S seconds (real time; default: 3x "
+                          "the model's predicted time plus 120 s, or 600 s in measured mode)")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no progress bar and no per-iteration lines (for CI logs)")
+    _common(run)
+    cal = sub.add_parser("calibrate", help="measure every WAN link (ping, iperf3) against its config")
+    cal.add_argument("scenario")
+    cal.add_argument("--seconds", type=float, default=6.0, help="per iperf3 test, after a 1 s warm-up (default 6)")
+    cal.add_argument("--streams", type=int, default=4, help="parallel TCP flows (default 4)")
+    _common(cal)
+    val = sub.add_parser("validate", help="check scenario files, build nothing")
+    val.add_argument("scenario", nargs="+")
+    plan = sub.add_parser("plan", help="print each system's placement, WAN crossings and slot "
+                          "plan (no root, builds nothing)")
+    _scenario_systems_json(plan)
+    pred = sub.add_parser("predict", help="the model's iteration time, bubbles and WAN use per "
+                          "system (no root, builds nothing)")
+    _scenario_systems_json(pred)
+    pred.add_argument("--plan", type=int, metavar="N", default=None,
+                      help="instead: the N fastest assignments of stages to DCs (Atlas's "
+                           "connections and sharing)")
+    sub.add_parser("list", help="the scenarios under topologies/, one line each (no root)")
+    show = sub.add_parser("show", help="a scenario with every setting resolved: DCs, hosts, "
+                          "links, routes, training and each system's placement (no root)")
+    show.add_argument("scenario")
+    show.add_argument("--json", action="store_true", help="print one JSON document")
+    rep = sub.add_parser("reproduce", help="rebuild the paper-style tables and figures from "
+                         "saved results folders (no root, no network, no torch)")
+    rep.add_argument("results", nargs="+", metavar="RESULTS",
+                     help="run folders (with metrics.json) or sweep folders (with index.json)")
+    rep.add_argument("--out", default="reproduced",
+                     help="where the tables (Markdown, CSV) and figures (PNG) go (default "
+                          "reproduced/; its files are replaced)")
+    rep.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
+    sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
+    return parser
+
+
+def _scenario_systems_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario")
+    p.add_argument("--systems", default=None,
+                   help="comma-separated (default: the scenario's systems)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="results", help="results folder (default results/)")
+    p.add_argument("--backend", choices=("auto", "netem", "delayline"), default=None,
+                   help="link emulation (default: the scenario's, else probe the kernel)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv.insert(0, "run")  # run_testbed.py SCENARIO
+    args = build_parser().parse_args(argv)
+    if args.command in ("run", "calibrate"):
+        from geodc.host.realtime import demote_on_rttime
+        from geodc.emulation import interrupts
+        interrupts.install()   # Ctrl-C, SIGTERM, SIGHUP: torn down, and never lost in a fork
+        demote_on_rttime("run_testbed")   # the fault thread runs real-time
+    try:
+        if args.command == "cleanup":
+            from geodc.emulation.registry import cleanup
+            done = cleanup()
+            print("\n".join(done) if done else "nothing to clean up")
+            return 0
+        if args.command == "list":
+            from geodc.cli.catalog import list_text
+            print(list_text())
+            return 0
+        if args.command == "show":
+            from geodc.cli.show import show_command
+            print(show_command(args.scenario, as_json=args.json))
+            return 0
+        if args.command == "reproduce":
+            from geodc.analysis.reproduce import reproduce
+            _check_out_dir(args.out)
+            text, written = reproduce(args.results, Path(args.out),
+                                      figures=not args.no_figures)
+            print(text.rstrip())
+            print(f"results: {Path(args.out)} ({len(written)} files)")
+            return 0
+        if args.command == "plan":
+            from geodc.cli.planview import plan_command
+            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            print(plan_command(args.scenario, systems, as_json=args.json))
+            return 0
+        if args.command == "predict":
+            from geodc.cli.predict import predict_command
+            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            print(predict_command(args.scenario, systems, as_json=args.json,
+                                  plan_top=args.plan))
+            return 0
+        if args.command == "validate":
+            failed = 0
+            for path in args.scenario:   # every file; with several, each error names its file
+                try:
+                    print(_validate(path))
+                except ScenarioError as exc:
+                    name = f"{path}: " if len(args.scenario) > 1 else ""
+                    print(f"error: {name}{exc}", file=sys.stderr)
+                    failed += 1
+            return 2 if failed else 0
+        # bad input is refused before anything that needs root, Mininet or torch is imported
+        _check_out_dir(args.out)
+        if args.command == "calibrate":
+            from geodc.spec.scenario import load_scenario
+            load_scenario(args.scenario).check_emulable()
+            _dead_runs_notice()
+            from geodc.run.jobs import calibrate_job
+            path = calibrate_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
+                                 seconds=args.seconds, streams=args.streams)
+        else:
+            from geodc.features.checks import load_run
+            from geodc.spec.scenario import load_scenario
+            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            if args.timeout_s is not None and not args.timeout_s > 0:
+                raise ScenarioError("--timeout-s", f"{args.timeout_s:g} is not a duration",
+                                    "give seconds above 0")
+            load_run(args.scenario, systems=systems, iterations=args.iterations)
+            _dead_runs_notice()
+            if load_scenario(args.scenario).sweep:
+                from geodc.run.sweeprun import sweep_job
+                path = sweep_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
+                                 systems=systems, iterations=args.iterations,
+                                 resume=None if args.resume is None else Path(args.resume),
+                                 quiet=args.quiet, timeout_s=args.timeout_s)
+            else:
+                if args.resume is not None:
+                    raise ScenarioError("--resume", f"{args.scenario} has no sweep",
+                                        "use --resume with a scenario that has a sweep: section")
+                from geodc.run.jobs import run_job
+                path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
+                               systems=systems, iterations=args.iterations, quiet=args.quiet,
+                               timeout_s=args.timeout_s)
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except TestbedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the testbed was torn down", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line for the user; details in the run's logs
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"results: {path}")
+    return 0
+
+
+def _dead_runs_notice() -> None:
+    """One line on stderr if killed runs left something behind for `cleanup`."""
+    from geodc.emulation.registry import dead_runs_notice
+    notice = dead_runs_notice()
+    if notice:
+        print(notice, file=sys.stderr)
+
+
+def _validate(path: str) -> str:
+    """What `validate` prints for one scenario file; ScenarioError on any problem."""
+    from geodc.plans.routing import dc_paths
+    from geodc.features.checks import load_run
+    from geodc.spec.scenario import load_scenario
+    scenario = load_scenario(path)
+    what = "network only"
+    if scenario.predict_only:
+        from geodc.cli.planview import load_training
+        cfg = load_training(scenario)
+        what = (f"predict only: {sum(dc.hosts for dc in scenario.dcs)} hosts, "
+                f"training P={cfg.stages} D={cfg.replicas}")
+    elif scenario.sweep:
+        from geodc.spec.sweep import check_points, expand
+        points = expand(dict(scenario.raw))
+        check_points(points)          # what `run` checks, for every point
+        what = f"sweep of {len(points)} points over {', '.join(scenario.sweep)}"
+    elif scenario.training is not None:
+        _, cfg, systems = load_run(path)  # exactly what `run` checks
+        what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
+    lines = [f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, {what})",
+             f"  routes ({scenario.routing}):"]
+    paths = {(p.src, p.dst): p for p in dc_paths(scenario)}
+    for p in paths.values():
+        rtt_ms = p.delay_ms + paths[(p.dst, p.src)].delay_ms
+        lines.append(f"    {p.describe()}, RTT {rtt_ms:g} ms")
+    return "\n".join(lines)
+
+
+def _check_out_dir(out: str) -> None:
+    """--out must be a folder or a path to create one at; ScenarioError before any work."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ScenarioError("--out", f"{out!r} exists and is not a folder",
+                            "give a folder (it is created if missing)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
