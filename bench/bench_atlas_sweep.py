@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from geodc.run.jobs import run_job  # noqa: E402
 from geodc.emulation.results import write_json, write_text  # noqa: E402
+from geodc.spec.systems import SYSTEMS as ALL_SYSTEMS  # noqa: E402
 
-SYSTEMS = ("baseline", "multitcp", "temporal", "atlas", "dp-across-dcs")
+SYSTEMS = tuple(ALL_SYSTEMS)
 PROFILE = {"file": "h200-transformer.json", "width": 2048, "seq": 2048, "micro_batch": 2,
            "n_layer": 8}
 

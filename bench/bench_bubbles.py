@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from geodc.emulation.procs import LocalSpawner  # noqa: E402
 from geodc.spec.training import TrainConfig  # noqa: E402
-from geodc.run.launch import HostInfo, free_base_port, launch  # noqa: E402
-from geodc.rules.figures import compute_metrics  # noqa: E402
+from geodc.run.launch import HostInfo, launch
+from geodc.emulation.procs import free_base_port  # noqa: E402
+from geodc.analysis.metrics import compute_metrics  # noqa: E402
 
 PROFILE = {"file": "h200-transformer.json", "width": 4096, "seq": 2048, "micro_batch": 2,
            "n_layer": 32}

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from geodc.predict.predict import predict  # noqa: E402
 from geodc.cli.planview import load_training  # noqa: E402
 from geodc.spec.scenario import load_scenario  # noqa: E402
-from geodc.plans.systems import get_system  # noqa: E402
+from geodc.spec.systems import get_system
 
 ITERATIONS = 3
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from geodc.predict.predict import predict  # noqa: E402
 from geodc.cli.planview import load_training  # noqa: E402
 from geodc.spec.scenario import load_scenario, parse_scenario  # noqa: E402
-from geodc.plans.systems import get_system  # noqa: E402
+from geodc.spec.systems import get_system  # noqa: E402
 
 PAPER = REPO / "topologies" / "paper"
 SYSTEMS = ("baseline", "multitcp", "atlas", "dp-across-dcs")

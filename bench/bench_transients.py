@@ -137,7 +137,7 @@ def message_bytes(scenario: Scenario) -> int:
     if not scenario.training or "profile" not in scenario.training:
         return DEFAULT_MESSAGE_BYTES
     from geodc.spec.training import TrainConfig
-    from geodc.rules.profiles import find_block
+    from geodc.spec.profiles import find_block
     cfg = TrainConfig.from_dict(scenario.training)
     if cfg.profile is None:
         return DEFAULT_MESSAGE_BYTES

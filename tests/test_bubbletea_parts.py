@@ -17,7 +17,7 @@ from geodc.rules.admission import Admission, chunk_end, make_pending
 from geodc.rules.prefill_profile import PrefillProfile
 from geodc.spec.bubbletea import BubbleTeaConfig
 from geodc.rules.bubbletea_figures import bubbletea_metrics
-from geodc.features.bubbletea.run import make_requests
+from geodc.features.bubbletea.plan import make_requests
 from geodc.spec.errors import ScenarioError
 from geodc.spec.scenario import parse_scenario
 from geodc.plans.topo import make_plan

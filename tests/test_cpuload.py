@@ -1,4 +1,4 @@
-"""geodc.hostproc.traffic.cpuload writes its logs where no other user can reach: a new private folder by
+"""geodc.run.cpuload writes its logs where no other user can reach: a new private folder by
 default (not a fixed /tmp name), and never through a link planted where a log goes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from geodc.spec.errors import TestbedError
-from geodc.hostproc.traffic.cpuload import CpuLoad
+from geodc.run.cpuload import CpuLoad
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ def test_a_link_where_a_log_goes_is_not_followed(tmp_path):
 
 def test_the_default_log_folder_is_new_and_private(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "geodc.hostproc.traffic.cpuload", "--workers", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "geodc.run.cpuload", "--workers", "1"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

@@ -1,4 +1,4 @@
-"""The `cross_traffic:` section (geodc.features.cross.run): parsed and checked, a UDP rate trace cut into
+"""The `cross_traffic:` section (geodc.spec.cross): parsed and checked, a UDP rate trace cut into
 back-to-back segments, and a tenant host <dc>-x1 in each DC that sends or receives it. Pure."""
 
 from __future__ import annotations

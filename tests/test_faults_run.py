@@ -187,7 +187,7 @@ def test_cross_traffic_runs_beside_training_and_reports_its_goodput(tmp_path, ca
         assert all(abs(v / want - 1) < 0.3 for v in got), (want, udp["intervals_mbit"])
     assert udp["lost_pct"] is not None and udp["packets"] > 1000
     assert tcp["kind"] == "tcp" and 1 < tcp["goodput_mbit"] < 100, tcp
-    from geodc.features.cross.run import summary_lines
+    from geodc.features.cross.metrics import summary_lines
     assert summary_lines([udp])[0].startswith("cross-traffic cross_traffic[0] (east->west udp "
                                               "30/90 Mbit/s, 2-6.5 s): goodput ")
 

@@ -15,7 +15,7 @@ from geodc.predict.transfer import INITIAL_WINDOW_SEGMENTS, PathSpec, rounds_nee
 from geodc.cli.planview import load_training
 from geodc.spec.scenario import TCP_MSS_BYTES, load_scenario
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
-from geodc.plans.systems import SYSTEMS, get_system
+from geodc.spec.systems import SYSTEMS, get_system
 from geodc.rules.schedule import bubble_fraction, schedule_table
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from geodc.spec.bubbletea import BubbleTeaConfig, LoadConfig
 from geodc.rules.prefill_profile import PrefillProfile
 from geodc.cli.planview import load_training
 from geodc.spec.scenario import load_scenario
-from geodc.plans.systems import get_system
+from geodc.spec.systems import get_system
 
 REPO = Path(__file__).resolve().parent.parent
 MS = 1_000_000

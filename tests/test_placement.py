@@ -7,7 +7,7 @@ import pytest
 from geodc.spec.errors import ScenarioError
 from geodc.plans.placement import from_hosts, place, place_for_system
 from geodc.spec.scenario import parse_scenario
-from geodc.plans.systems import SYSTEMS
+from geodc.spec.systems import SYSTEMS
 from geodc.spec.training import TrainConfig
 
 

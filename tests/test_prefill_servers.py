@@ -27,7 +27,8 @@ from geodc.hostproc.prefill.server import PrefillSpec
 from geodc.hostproc.prefill.service import Service
 from geodc.hostproc.prefill.wire import MAGIC, PREFIX, VERSION, recv_msg, send_msg
 from geodc.host.gpulock import GpuLock
-from geodc.run.launch import REPO_ROOT, free_base_port, worker_env
+from geodc.emulation.procs import free_base_port, worker_env
+from geodc.spec.paths import REPO_ROOT
 
 IP = "127.0.0.1"
 MODEL = InferenceConfig(seed=3)          # not the default seed: the spec's model is what counts

@@ -329,7 +329,7 @@ def _group_members(pgid: int) -> list[int]:
 CPULOAD_SCRIPT = r"""
 import sys, time
 from pathlib import Path
-from geodc.hostproc.traffic import cpuload
+from geodc.run import cpuload
 # a light loop in place of the torch one (test time); the process handling is CpuLoad's own
 cpuload.LOAD_CODE = "import time\nprint('LOADED', flush=True)\nwhile True: time.sleep(1)"
 load = cpuload.CpuLoad(Path(sys.argv[1]), workers=1)

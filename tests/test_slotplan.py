@@ -9,7 +9,8 @@ import pytest
 from geodc.plans.placement import place, place_for_system
 from geodc.spec.scenario import load_scenario, parse_scenario
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, plan_slots
-from geodc.plans.systems import SYSTEMS, window_bytes
+from geodc.plans.systems import window_bytes
+from geodc.spec.systems import SYSTEMS
 from geodc.spec.training import TrainConfig
 
 WINDOW_100 = 62914 * 0.73     # bytes one connection advertises at scale 100

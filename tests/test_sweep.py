@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from geodc.spec.errors import ScenarioError
-from geodc.spec.sweep import check_points, expand
+from geodc.features.checks import check_points
+from geodc.spec.sweep import expand
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ import pytest
 from geodc.spec import scenario as scenario_mod
 from geodc.spec.errors import ScenarioError
 from geodc.spec.scenario import RCV_WINDOW_FRACTION, parse_scenario, scaled_tcp_rmem_max_bytes
-from geodc.plans.systems import (SYSTEMS, System, auto_connections, connections_for, get_system,
-                             path_rate_mbit, path_rtt_ms, window_bytes)
+from geodc.plans.systems import auto_connections, connections_for, path_rate_mbit, path_rtt_ms, window_bytes
+from geodc.spec.systems import SYSTEMS, System, get_system
 
 
 def two(delay_ms: float = 20, rate_mbit: float = 100, **top) -> dict:

@@ -10,7 +10,7 @@ import pytest
 from geodc.predict.predict import predict
 from geodc.cli.planview import load_training
 from geodc.spec.scenario import load_scenario
-from geodc.plans.systems import get_system
+from geodc.spec.systems import get_system
 from geodc.plans.timeouts import DEFAULT_PEER_S, DEFAULT_RUN_S, MIN_RUN_S, timeouts_for
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,9 +28,11 @@ import pytest
 from geodc.emulation.procs import LocalSpawner
 from geodc.rules.bubbles import MIN_NOTICE_MS, BubblePredictor
 from geodc.spec.training import TrainConfig
-from geodc.host.spans import COMPUTE_SPANS, read_jsonl
+from geodc.host.spans import read_jsonl
+from geodc.rules.spans import COMPUTE_SPANS
 from geodc.host.gpulock import GpuLock
-from geodc.run.launch import HostInfo, TrainRun, free_base_port, launch, plan_workers
+from geodc.run.launch import HostInfo, TrainRun, launch, plan_workers
+from geodc.emulation.procs import free_base_port
 from geodc.rules.schedule import schedule_table
 from geodc.hostproc.trainer.worker import wire_ns
 

@@ -3,6 +3,7 @@
 import pytest
 
 from geodc.spec.errors import ScenarioError
+from geodc.hostproc.gpt import GPTConfig
 from geodc.spec.training import TrainConfig, validate_against_hosts
 
 
@@ -26,7 +27,7 @@ def test_valid_config_round_trips():
                                               "seq": 2048, "micro_batch": 1, "n_layer": 32}))
     assert cfg.n_workers == 4 and cfg.tokens_per_iteration == 2 * 4 * 2 * 32
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
-    assert cfg.model.gpt_config().block_size == 32
+    assert GPTConfig.of(cfg.model).block_size == 32
 
 
 @pytest.mark.parametrize("d, field, words", [

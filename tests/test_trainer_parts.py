@@ -276,7 +276,8 @@ def test_metrics_count_compute_overruns():
 
 def test_optimizer_step_estimate():
     from geodc.spec.training import ProfileConfig
-    from geodc.rules.profiles import find_block, optimizer_ms, stage_costs
+    from geodc.spec.profiles import find_block
+    from geodc.rules.costs import optimizer_ms, stage_costs
     assert optimizer_ms(403_000_000) == pytest.approx(403e6 * 30 / 4.8e12 * 1e3)   # 2.5 ms
     cfg = ProfileConfig(file="h200-transformer.json", width=2048, seq=2048, micro_batch=2,
                         n_layer=24)
@@ -314,7 +315,8 @@ def test_timeline_plot_writes_png(tmp_path):
 
 def test_measure_profile_cpu_smoke():
     from geodc.hostproc.trainer.measure_profile import main
-    from geodc.rules.profiles import PROFILE_DIR, StageCost, optimizer_ms, stage_costs
+    from geodc.spec.profiles import PROFILE_DIR
+    from geodc.rules.costs import StageCost, optimizer_ms, stage_costs
     out = PROFILE_DIR / f"test-smoke-{os.getpid()}.json"   # profiles are read from there only
     try:
         assert main([str(out), "--cpu-smoke", "--reps", "2"]) == 0
@@ -344,7 +346,7 @@ def test_measure_profile_cpu_smoke():
 def test_shipped_profiles_match_their_provenance():
     import hashlib
     import re
-    from geodc.rules.profiles import PROFILE_DIR
+    from geodc.spec.profiles import PROFILE_DIR
     text = (PROFILE_DIR / "PROVENANCE.md").read_text()
     rows = re.findall(r"^\| `([^`]+\.json)` \|.*\| ([0-9a-f]{64}) \|$", text, re.M)
     assert {name for name, _ in rows} == {p.name for p in PROFILE_DIR.glob("*.json")}

@@ -12,8 +12,9 @@ import pytest
 from geodc.spec.errors import TestbedError
 from geodc.emulation.procs import LocalSpawner
 from geodc.spec.training import TrainConfig
-from geodc.run.launch import HostInfo, free_base_port, launch, plan_workers
-from geodc.rules.figures import compute_metrics
+from geodc.run.launch import HostInfo, launch, plan_workers
+from geodc.emulation.procs import free_base_port
+from geodc.analysis.metrics import compute_metrics
 from geodc.hostproc.trainer.reference import reference_losses
 
 MODEL = {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}

@@ -222,7 +222,8 @@ def _validate(path: str) -> str:
         what = (f"predict only: {sum(dc.hosts for dc in scenario.dcs)} hosts, "
                 f"training P={cfg.stages} D={cfg.replicas}")
     elif scenario.sweep:
-        from geodc.spec.sweep import check_points, expand
+        from geodc.features.checks import check_points
+        from geodc.spec.sweep import expand
         points = expand(dict(scenario.raw))
         check_points(points)          # what `run` checks, for every point
         what = f"sweep of {len(points)} points over {', '.join(scenario.sweep)}"

@@ -17,7 +17,8 @@ from geodc.plans.placement import Placement, place_for_system
 from geodc.plans.routing import dc_paths
 from geodc.spec.scenario import Scenario, load_scenario
 from geodc.features.temporal.plan import SlotPlan, plan_slots
-from geodc.plans.systems import System, connections_for, get_system
+from geodc.plans.systems import connections_for
+from geodc.spec.systems import System, get_system
 
 if TYPE_CHECKING:
     from geodc.spec.training import TrainConfig
@@ -122,7 +123,7 @@ def plan_system(scenario: Scenario, cfg: "TrainConfig", system: System) -> Syste
     placement = place_for_system(scenario, cfg, system)
     bt = None
     if system.fill_bubbles:
-        from geodc.features.bubbletea.run import bubbletea_plan
+        from geodc.features.bubbletea.plan import bubbletea_plan
         bt = bubbletea_plan(scenario, cfg.compute, placement, system.name)
     return SystemPlan(system=system, placement=placement,
                       routes=routes_of(scenario, placement, system),

@@ -16,7 +16,8 @@ from geodc.spec.errors import ScenarioError
 from geodc.plans.placement import place_for_system
 from geodc.plans.routing import dc_paths
 from geodc.spec.scenario import Scenario, load_scenario, scaled_tcp_rmem_max_bytes
-from geodc.plans.systems import get_system, scenario_connections, window_bytes
+from geodc.plans.systems import scenario_connections, window_bytes
+from geodc.spec.systems import get_system
 from geodc.plans.topo import make_plan
 
 
@@ -75,7 +76,7 @@ def describe(scenario: Scenario) -> dict[str, Any]:
         doc["faults"] = [e.describe() for e in events_of(scenario.faults)]
     if scenario.cross_traffic:
         doc["cross_traffic"] = [f.describe() for f in scenario.cross_traffic]
-        from geodc.features.cross.run import tenant_host
+        from geodc.spec.cross import tenant_host
         doc["tenant_hosts"] = [tenant_host(dc) for dc in scenario.tenant_dcs()]
     return doc
 

@@ -37,7 +37,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from geodc.emulation import interrupts, leash, limits, machine, shaping, wanstats
 
-from geodc.run import report
+from geodc.emulation import results
 from geodc.emulation.delayline import QueueSpec
 from geodc.spec.errors import ScenarioError, TestbedError
 from geodc.emulation.procs import HostProcess, open_log, stop_all
@@ -298,7 +298,7 @@ class Network:
             if self.backend:   # past the build's start: what the whole run loaded (arbiters'
                 # qdiscs, a congestion control set later) goes into env.json too
                 self.kernel_modules_loaded = machine.modules_loaded_since(self._modules_before)
-                report.record_modules(self.run_dir / "env.json", self.kernel_modules_loaded)
+                results.record_modules(self.run_dir / "env.json", self.kernel_modules_loaded)
             self.timings_s["down"] = time.monotonic() - t0
 
     # ---- running things in hosts -----------------------------------------------------------

@@ -15,8 +15,10 @@ Mininet host's namespace.
 from __future__ import annotations
 
 import os
+import random
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from geodc.emulation import interrupts, leash
+from geodc.spec.paths import REPO_ROOT
 
 if TYPE_CHECKING:
     from geodc.emulation.registry import Registry
@@ -214,3 +217,32 @@ def wait_all(procs: Sequence[HostProcess], timeout_s: float, poll_s: float = 0.0
             time.sleep(poll_s)
     finally:
         stop_all(pending)
+
+
+def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Python process the testbed starts on a host: geodc importable,
+    unbuffered output, one BLAS thread (one host is one GPU; the CPUs are shared)."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"]
+                                          if env.get("PYTHONPATH") else "")
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def free_base_port(n: int, ip: str = "127.0.0.1") -> int:
+    """A base port with n free consecutive ports on ip (for loopback runs: tests, benchmarks)."""
+    for _ in range(50):
+        base = random.randint(20000, 45000)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind((ip, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} free consecutive ports on {ip}")

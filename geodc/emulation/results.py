@@ -125,3 +125,15 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def record_modules(env_path: Path, loaded: list[str] | str) -> None:
+    """At teardown: the kernel modules the whole run loaded, into the env.json announce wrote
+    (none written: nothing to do)."""
+    try:
+        doc = json.loads(env_path.read_text())
+    except (OSError, ValueError):
+        return
+    if doc.get("network", {}).get("kernel_modules_loaded") != loaded:
+        doc.setdefault("network", {})["kernel_modules_loaded"] = loaded
+        write_json(env_path, doc)

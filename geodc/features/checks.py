@@ -4,15 +4,17 @@ root, no kernel, no Mininet, no torch (so `validate` runs with only the scenario
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
-from geodc.features.bubbletea import run as bubbletea
+from geodc.features.bubbletea import plan as bubbletea
 from geodc.spec.errors import ScenarioError
 from geodc.plans.placement import place_for_system
-from geodc.spec.scenario import Scenario, load_scenario
-from geodc.plans.systems import get_system
+from geodc.spec.scenario import Scenario, load_scenario, parse_scenario
+from geodc.spec.systems import get_system
 
 if TYPE_CHECKING:
+    from geodc.spec.sweep import Point
     from geodc.spec.training import TrainConfig
 
 
@@ -24,7 +26,6 @@ def load_run(scenario_path: str, *, systems: list[str] | None = None,
     point (geodc.spec.sweep; `validate` checks them all)."""
     scenario = load_scenario(scenario_path)
     if scenario.sweep:
-        from geodc.spec.scenario import parse_scenario
         from geodc.spec.sweep import expand
         scenario = parse_scenario(expand(dict(scenario.raw))[0].doc, path=scenario.path)
     return check_run(scenario, systems=systems, iterations=iterations)
@@ -67,3 +68,19 @@ def check_faults(scenario: Scenario, system) -> None:
                             "arbiter re-plans the link's rates at every switch, so a rate fault "
                             "cannot hold there", "drop the rate faults or run a system without "
                             "temporal sharing")
+
+
+def check_points(points: list[Point], *, systems: list[str] | None = None,
+                 iterations: int | None = None) -> list[tuple["TrainConfig", list[str]]]:
+    """What `run` checks, for every point's scenario (with run's --systems and --iterations):
+    each point's training config and systems; ScenarioError names the point."""
+    out = []
+    for p in points:
+        try:
+            _, cfg, names = check_run(parse_scenario(p.doc), systems=systems,
+                                      iterations=iterations)
+        except ScenarioError as exc:
+            raise ScenarioError(f"sweep point {p.index} ({json.dumps(p.values)})", str(exc),
+                                "change the sweep's values") from None
+        out.append((cfg, names))
+    return out

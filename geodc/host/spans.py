@@ -19,8 +19,6 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-COMPUTE_SPANS = ("F", "B", "OPT")
-COMM_SPANS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "ALLREDUCE")
 
 
 class SpanLog:

@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from geodc.spec.training import ModelConfig
 
 
 class LayerNorm(nn.Module):
@@ -80,6 +85,12 @@ class GPTConfig:
     n_embd: int = 64
     block_size: int = 32      # longest sequence (positions embedded)
     vocab_size: int = 256
+
+    @classmethod
+    def of(cls, model: "ModelConfig") -> GPTConfig:
+        """The GPT a scenario's `training.model` section describes."""
+        return cls(n_layer=model.n_layer, n_embd=model.n_embd, n_head=model.n_head,
+                   block_size=model.seq_len, vocab_size=model.vocab_size)
 
 
 class GPT(nn.Module):

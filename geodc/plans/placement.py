@@ -33,7 +33,7 @@ from geodc.spec.errors import ScenarioError, shown
 
 if TYPE_CHECKING:
     from geodc.spec.scenario import Scenario
-    from geodc.plans.systems import System
+    from geodc.spec.systems import System
     from geodc.spec.training import TrainConfig
 
 POLICIES = ("scenario-order", "atlas", "dp-across-dcs")

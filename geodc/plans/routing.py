@@ -21,10 +21,11 @@ import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
+from geodc.spec.names import ROUTING_POLICIES
+
 if TYPE_CHECKING:
     from geodc.spec.scenario import Scenario
 
-ROUTING_POLICIES = ("direct", "shortest-delay")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,17 +1,8 @@
-"""Training systems as plain data, and how many TCP connections each cross-DC transfer gets.
+"""How many TCP connections each cross-DC transfer of a system gets, and the paths it uses.
 
-One job: name what a system does differently (where it places stages, how many TCP connections a
-transfer uses, how the WAN links are shared), so the planner (geodc.plans.placement,
-geodc.features.temporal.plan) and the runner read the same table instead of branching on names. Pure: no
-kernel, no Mininet, no torch.
-
-    baseline       scenario-order placement, 1 connection, transfers share the WAN concurrently
-    multitcp       scenario-order placement, the scenario's K connections, concurrent
-    temporal       scenario-order placement, 1 connection, temporal WAN slots
-    atlas          Atlas placement (all replicas of a stage in one DC), K connections, temporal
-    dp-across-dcs  each pipeline in one DC, so every stage's all-reduce crosses the WAN
-    <any>+bubbletea  the same system, with prefill requests filling its bubbles (fill_bubbles;
-                   geodc.features.bubbletea.run runs it, the scenario's `bubbletea:` section configures it)
+One job: the computations over geodc.spec.systems' table (the systems as data) that the planner
+(geodc.plans.placement, geodc.features.temporal.plan) and the runner share. Pure: no kernel, no
+Mininet, no torch.
 
 K connections (the scenario's `connections`, default auto): a transfer between DCs X and Y over
 one TCP flow is window-limited at window / RTT, so K flows striped over the message move K times
@@ -29,71 +20,15 @@ same T, so rate x RTT (and K) is unchanged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from geodc.spec.errors import ScenarioError
 from geodc.plans.routing import Path, dc_paths
-from geodc.spec.scenario import (BUBBLETEA_SUFFIX, MAX_CONNECTIONS, RCV_WINDOW_FRACTION,
+from geodc.spec.systems import System
+from geodc.spec.scenario import (MAX_CONNECTIONS, RCV_WINDOW_FRACTION,
                               max_connections, scaled_tcp_rmem_max_bytes)
 
 if TYPE_CHECKING:
     from geodc.spec.scenario import Scenario
-
-PLACEMENTS = ("scenario-order", "atlas", "dp-across-dcs")
-CONNECTION_RULES = ("one", "scenario")
-WAN_SHARING = ("concurrent", "temporal")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class System:
-    name: str
-    placement: str      # "scenario-order" | "atlas" | "dp-across-dcs" (geodc.plans.placement)
-    connections: str    # "one" (1 per transfer) | "scenario" (the scenario's K per link)
-    wan_sharing: str    # "concurrent" | "temporal" (geodc.features.temporal.plan)
-    fill_bubbles: bool = False
-
-    def __post_init__(self) -> None:
-        for value, allowed in ((self.placement, PLACEMENTS), (self.connections, CONNECTION_RULES),
-                               (self.wan_sharing, WAN_SHARING)):
-            if value not in allowed:
-                raise ValueError(f"system {self.name}: {value!r} is not one of {allowed}")
-
-    @property
-    def temporal(self) -> bool:
-        return self.wan_sharing == "temporal"
-
-    @property
-    def without_bubbles(self) -> str:
-        """The name of the same system without prefill in its bubbles."""
-        return self.name.removesuffix(BUBBLETEA_SUFFIX)
-
-
-SYSTEMS: dict[str, System] = {s.name: s for s in (
-    System(name="baseline", placement="scenario-order", connections="one",
-           wan_sharing="concurrent"),
-    System(name="multitcp", placement="scenario-order", connections="scenario",
-           wan_sharing="concurrent"),
-    System(name="temporal", placement="scenario-order", connections="one",
-           wan_sharing="temporal"),
-    System(name="atlas", placement="atlas", connections="scenario", wan_sharing="temporal"),
-    System(name="dp-across-dcs", placement="dp-across-dcs", connections="one",
-           wan_sharing="concurrent"),
-)}
-
-
-def get_system(name: str, field: str = "systems") -> System:
-    """The system called `name` (one of SYSTEMS, or one of them + "+bubbletea": the same
-    choices with fill_bubbles), or ScenarioError on `field` listing the names there are."""
-    base = name.removesuffix(BUBBLETEA_SUFFIX) if isinstance(name, str) else None
-    if base not in SYSTEMS:
-        raise ScenarioError(field, f"{name!r} is not a system",
-                            f"use one of {', '.join(SYSTEMS)}, each optionally with "
-                            f"{BUBBLETEA_SUFFIX}")
-    if base == name:
-        return SYSTEMS[name]
-    return replace(SYSTEMS[base], name=name, fill_bubbles=True)
-
 
 def window_bytes(scale: float) -> float:
     """The receive window one connection of the testbed's hosts advertises (bytes)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from geodc.plans.routing import edges_of, next_hops
 from geodc.spec.scenario import Scenario, WanLink
-from geodc.features.cross.run import tenant_host
+from geodc.spec.cross import tenant_host
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

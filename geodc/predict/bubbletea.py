@@ -40,7 +40,7 @@ from geodc.rules.admission import Admission, Pending, choose, chunk_hold_ns, mak
 from geodc.rules.bubbletea_figures import bubbletea_metrics
 from geodc.rules.prefill_profile import PrefillProfile
 from geodc.rules.bubbles import BubblePredictor
-from geodc.host.spans import COMPUTE_SPANS
+from geodc.rules.spans import COMPUTE_SPANS
 
 if TYPE_CHECKING:
     from geodc.spec.bubbletea import BubbleTeaConfig
@@ -208,7 +208,7 @@ def thin_load(cfg: "BubbleTeaConfig", compute: str, host_dc: dict[str, str],
               gpus: dict[str, int]) -> tuple[dict[str, Any], float]:
     """(geodc.features.bubbletea.run.make_requests' load for the simulated hosts, share = simulated /
     real GPUs) (module docstring)."""
-    from geodc.features.bubbletea.run import make_requests
+    from geodc.features.bubbletea.plan import make_requests
     simulated = Counter(host_dc.values())
     share = sum(simulated.values()) / sum(gpus.values())
     gen = cfg

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from geodc.predict.predict import Prediction, predict
 from geodc.spec.errors import ScenarioError
-from geodc.plans.systems import get_system
+from geodc.spec.systems import get_system
 
 if TYPE_CHECKING:
     from geodc.spec.scenario import Scenario

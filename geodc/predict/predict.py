@@ -1,5 +1,5 @@
 """The model's prediction for one scenario and one system: iteration time, bubbles, GPU and WAN
-utilization. Pure: no kernel, no root, no torch (geodc.spec.training and geodc.rules.profiles are plain
+utilization. Pure: no kernel, no root, no torch (geodc.spec.training and geodc.spec.profiles are plain
 Python).
 
 One job: build geodc.predict.pipeline's inputs from what the testbed would run, simulate, and read the
@@ -9,8 +9,8 @@ same code). Configured, real-time values throughout (time_scale does not enter).
 
 Inputs, each from the module that decides it in a run:
 - placement: geodc.plans.placement (the system's policy); schedule rows: geodc.rules.schedule;
-- compute: the profile's forward/backward per stage (geodc.rules.profiles.stage_costs) and the
-  estimated optimizer step (geodc.rules.profiles.optimizer_ms); profile mode only;
+- compute: the profile's forward/backward per stage (geodc.spec.profiles.stage_costs) and the
+  estimated optimizer step (geodc.spec.profiles.optimizer_ms); profile mode only;
 - a message: the profile's activation bytes / scale (geodc.features.temporal.plan.message_payload_bytes);
   inside a DC, its wire bytes at the DC's host-link rate (no time if the links are unshaped);
   over the WAN, geodc.predict.transfer over the routed path (geodc.plans.routing) at the lower of the path's
@@ -54,7 +54,7 @@ from geodc.rules.schedule import schedule_table
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
     from geodc.spec.scenario import Scenario
-    from geodc.plans.systems import System
+    from geodc.spec.systems import System
     from geodc.spec.training import TrainConfig
 
 FOLD_ABOVE_REPLICAS = 8     # more replicas than this: alike ones are simulated as one
@@ -147,7 +147,7 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
           placement: "Placement | None" = None) -> PipelineModel:
     """geodc.predict.pipeline's inputs for `system` running cfg on scenario (module docstring);
     placement: the system's (geodc.plans.placement), computed here when not given."""
-    from geodc.rules.profiles import stage_costs
+    from geodc.rules.costs import stage_costs
     if cfg.compute != "profile" or cfg.profile is None:
         raise ValueError("the model needs compute: profile (measured op times are not known "
                          "before a run)")
@@ -261,7 +261,7 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     FOLD_ABOVE_REPLICAS), each simulated replica stands for its alike GPUs with their share of
     the load (geodc.predict.bubbletea.thin_load), and its figures count that many times."""
     from geodc.predict.bubbletea import predict_bubbletea, thin_load, unthin
-    from geodc.features.bubbletea.run import check, hosts_by_dc
+    from geodc.features.bubbletea.plan import check, hosts_by_dc
     bt = check(scenario, placement, system.name)
     classes = simulated_replicas(placement)
     folded = any(n > 1 for _, n in classes)

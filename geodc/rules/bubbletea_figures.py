@@ -38,7 +38,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from geodc.rules.bubbles import MIN_HISTORY, WARMUP_ITERATIONS
-from geodc.host.spans import COMPUTE_SPANS
+from geodc.rules.spans import COMPUTE_SPANS
 from geodc.rules.figures import iteration_walls, iteration_windows, iterations_used
 
 REASONS = ("dispatch", "no_request", "none_fitted", "guard", "rejected", "host_down", "filled",

@@ -33,13 +33,11 @@ simulator predict.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, Sequence
 
-from geodc.host.spans import COMPUTE_SPANS, read_jsonl
+from geodc.rules.spans import COMPUTE_SPANS
 from geodc.rules.schedule import bubble_fraction as formula_bubble
 
 
@@ -219,17 +217,3 @@ def loss_per_iteration(losses: Sequence[dict]) -> list[float]:
     for r in losses:
         by_it[r["iteration"]].append(r["loss"])
     return [statistics.fmean(by_it[it]) for it in sorted(by_it)]
-
-
-def congestion_control_in_use(spans_path: Path) -> list[str]:
-    """Every TCP congestion control the workers' stage-to-stage sockets ran (their SETUP)."""
-    return sorted({cc for r in read_jsonl(spans_path) if r["name"] == "SETUP"
-                   for cc in (r.get("congestion_control") or {}).values()})
-
-
-def compute_metrics(run_dir: Path) -> dict[str, Any]:
-    """Metrics of the run in run_dir (the folder given to geodc.run.launch.launch)."""
-    run_dir = Path(run_dir)
-    plan = json.loads((run_dir / "trainer_plan.json").read_text())
-    return metrics_from_records(read_jsonl(run_dir / "trainer_spans.jsonl"),
-                                read_jsonl(run_dir / "trainer_loss.jsonl"), plan)

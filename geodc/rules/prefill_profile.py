@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from geodc.rules.profiles import load_profile
+from geodc.spec.profiles import load_profile
 
 BF16_BYTES = 2
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-SCHEDULES = ("gpipe", "1f1b")
+from geodc.spec.names import SCHEDULES
+
 
 
 def parse_action(action: str) -> tuple[str, int]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from geodc.emulation import interrupts
 
-from geodc.run import report
+from geodc.emulation import report
 from geodc.run.calibrate import Settings, calibrate, paths_table, table
 from geodc.spec.errors import ScenarioError
 from geodc.emulation.machine import CpuTimes
@@ -21,7 +21,7 @@ from geodc.emulation.registry import live_runs
 from geodc.emulation.results import new_run_dir, provenance, write_json, write_text
 from geodc.features.checks import load_run
 from geodc.spec.scenario import Scenario, load_scenario
-from geodc.plans.systems import get_system
+from geodc.spec.systems import get_system
 from geodc.spec.yamlfile import dump_yaml
 
 if TYPE_CHECKING:

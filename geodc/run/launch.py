@@ -21,9 +21,6 @@ Run folder:
 from __future__ import annotations
 
 import json
-import os
-import random
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -31,14 +28,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from geodc.spec.errors import TestbedError
-from geodc.emulation.procs import HostProcess, Spawner, wait_all
+from geodc.emulation.procs import HostProcess, Spawner, wait_all, worker_env
 from geodc.spec.training import TrainConfig, validate_against_hosts
 from geodc.host.spans import merge_jsonl
 from geodc.rules.stages import split_layers
-from geodc.rules.profiles import find_block, stage_costs
+from geodc.spec.profiles import find_block
+from geodc.rules.costs import stage_costs
 from geodc.rules.schedule import schedule_table, simulate
 from geodc.host.specfiles import Peer, WorkerSpec
-from geodc.spec.paths import REPO_ROOT
 
 
 
@@ -215,14 +212,6 @@ def compute_only_timeline(cfg: TrainConfig, specs: Sequence[WorkerSpec]) -> dict
             "per_stage_bubble": sim.bubble}
 
 
-def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"]
-                                          if env.get("PYTHONPATH") else "")
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return env
-
-
 def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: Spawner,
            scale: float = 1.0, base_port: int = 29500, timeout_s: float = 600.0,
            python: str = sys.executable, env: dict[str, str] | None = None,
@@ -292,25 +281,6 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                  if s.stage == cfg.stages - 1], loss_path, sort_key="iteration")
     return TrainRun(run_dir=run_dir, spans_path=spans_path, loss_path=loss_path,
                     plan_path=plan_path, specs=specs, wall_s=wall_s)
-
-
-def free_base_port(n: int, ip: str = "127.0.0.1") -> int:
-    """A base port with n free consecutive ports on ip (for loopback runs: tests, benchmarks)."""
-    for _ in range(50):
-        base = random.randint(20000, 45000)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind((ip, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no {n} free consecutive ports on {ip}")
 
 
 def _loss_reporter(loss_path: Path, iterations: int,

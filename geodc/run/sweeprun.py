@@ -29,7 +29,8 @@ from geodc.emulation import interrupts
 from geodc.spec.errors import ScenarioError, TestbedError
 from geodc.run.progress import Progress
 from geodc.emulation.results import new_run_dir, write_json, write_text
-from geodc.spec.sweep import Point, check_points, expand
+from geodc.features.checks import check_points
+from geodc.spec.sweep import Point, expand
 from geodc.spec.yamlfile import dump_yaml
 
 INDEX_SCHEMA = 1

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from geodc.host.realtime import PRIORITY
 from geodc.features.bubbletea import run as bubbletea
 from geodc.analysis import linkuse
-from geodc.run import report
+from geodc.emulation import report
 from geodc.features.temporal import run as temporal
 from geodc.emulation import wanstats
 from geodc.analysis.allreduce import allreduce_report
@@ -29,7 +29,7 @@ from geodc.spec.errors import ScenarioError, TestbedError
 from geodc.features.faults.run import FaultRunner, after_fault
 from geodc.analysis.faultplot import plot_faults
 from geodc.features.cross.run import CrossTraffic
-from geodc.features.cross.run import summary_lines as cross_summary
+from geodc.features.cross.metrics import summary_lines as cross_summary
 from geodc.emulation.machine import CpuTimes
 from geodc.emulation.network import Network
 from geodc.plans.placement import place_for_system
@@ -37,8 +37,8 @@ from geodc.emulation.results import write_json, write_text
 from geodc.features.temporal.plan import plan_slots
 from geodc.features.checks import check_faults
 from geodc.plans.timeouts import timeouts_for
-from geodc.plans.systems import (System, arrival_bounds_hold, connections_for,
-                             host_path_rate_mbit)
+from geodc.plans.systems import arrival_bounds_hold, connections_for, host_path_rate_mbit
+from geodc.spec.systems import System
 
 
 if TYPE_CHECKING:
@@ -51,7 +51,8 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                timeout_s: float | None = None) -> dict:
     from geodc.run.launch import HostInfo, launch
     from geodc.host.spans import read_jsonl
-    from geodc.rules.figures import congestion_control_in_use, in_real_time, metrics_from_records
+    from geodc.rules.figures import in_real_time, metrics_from_records
+    from geodc.analysis.metrics import congestion_control_in_use
     from geodc.analysis.timeline_plot import plot_timeline, timeline_extras
 
     placement = place_for_system(scenario, cfg, system)

@@ -54,6 +54,9 @@ from geodc.spec.errors import ScenarioError, shown, unknown_field
 
 TRACES = ("code", "conv")
 CONTEXT_RULES = ("truncate", "refuse")
+# The most requests a Poisson load may draw (each is kept in memory): over six times the most
+# a paper-scale scenario draws (156,250, gpt70b_3dc's share for the hosts the model simulates).
+MAX_POISSON_REQUESTS = 1_000_000
 MODEL_FIELDS = {"n_layer": (1, 8), "n_embd": (8, 512), "n_head": (1, 16),
                 "vocab_size": (2, 65536), "context": (8, 4096)}
 DEFAULT_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "context": 256}
@@ -202,7 +205,7 @@ def _bool(value: Any, where: str) -> bool:
 
 
 def _num(value: Any, where: str, low: float, high: float) -> float:
-    from geodc.spec.scenario import checked_number
+    from geodc.spec.fields import checked_number
     return checked_number(value, where, low=low, high=high)
 
 
@@ -212,3 +215,12 @@ def _int(value: Any, where: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ScenarioError(where, f"{shown(value)} is out of range", f"use an integer from {low} to {high}")
     return value
+
+
+def check_poisson_size(rate_per_s: float, duration_s: float) -> None:
+    """ScenarioError when a Poisson load would draw over MAX_POISSON_REQUESTS requests."""
+    if rate_per_s * duration_s > MAX_POISSON_REQUESTS:
+        raise ScenarioError("bubbletea.load", f"poisson_per_s {rate_per_s:g} for window_s "
+                            f"{duration_s:g} draws about {rate_per_s * duration_s:.3g} requests",
+                            f"keep poisson_per_s x window_s (the simulated hosts' share of it, "
+                            f"in a predict_only scenario) at most {MAX_POISSON_REQUESTS}")

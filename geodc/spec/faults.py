@@ -28,10 +28,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from geodc.spec.errors import ScenarioError, shown, unknown_field
-from geodc.spec.scenario import checked_number
+from geodc.spec.fields import checked_number
 
 if TYPE_CHECKING:
-    from geodc.spec.scenario import DataCenter, WanLink
+    from geodc.spec.dcs import DataCenter, WanLink
 
 KINDS = ("link_down", "delay", "rate", "rate_trace", "loss", "crash")
 PROCESSES = ("trainer", "prefill", "decode", "delayline")

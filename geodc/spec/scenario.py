@@ -20,7 +20,7 @@ Form (every WAN link: one-way delay per direction, rate per direction):
     wan:
       - {between: [east, west], delay_ms: 20, rate_mbit: 100, jitter_ms: 0, loss_pct: 0,
          queue: 2000}          # queue: packets (int) or bytes ("4MB"); default >= BDP
-    systems: [baseline]        # optional: see SYSTEMS (geodc.plans.systems describes each);
+    systems: [baseline]        # optional: see SYSTEMS (geodc.spec.systems describes each);
                                # "<system>+bubbletea" adds prefill in the bubbles
     bubbletea: {...}           # optional: prefill load and admission (geodc.spec.bubbletea)
     faults: [...]              # optional: link down, delay/rate/loss changes, crashes at given
@@ -37,19 +37,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from geodc.spec.errors import ScenarioError, shown, unknown_field
-from geodc.plans.routing import ROUTING_POLICIES
+from geodc.spec.dcs import DataCenter, WanLink
+from geodc.spec.fields import checked_number
+from geodc.spec.names import ROUTING_POLICIES
+from geodc.spec.systems import BUBBLETEA_SUFFIX, SYSTEMS
 from geodc.spec.yamlfile import load_yaml
 
 if TYPE_CHECKING:
     from geodc.spec.bubbletea import BubbleTeaConfig
     from geodc.spec.faults import Fault
-    from geodc.features.cross.run import CrossFlow
+    from geodc.spec.cross import CrossFlow
 
 BACKENDS = ("auto", "netem", "delayline")
-# Every name geodc.plans.systems.SYSTEMS describes; each may also be named with BUBBLETEA_SUFFIX,
-# the same system with prefill requests filling its bubbles (geodc.plans.systems.get_system).
-SYSTEMS = ("baseline", "multitcp", "temporal", "atlas", "dp-across-dcs")
-BUBBLETEA_SUFFIX = "+bubbletea"
 CONGESTION_CONTROLS = ("cubic", "reno", "bbr")
 MTU_BYTES = 1500
 # A full-size TCP segment at that MTU: 20 bytes of IP and 32 of TCP (with the timestamps option)
@@ -93,34 +92,6 @@ def max_connections(predict_only: bool) -> int:
 def scaled_tcp_rmem_max_bytes(scale: float) -> int:
     """The receive buffer limit a host gets with `scale` (scale 1: the real server's)."""
     return max(MIN_TCP_BUFFER_BYTES, int(REAL_TCP_RMEM_MAX_BYTES / scale))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DataCenter:
-    name: str
-    hosts: int
-    rate_mbit: float | None = None  # intra-DC host link rate; None = unshaped veth
-    decode_hosts: int = 0           # BubbleTea decode servers, hosts <dc>-d1.. (not training)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WanLink:
-    a: str
-    b: str
-    delay_ms: float     # one way, each direction
-    rate_mbit: float    # each direction
-    jitter_ms: float = 0.0
-    loss_pct: float = 0.0
-    queue_bytes: int = 0  # per direction; always >= the bandwidth-delay product unless set lower
-
-    @property
-    def between(self) -> tuple[str, str]:
-        return (self.a, self.b)
-
-    @property
-    def bdp_bytes(self) -> int:
-        """Bandwidth x round-trip delay, the smallest queue that keeps one link full."""
-        return int(self.rate_mbit * 1e6 / 8 * (2 * self.delay_ms + 2 * self.jitter_ms) / 1e3)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -264,14 +235,14 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
         faults = parse_faults(top["faults"], dcs, wan)
     cross: tuple = ()
     if "cross_traffic" in top:
-        from geodc.features.cross.run import parse_cross_traffic
+        from geodc.spec.cross import parse_cross_traffic
         cross = parse_cross_traffic(top["cross_traffic"], dcs, wan, CONGESTION_CONTROLS)
     bubbletea = None
     if "bubbletea" in top:
         from geodc.spec.bubbletea import BubbleTeaConfig
         bubbletea = BubbleTeaConfig.from_dict(top["bubbletea"])
         if bubbletea.load.kind == "poisson" and not predict_only:   # drawn for every host
-            from geodc.features.bubbletea.load import check_poisson_size
+            from geodc.spec.bubbletea import check_poisson_size
             check_poisson_size(bubbletea.load.poisson_per_s, bubbletea.load.window_s)
     return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
                     backend=backend, routing=routing, congestion_control=congestion_control,
@@ -445,10 +416,3 @@ def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def checked_number(value: Any, where: str, *, low: float, high: float) -> float:
-    """value as a float if it is a number in [low, high] (NaN never is), else ScenarioError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScenarioError(where, f"{shown(value)} is not a number", f"use a number from {low:g} to {high:g}")
-    if not low <= value <= high:     # compared exactly: float() of a huge integer overflows
-        raise ScenarioError(where, f"{shown(value)} is out of range", f"use a number from {low:g} to {high:g}")
-    return float(value)

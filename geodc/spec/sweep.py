@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
-import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from geodc.spec.errors import ScenarioError, shown
 
 if TYPE_CHECKING:
-    from geodc.spec.training import TrainConfig
+    pass
 
 MAX_POINTS = 1000
 KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|[0-9]+))*")
@@ -108,21 +107,3 @@ def _set(node: Any, parts: list[str], value: Any, where: str) -> None:
         _set(node[head], rest, value, where)
     else:
         node[head] = value
-
-
-def check_points(points: list[Point], *, systems: list[str] | None = None,
-                 iterations: int | None = None) -> list[tuple["TrainConfig", list[str]]]:
-    """What `run` checks, for every point's scenario (with run's --systems and --iterations):
-    each point's training config and systems; ScenarioError names the point."""
-    from geodc.features.checks import check_run
-    from geodc.spec.scenario import parse_scenario
-    out = []
-    for p in points:
-        try:
-            _, cfg, names = check_run(parse_scenario(p.doc), systems=systems,
-                                      iterations=iterations)
-        except ScenarioError as exc:
-            raise ScenarioError(f"sweep point {p.index} ({json.dumps(p.values)})", str(exc),
-                                "change the sweep's values") from None
-        out.append((cfg, names))
-    return out

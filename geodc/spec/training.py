@@ -3,7 +3,7 @@
 One job: turn a plain dict (from YAML) into a `TrainConfig`, or raise `ScenarioError` naming the
 field, the problem and the fix. Unknown keys are rejected. Nothing here imports torch, starts a
 process or reads the network; profile files are read only to check that the chosen target model
-is in them (`geodc/rules/profiles.py` does the reading). Host placement against a real topology is
+is in them (`geodc/spec/profiles.py` does the reading). Host placement against a real topology is
 checked by `validate_against_hosts`, which the launcher calls with the hosts it was given.
 
     training:
@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
 from geodc.spec.errors import ScenarioError, shown, unknown_field
-from geodc.rules.schedule import SCHEDULES  # pure module, no torch
+from geodc.spec.names import SCHEDULES
+from geodc.spec.profiles import find_block
 
 COMPUTE_MODES = ("measured", "profile")
 OPTIMIZERS = ("adamw", "sgd")
@@ -124,10 +125,6 @@ class ModelConfig:
                                 "set vocab_size >= 2")
         return cls(**vals)
 
-    def gpt_config(self):  # -> geodc.hostproc.gpt.GPTConfig (imported lazily: it pulls in torch)
-        from geodc.hostproc.gpt import GPTConfig
-        return GPTConfig(n_layer=self.n_layer, n_embd=self.n_embd, n_head=self.n_head,
-                         block_size=self.seq_len, vocab_size=self.vocab_size)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,8 +156,7 @@ class ProfileConfig:
             raise ScenarioError(f"{prefix}.n_layer",
                                 f"{stages} stages but the target model has {cfg.n_layer} layers",
                                 "set profile.n_layer >= stages")
-        from geodc.rules.profiles import find_block  # raises ScenarioError for a missing row/file
-        find_block(cfg, prefix)
+        find_block(cfg, prefix)   # raises ScenarioError for a missing row or file
         return cfg
 
 

@@ -32,15 +32,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from geodc.spec.errors import ScenarioError
+from geodc.spec.bubbletea import check_poisson_size
 from geodc.spec.paths import AZURE_TRACES
 
 DATA_DIR = AZURE_TRACES
 TRACES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
 CONTEXT_RULES = ("truncate", "refuse")
-# The most requests a Poisson load may draw (each is kept in memory): over six times the most
-# a paper-scale scenario draws (156,250, gpt70b_3dc's share for the hosts the model simulates).
-MAX_POISSON_REQUESTS = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,15 +109,6 @@ def poisson(*, rate_per_s: float, duration_s: float, lengths: Sequence[Request],
                            output_tokens=src.output_tokens))
         t += rng.expovariate(rate_per_s)
     return out
-
-
-def check_poisson_size(rate_per_s: float, duration_s: float) -> None:
-    """ScenarioError when a Poisson load would draw over MAX_POISSON_REQUESTS requests."""
-    if rate_per_s * duration_s > MAX_POISSON_REQUESTS:
-        raise ScenarioError("bubbletea.load", f"poisson_per_s {rate_per_s:g} for window_s "
-                            f"{duration_s:g} draws about {rate_per_s * duration_s:.3g} requests",
-                            f"keep poisson_per_s x window_s (the simulated hosts' share of it, "
-                            f"in a predict_only scenario) at most {MAX_POISSON_REQUESTS}")
 
 
 def fit_context(requests: Iterable[Request], *, max_context_tokens: int,

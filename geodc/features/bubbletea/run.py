@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from geodc.host.realtime import PRIORITY
-from geodc.spec.errors import ScenarioError, TestbedError
+from geodc.spec.errors import TestbedError
 from geodc.emulation.procs import HostProcess, stop_all
+from geodc.features.bubbletea.plan import check, hosts_by_dc, make_requests
 
 if TYPE_CHECKING:
-    from geodc.spec.bubbletea import BubbleTeaConfig
     from geodc.emulation.network import Network
     from geodc.plans.placement import Placement
     from geodc.spec.scenario import Scenario
@@ -43,81 +43,6 @@ NOTICE_PORT = 28200
 BUBBLETEA_NICE = 10
 READY_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0   # a controller waits for its in-flight prefills before it records
-
-
-def check(scenario: "Scenario", placement: "Placement", system_name: str) -> "BubbleTeaConfig":
-    """The settings a +bubbletea system runs with, or ScenarioError naming what is missing."""
-    if scenario.bubbletea is None:
-        raise ScenarioError("bubbletea", f"{system_name} needs the scenario's bubbletea section",
-                            "add bubbletea: {load: {trace: conv, rate_multiplier: 20}} "
-                            "(see topologies/atlas_bubbletea.yaml)")
-    for i, dc in enumerate(scenario.dcs):
-        if dc.name in placement.dcs_used() and dc.decode_hosts < 1:
-            raise ScenarioError(f"dcs[{i}].decode_hosts", f"DC {dc.name!r} trains under "
-                                f"{system_name} but has no decode host",
-                                "set decode_hosts: 1 (or more) on it")
-    return scenario.bubbletea
-
-
-def hosts_by_dc(placement: "Placement") -> dict[str, list[str]]:
-    """The training hosts of each DC that trains (DCs in order of first use)."""
-    out: dict[str, list[str]] = {dc: [] for dc in placement.dcs_used()}
-    for hosts, dcs in zip(placement.hosts, placement.stage_dcs):
-        for host, dc in zip(hosts, dcs):
-            out[dc].append(host)
-    return out
-
-
-def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> dict[str, Any]:
-    """The load, fitted to the context and split over dcs ({dc: training hosts}) by smooth
-    weighted round robin: request i goes to the DC most behind its share."""
-    from geodc.features.bubbletea import load as loadmod
-    from geodc.rules.prefill_profile import PrefillProfile
-
-    trace = loadmod.load_trace(cfg.load.trace)
-    if cfg.load.kind == "replay":
-        reqs = loadmod.replay(trace, rate_multiplier=cfg.load.rate_multiplier,
-                              start_s=cfg.load.start_s, window_s=cfg.load.window_s)
-    else:
-        reqs = loadmod.poisson(rate_per_s=cfg.load.poisson_per_s, duration_s=cfg.load.window_s,
-                               lengths=trace, seed=cfg.load.seed)
-    # profile mode: the target's profiled context; measured: the real model's own
-    context = (PrefillProfile.load(cfg.profile).max_tokens if compute == "profile"
-               else cfg.model["context"])
-    kept, refused = loadmod.fit_context(reqs, max_context_tokens=context, rule=cfg.context_rule)
-    total = sum(dcs.values())
-    credit = {dc: 0.0 for dc in dcs}
-    per_dc: dict[str, list[dict]] = {dc: [] for dc in dcs}
-    for r in kept:
-        for dc in dcs:
-            credit[dc] += dcs[dc] / total
-        dc = max(dcs, key=lambda d: credit[d])
-        credit[dc] -= 1.0
-        per_dc[dc].append({"id": f"r{r.index}", "arrival_s": r.arrival_s,
-                           "target_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
-                           "truncated_from": r.truncated_from})
-    duration_s = (cfg.load.window_s / cfg.load.rate_multiplier if cfg.load.kind == "replay"
-                  else cfg.load.window_s)
-    return {"per_dc": per_dc, "context_tokens": context, "rule": cfg.context_rule,
-            "offered_per_s": len(kept) / duration_s, "duration_s": duration_s,
-            "requests": len(reqs), "kept": len(kept), "refused": len(refused),
-            "truncated": sum(r.truncated_from is not None for r in kept),
-            "load": {"kind": cfg.load.kind, "trace": cfg.load.trace,
-                     "rate_multiplier": cfg.load.rate_multiplier,
-                     "poisson_per_s": cfg.load.poisson_per_s, "window_s": cfg.load.window_s,
-                     "start_s": cfg.load.start_s}}
-
-
-def bubbletea_plan(scenario: "Scenario", compute: str, placement: "Placement",
-                   system_name: str) -> dict[str, Any]:
-    """Where the prefill side of a +bubbletea system runs, and its load (no network)."""
-    cfg = check(scenario, placement, system_name)
-    hosts = hosts_by_dc(placement)
-    load = make_requests(cfg, compute, {dc: len(hs) for dc, hs in hosts.items()})
-    return {"dcs": {dc: {"prefill": hs, "decode": scenario.decode_host_names(dc),
-                         "controller": scenario.decode_host_names(dc)[0],
-                         "requests": len(load["per_dc"][dc])} for dc, hs in hosts.items()},
-            **{k: v for k, v in load.items() if k != "per_dc"}}
 
 
 @dataclass
@@ -171,7 +96,7 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
     from geodc.hostproc.prefill.controller import ControllerSpec, Endpoint
     from geodc.hostproc.prefill.decode_server import DecodeSpec
     from geodc.hostproc.prefill.server import PrefillSpec
-    from geodc.run.launch import worker_env
+    from geodc.emulation.procs import worker_env
 
     cfg = check(scenario, placement, system_name)
     base = sys_dir / "bubbletea"

@@ -9,7 +9,7 @@ and (for systems with temporal WAN sharing) the order of the slots they take.
 - Stage boundary s -> s+1 of pipeline r with stage s in DC a and stage s+1 in DC b sends one
   activation per micro-batch forward on a -> b and one gradient backward on b -> a.
 - Message bytes per transfer: in profile mode the profile's activation_bytes / scale
-  (geodc.rules.profiles.stage_costs, what the workers pad to); in measured mode the real activation,
+  (geodc.spec.profiles.stage_costs, what the workers pad to); in measured mode the real activation,
   micro_batch_size x seq_len x n_embd x 4 bytes (float32). Wire bytes add TCP/IP/Ethernet
   headers (WIRE_BYTES_PER_PAYLOAD_BYTE).
 - Slot length: slot_ms = wire_bytes x 8 / min(rate, K x window / RTT), rate = the lowest
@@ -42,7 +42,7 @@ from geodc.rules.stripes import stripe_count
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
     from geodc.spec.scenario import Scenario
-    from geodc.plans.systems import System
+    from geodc.spec.systems import System
     from geodc.spec.training import TrainConfig
 
 # Bytes on the wire per payload byte of full-size TCP segments (1514-byte frames carrying 1448
@@ -191,7 +191,7 @@ class SlotPlan:
 def message_payload_bytes(cfg: "TrainConfig", scale: float) -> list[int]:
     """Per stage boundary s -> s+1: bytes of one activation (and of its gradient)."""
     if cfg.compute == "profile" and cfg.profile is not None:
-        from geodc.rules.profiles import stage_costs
+        from geodc.rules.costs import stage_costs
         costs = stage_costs(cfg.profile, cfg.stages)
         return [int(costs[s].activation_bytes / scale) for s in range(cfg.stages - 1)]
     m = cfg.model
@@ -216,7 +216,7 @@ def _compute_timeline(cfg: "TrainConfig") -> tuple[dict[tuple[str, int, int], fl
     """(end time of each (F|B, stage, mb) in the compute-only iteration, iteration ms or None)."""
     table = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
     if cfg.compute == "profile" and cfg.profile is not None:
-        from geodc.rules.profiles import stage_costs
+        from geodc.rules.costs import stage_costs
         costs = stage_costs(cfg.profile, cfg.stages)
         sim = simulate(table, [c.forward_ms for c in costs], [c.backward_ms for c in costs])
         iteration: float | None = sim.window_ms

@@ -12,13 +12,14 @@ import torch
 
 from geodc.spec.training import TrainConfig
 from geodc.hostproc.trainer.data import MarkovTokens
+from geodc.hostproc.gpt import GPTConfig
 from geodc.hostproc.trainer.stage import build_full_model
 from geodc.hostproc.trainer.worker import make_optimizer
 
 
 def reference_losses(cfg: TrainConfig, iterations: int | None = None) -> list[float]:
     torch.set_num_threads(1)
-    model = build_full_model(cfg.model.gpt_config(), cfg.seed)
+    model = build_full_model(GPTConfig.of(cfg.model), cfg.seed)
     opt = make_optimizer(cfg, list(model.parameters()))
     data = MarkovTokens(cfg.model.vocab_size, cfg.seed)
     n_global = cfg.replicas * cfg.micro_batches

@@ -78,6 +78,7 @@ from geodc.host.gpulock import GpuLock
 from geodc.rules.stages import plan_stages
 from geodc.rules.schedule import parse_action, schedule_table
 from geodc.host.specfiles import Peer, WorkerSpec
+from geodc.hostproc.gpt import GPTConfig
 from geodc.hostproc.trainer.stage import StageModule, build_stage
 from geodc.hostproc.trainer.slotclient import SlotClient
 from geodc.hostproc.trainer.transport import (KIND_ACT, KIND_GRAD, Arrival, Channel, Expect, Expected,
@@ -115,7 +116,7 @@ class StageWorker:
         self.cfg = TrainConfig.from_dict(spec.config)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.plan = plan_stages(self.cfg.model.n_layer, self.cfg.stages)[spec.stage]
-        self.module: StageModule = build_stage(self.cfg.model.gpt_config(), self.plan,
+        self.module: StageModule = build_stage(GPTConfig.of(self.cfg.model), self.plan,
                                                self.cfg.seed).to(self.device)
         self.params = list(self.module.parameters())
         self.opt = make_optimizer(self.cfg, self.params)

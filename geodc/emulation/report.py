@@ -2,13 +2,12 @@
 
 `network_record` is the network's part of env.json and of the results (backend, routing,
 scaling, congestion control, real-time status, the kernel modules the run loaded); `announce`
-writes env.json and prints the "network up" line, and `record_modules` completes env.json at
-teardown; `wan_summary` and `steal_note` are the per-run WAN lines.
+writes env.json and prints the "network up" line (geodc.emulation.results.record_modules
+completes it at teardown); `wan_summary` and `steal_note` are the per-run WAN lines.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -41,18 +40,6 @@ def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:
           + (f", time_scale {net.scenario.time_scale:g}" if net.scenario.time_scale != 1 else "")
           + ")", flush=True)
     return record
-
-
-def record_modules(env_path: Path, loaded: list[str] | str) -> None:
-    """At teardown: the kernel modules the whole run loaded, into the env.json announce wrote
-    (none written: nothing to do)."""
-    try:
-        doc = json.loads(env_path.read_text())
-    except (OSError, ValueError):
-        return
-    if doc.get("network", {}).get("kernel_modules_loaded") != loaded:
-        doc.setdefault("network", {})["kernel_modules_loaded"] = loaded
-        write_json(env_path, doc)
 
 
 def steal_note(warnings: list[str], cpu: dict[str, float], indent: str,

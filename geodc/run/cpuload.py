@@ -1,9 +1,9 @@
-"""CPU-bound load beside the testbed: (cores + 1) single-threaded torch matmul loops.
+"""CPU-bound load beside the testbed, a job of its own: (cores + 1) single-threaded torch matmul loops.
 
 One job: make the machine as busy as trainers and prefill servers make it, so the emulation can
 be measured under that load (bench/bench_loaded_rtt.py) and the tests run beside it:
 
-    sudo .venv/bin/python -m geodc.hostproc.traffic.cpuload [--workers N]     # until Ctrl-C or SIGTERM
+    sudo .venv/bin/python -m geodc.run.cpuload [--workers N]     # until Ctrl-C or SIGTERM
 
 The workers run on this machine (the root namespace), each in its own process group and listed
 in a registry; stop() ends exactly those.
