@@ -178,7 +178,7 @@ def test_decode_hosts_are_hosts_that_never_train():
     sc = scenario()
     assert sc.host_names() == ["a-h1", "a-h2", "b-h1"]
     assert sc.decode_host_names() == ["a-d1", "b-d1", "b-d2"]
-    plan = make_plan(sc)
+    plan = make_plan(sc.emulated())
     d = {h.name: (h.ip, h.role) for h in plan.hosts}
     assert d["a-d1"] == ("10.1.0.101", "decode") and d["b-d2"] == ("10.2.0.102", "decode")
     assert d["a-h2"] == ("10.1.0.2", "train")

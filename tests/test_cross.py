@@ -35,12 +35,12 @@ def test_entries_parse_and_a_trace_is_segments():
 
 def test_tenant_hosts_only_where_cross_traffic_runs():
     sc = cross({"from": "a", "to": "b", "kind": "tcp", "stop_s": 5})
-    plan = make_plan(sc)
+    plan = make_plan(sc.emulated())
     tenants = [(h.name, h.ip, h.role) for h in plan.hosts if h.role == "tenant"]
     assert tenants == [("a-x1", "10.1.0.201", "tenant"), ("b-x1", "10.2.0.201", "tenant")]
     assert "b-s-eth3" in plan.bridge_ports("b")       # gateway, one trainer, the tenant
     assert len(plan.bridge_ports("c")) == 2
-    assert [h.name for h in make_plan(parse_scenario(BASE)).hosts] == ["a-h1", "b-h1", "c-h1"]
+    assert [h.name for h in make_plan(parse_scenario(BASE).emulated()).hosts] == ["a-h1", "b-h1", "c-h1"]
 
 
 @pytest.mark.parametrize("item, field, fix", [

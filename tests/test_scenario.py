@@ -23,7 +23,8 @@ import yaml
 from geodc.emulation import shaping
 from geodc.emulation.delayline import QueueSpec
 from geodc.spec.errors import ScenarioError
-from geodc.spec.scenario import MIN_QUEUE_PACKETS, MTU_BYTES, load_scenario, parse_scenario
+from geodc.spec.scenario import (MIN_QUEUE_PACKETS, MTU_BYTES, EmulatedScenario, load_scenario,
+                                 parse_scenario)
 from geodc.plans.routing import dc_paths, edges_of, next_hops
 from geodc.plans.topo import make_plan
 from geodc.emulation.tools import iperf, ping
@@ -298,7 +299,7 @@ def test_explicit_queue_may_be_below_bdp():
 
 # ---- the plan -------------------------------------------------------------------------------
 def three_dc_plan():
-    return make_plan(load_scenario(REPO_ROOT / "topologies" / "three_dc.yaml"))
+    return make_plan(load_scenario(REPO_ROOT / "topologies" / "three_dc.yaml").emulated())
 
 
 def test_plan_three_dc_names_and_addresses():
@@ -344,7 +345,7 @@ def test_plan_three_dc_routes_are_direct():
 
 def routes_of(data: dict, routing: str | None = None) -> dict[tuple[str, str], str]:
     """(gateway, destination DC) -> the gateway the first hop leads to."""
-    plan = make_plan(parse_scenario(data if routing is None else dict(data, routing=routing)))
+    plan = make_plan(parse_scenario(data if routing is None else dict(data, routing=routing)).emulated())
     owner = {}
     for w in plan.wan:
         for end in w.ends():
@@ -448,7 +449,7 @@ def all_interface_names(plan) -> list[str]:
 
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.stem)
 def test_interface_names_fit_ifnamsiz_shipped(path):
-    names = all_interface_names(make_plan(load_scenario(path)))
+    names = all_interface_names(make_plan(load_scenario(path).emulated()))
     assert max(map(len, names)) <= IFNAMSIZ, [n for n in names if len(n) > IFNAMSIZ]
     assert len(names) == len(set(names))
 
@@ -458,7 +459,7 @@ def test_interface_names_fit_ifnamsiz_longest_dc_names():
             "wan": [{"between": ["dcnama", "dcnamb"], "delay_ms": 1, "rate_mbit": 1},
                     {"between": ["dcnamb", "dcnamc"], "delay_ms": 1, "rate_mbit": 1},
                     {"between": ["dcnama", "dcnamc"], "delay_ms": 1, "rate_mbit": 1}]}
-    names = all_interface_names(make_plan(parse_scenario(data)))
+    names = all_interface_names(make_plan(parse_scenario(data).emulated()))
     assert max(map(len, names)) <= IFNAMSIZ, [n for n in names if len(n) > IFNAMSIZ]
     assert "dcnama-s-eth100" in names and "dcnama-h99-eth0" in names
 
@@ -470,7 +471,7 @@ def star_with(n_links: int) -> dict:
 
 
 def test_interface_names_fit_ifnamsiz_hub_with_99_links():
-    names = all_interface_names(make_plan(parse_scenario(star_with(99))))
+    names = all_interface_names(make_plan(parse_scenario(star_with(99)).emulated()))
     assert max(map(len, names)) <= IFNAMSIZ, [n for n in names if len(n) > IFNAMSIZ]
 
 
@@ -692,7 +693,12 @@ def test_time_scale_dilates_delays_and_rates_but_not_bytes():
         assert (e.delay_ms, e.jitter_ms, e.rate_mbit) == (w.delay_ms * 10, 10, w.rate_mbit / 10)
         assert e.queue_bytes == w.queue_bytes and e.bdp_bytes == w.bdp_bytes  # bytes kept
     assert [d.rate_mbit for d in em.dcs] == [100] * 3
-    assert parse_scenario(TRIANGLE).emulated() == parse_scenario(TRIANGLE)
+    plain = parse_scenario(TRIANGLE)                  # T = 1: the same values, its own type
+    assert isinstance(plain.emulated(), EmulatedScenario) and not isinstance(plain, EmulatedScenario)
+    assert all(getattr(plain.emulated(), f) == getattr(plain, f) for f in ("wan", "dcs", "name"))
+    assert em.emulated() is em                         # emulating twice never dilates twice
+    with pytest.raises(TypeError, match="pass scenario.emulated"):
+        make_plan(plain)
     with pytest.raises(ScenarioError, match="^time_scale: 0.5 is out of range"):
         parse_scenario(dict(TRIANGLE, time_scale=0.5))
 

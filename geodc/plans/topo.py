@@ -21,7 +21,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from geodc.plans.routing import edges_of, next_hops
-from geodc.spec.scenario import Scenario, WanLink
+from geodc.spec.scenario import EmulatedScenario, Scenario, WanLink
 from geodc.spec.cross import tenant_host
 
 
@@ -88,7 +88,9 @@ class Plan:
 
 
 
-def make_plan(scenario: Scenario) -> Plan:
+def make_plan(scenario: EmulatedScenario) -> Plan:
+    if not isinstance(scenario, EmulatedScenario):
+        raise TypeError("make_plan takes the emulated scenario: pass scenario.emulated()")
     hosts: list[HostPlan] = []
     gateways, gateway_ips, subnets, bridges = {}, {}, {}, {}
     for d, dc in enumerate(scenario.dcs):

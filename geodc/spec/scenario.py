@@ -32,13 +32,14 @@ Form (every WAN link: one-way delay per direction, rate per direction):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from geodc.spec.errors import ScenarioError, shown, unknown_field
 from geodc.spec.dcs import DataCenter, WanLink
 from geodc.spec.fields import checked_number
+from geodc.spec.timescale import TimeScale
 from geodc.spec.names import ROUTING_POLICIES
 from geodc.spec.systems import BUBBLETEA_SUFFIX, SYSTEMS
 from geodc.spec.yamlfile import load_yaml
@@ -147,18 +148,34 @@ class Scenario:
         return [f"{d.name}-d{i}" for d in self.dcs if dc in (None, d.name)
                 for i in range(1, d.decode_hosts + 1)]
 
-    def emulated(self) -> "Scenario":
+    @property
+    def dilation(self) -> TimeScale:
+        """time_scale as the object that converts between configured, emulated and real."""
+        return TimeScale(self.time_scale)
+
+    def emulated(self) -> EmulatedScenario:
         """What the network is built from: with time_scale T every delay and jitter is T times
         longer and every rate T times lower; bytes (queues, buffers, messages) stay. Round trips
-        and packet counts are then those of the configured link, in T times the time."""
-        t = self.time_scale
-        if t == 1.0:
-            return self
-        wan = tuple(replace(w, delay_ms=w.delay_ms * t, jitter_ms=w.jitter_ms * t,
-                            rate_mbit=w.rate_mbit / t) for w in self.wan)
-        dcs = tuple(replace(dc, rate_mbit=None if dc.rate_mbit is None else dc.rate_mbit / t)
-                    for dc in self.dcs)
-        return replace(self, wan=wan, dcs=dcs)
+        and packet counts are then those of the configured link, in T times the time. A type of
+        its own, so a plan of the network (geodc.plans.topo.make_plan) is never made from the
+        configured values by mistake."""
+        ts = self.dilation
+        wan = tuple(replace(w, delay_ms=ts.emulated_span(w.delay_ms),
+                            jitter_ms=ts.emulated_span(w.jitter_ms),
+                            rate_mbit=ts.emulated_rate(w.rate_mbit)) for w in self.wan)
+        dcs = tuple(replace(dc, rate_mbit=None if dc.rate_mbit is None
+                            else ts.emulated_rate(dc.rate_mbit)) for dc in self.dcs)
+        fields_ = {f.name: getattr(self, f.name) for f in fields(Scenario)}
+        return EmulatedScenario(**dict(fields_, wan=wan, dcs=dcs))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EmulatedScenario(Scenario):
+    """A scenario in the emulation's units (Scenario.emulated): delays and jitters x T, rates / T.
+    `time_scale` still says T; `emulated()` of it is itself."""
+
+    def emulated(self) -> EmulatedScenario:
+        return self
 
 
 def load_scenario(path: str | Path) -> Scenario:
