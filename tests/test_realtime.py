@@ -193,7 +193,7 @@ def code_files() -> list[Path]:
 def test_no_sched_setscheduler_outside_host_realtime():
     """Every real-time thread goes through geodc.host.realtime's guards: no other module calls
     sched_setscheduler (by attribute or by name)."""
-    helper = REPO / "host" / "realtime.py"
+    helper = REPO / "geodc" / "host" / "realtime.py"
     found = []
     for path in code_files():
         source = path.read_bytes()
