@@ -74,7 +74,8 @@ from geodc.hostproc.prefill.decoder import InferenceConfig, InferenceGPT  # noqa
 from geodc.emulation.results import write_json  # noqa: E402
 from geodc.host.gpulock import GpuLock  # noqa: E402
 from geodc.hostproc.gpt import Block, GPTConfig  # noqa: E402
-from geodc.rules.schedule import one_f_one_b_table, simulate  # noqa: E402
+from geodc.rules.pipeline import compute_only as simulate  # noqa: E402
+from geodc.rules.schedule import one_f_one_b_table  # noqa: E402
 
 PHASES = ("train_alone", "bubbletea", "naive")
 MIN_NOTICE_MS = 1.0   # docs/bubbletea/design.md: a notice only for a gap of >= 1 ms

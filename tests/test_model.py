@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from geodc.predict.pipeline import PipelineModel, Route, simulate
+from geodc.rules.pipeline import PipelineModel, Route, simulate
 from geodc.predict.predict import predict
 from geodc.predict.transfer import INITIAL_WINDOW_SEGMENTS, PathSpec, rounds_needed, transfer_ms
 from geodc.cli.planview import load_training

@@ -207,7 +207,8 @@ def test_listener_skips_stray_connections_until_its_peer_comes():
 def fake_run(f_ms=10, b_ms=20, P=2, M=4, iterations=3):
     """Spans of a perfect GPipe run (from the simulator), as workers would write them, with
     5 ms between one iteration's last compute end and the next one's first compute start."""
-    from geodc.rules.schedule import schedule_table, simulate
+    from geodc.rules.pipeline import compute_only as simulate
+    from geodc.rules.schedule import schedule_table
     sim = simulate(schedule_table("gpipe", P, M), f_ms, b_ms)
     spans, period_ns = [], int(sim.window_ms * 1e6) + 5_000_000
     for it in range(iterations):

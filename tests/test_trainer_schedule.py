@@ -1,8 +1,15 @@
-"""Schedule tables, the bubble formula and the simulator (pure; no processes)."""
+"""Schedule tables, the bubble formula and the compute-only timeline (geodc.rules.pipeline's
+simulator in its simplest case), checked against the dependency rule written as a plain loop.
+Pure; no processes."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from geodc.rules.schedule import (bubble_fraction, parse_action, schedule_table, simulate)
+from geodc.rules.pipeline import compute_only
+from geodc.rules.schedule import bubble_fraction, parse_action, schedule_table
+
+simulate = compute_only
 
 CASES = [(P, M) for P in (1, 2, 3, 4, 8) for M in (1, 2, 4, 5, 8, 16)]
 
@@ -88,3 +95,63 @@ def test_durations_as_number_sequence_or_function_agree():
                      opt_ms=lambda s: o[s])
     assert by_fn == by_seq
     assert simulate(table, lambda s: 1.0, lambda s: 2.0) == simulate(table, 1.0, 2.0)
+
+
+def reference_timeline(table, f_ms, b_ms, comm_ms, opt_ms):
+    """The compute-only rule as a plain loop, the way it reads: each stage runs its row in order;
+    an op starts at max(stage free, input ready + comm_ms); the last stage's B(m) needs its own
+    F(m); an optimizer step (when > 0) ends each row. -> ({(stage, action): (start, end)},
+    window, per-stage compute in row order)."""
+    P = len(table)
+    done, free, pos, spans = {}, [0.0] * P, [0] * P, {}
+    while any(pos[s] < len(table[s]) for s in range(P)):
+        progressed = False
+        for s in range(P):
+            while pos[s] < len(table[s]):
+                kind, mb = parse_action(table[s][pos[s]])
+                if kind == "F":
+                    dep, delay, dur = (done.get(("F", s - 1, mb)), comm_ms, f_ms[s]) if s else (0.0, 0.0, f_ms[s])
+                elif s < P - 1:
+                    dep, delay, dur = done.get(("B", s + 1, mb)), comm_ms, b_ms[s]
+                else:
+                    dep, delay, dur = done.get(("F", s, mb)), 0.0, b_ms[s]
+                if dep is None:
+                    break
+                start = max(free[s], dep + delay)
+                free[s] = start + dur
+                done[(kind, s, mb)] = free[s]
+                spans[(s, table[s][pos[s]])] = (start, free[s])
+                pos[s] += 1
+                progressed = True
+        assert progressed, "deadlock"
+    for s in range(P):
+        if opt_ms[s] > 0:
+            spans[(s, "OPT")] = (free[s], free[s] + opt_ms[s])
+    compute = [0.0] * P
+    for s in range(P):
+        for a in [*table[s], "OPT"]:
+            if (s, a) in spans:
+                compute[s] += spans[(s, a)][1] - spans[(s, a)][0]
+    window = max(e for _, e in spans.values()) - min(b for b, _ in spans.values())
+    return spans, window, compute
+
+
+durations = st.floats(min_value=0.01, max_value=100.0, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b"]), st.integers(1, 8), st.integers(1, 16), st.data(),
+       st.sampled_from([0.0, 0.1, 0.5, 1 / 3]))
+def test_compute_only_is_the_plain_rule_bit_for_bit(name, P, M, data, comm_ms):
+    """The event-driven simulator (the model's) in its compute-only case gives exactly, bit for
+    bit, what the plain loop gives: the planner's timeline and the model's are one computation."""
+    f = data.draw(st.lists(durations, min_size=P, max_size=P))
+    b = data.draw(st.lists(durations, min_size=P, max_size=P))
+    o = data.draw(st.lists(st.one_of(st.just(0.0), durations), min_size=P, max_size=P))
+    table = schedule_table(name, P, M)
+    got = compute_only(table, f, b, comm_ms=comm_ms, opt_ms=o)
+    spans, window, compute = reference_timeline(table, f, b, comm_ms, o)
+    assert {(op.stage, op.action): (op.start_ms, op.end_ms) for op in got.ops} == spans
+    assert len(got.ops) == len(spans)
+    assert got.window_ms == window and got.compute_ms == compute
+    assert got.bubble == [1.0 - c / window for c in compute]

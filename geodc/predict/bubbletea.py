@@ -1,7 +1,7 @@
 """BubbleTea in the model: a run's prefill requests admitted into the simulated bubbles by the
 controller's own rule. Pure: no kernel, no root, no torch.
 
-One job: from geodc.predict.pipeline's simulated ops of a `+bubbletea` system, play the prefill side as
+One job: from geodc.rules.pipeline's simulated ops of a `+bubbletea` system, play the prefill side as
 a run does, and read its figures with geodc.rules.bubbletea_figures.bubbletea_metrics (the code a run's
 figures come from). Each part is the run's own code or rule:
 - bubbles: at the end of each compute op a worker announces the gap before its next op as

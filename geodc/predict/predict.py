@@ -2,7 +2,7 @@
 utilization. Pure: no kernel, no root, no torch (geodc.spec.training and geodc.spec.profiles are plain
 Python).
 
-One job: build geodc.predict.pipeline's inputs from what the testbed would run, simulate, and read the
+One job: build geodc.rules.pipeline's inputs from what the testbed would run, simulate, and read the
 figures off with the same definitions the emulated run's metrics use (geodc.rules.figures: the
 simulated ops become spans, so iteration walls, utilization and bubbles are computed by the
 same code). Configured, real-time values throughout (time_scale does not enter).
@@ -23,13 +23,13 @@ Inputs, each from the module that decides it in a run:
   DCs geodc.predict.transfer over one connection (gloo's pair), in slow start for the first step (the
   connection sat idle since the last iteration's all-reduce);
 - WAN sharing: the system's (concurrent: fair, or first come, first served on a link where every
-  message is one round trip's burst, geodc.predict.pipeline; temporal: one message at a time per link). The
+  message is one round trip's burst, geodc.rules.pipeline; temporal: one message at a time per link). The
   stages' all-reduces over the WAN share their links too, as a bound: a stage's all-reduce lasts
   at least all stages' all-reduce bits over the busiest WAN link its ring uses / that link's
   rate (as if all ran at once: in 1F1B the stages finish their backward passes close together,
   the first stage last). They do not contend with the pipeline's messages.
 Above FOLD_ABOVE_REPLICAS replicas, replicas whose stages sit in the same DCs are simulated as
-one with a weight (geodc.predict.pipeline), which makes the run time independent of D. It is exact for
+one with a weight (geodc.rules.pipeline), which makes the run time independent of D. It is exact for
 fair sharing of alike flows. Under temporal sharing it is pessimistic: the folded pipeline waits
 for the last of its replicas' slots, where each real one waits for its own. At D = 2, folding
 would have predicted atlas_paper's atlas at 0.471 s and atlas_bubbletea's at 0.418 s; unfolded,
@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from geodc.predict.pipeline import PipelineModel, Route, SimResult, simulate
+from geodc.rules.pipeline import PipelineModel, Route, SimResult, simulate
 from geodc.predict.transfer import PathSpec, one_round, transfer_ms
 from geodc.plans.placement import place_for_system
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_payload_bytes
@@ -145,7 +145,7 @@ def simulated_replicas(placement: "Placement") -> list[tuple[int, int]]:
 
 def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
           placement: "Placement | None" = None) -> PipelineModel:
-    """geodc.predict.pipeline's inputs for `system` running cfg on scenario (module docstring);
+    """geodc.rules.pipeline's inputs for `system` running cfg on scenario (module docstring);
     placement: the system's (geodc.plans.placement), computed here when not given."""
     from geodc.rules.costs import stage_costs
     if cfg.compute != "profile" or cfg.profile is None:

@@ -34,7 +34,8 @@ from geodc.host.spans import merge_jsonl
 from geodc.rules.stages import split_layers
 from geodc.spec.profiles import find_block
 from geodc.rules.costs import stage_costs
-from geodc.rules.schedule import schedule_table, simulate
+from geodc.rules.pipeline import compute_only
+from geodc.rules.schedule import schedule_table
 from geodc.host.specfiles import Peer, WorkerSpec
 
 
@@ -205,7 +206,7 @@ def compute_only_timeline(cfg: TrainConfig, specs: Sequence[WorkerSpec]) -> dict
     if cfg.compute != "profile":
         return {}
     hold = {s.stage: (s.hold_forward_ms, s.hold_backward_ms, s.hold_opt_ms) for s in specs}
-    sim = simulate(schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches),
+    sim = compute_only(schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches),
                    [hold[s][0] for s in range(cfg.stages)], [hold[s][1] for s in range(cfg.stages)],
                    opt_ms=[hold[s][2] for s in range(cfg.stages)])
     return {"iteration_time_s": sim.window_ms / 1e3, "bubble_fraction": sim.mean_bubble,

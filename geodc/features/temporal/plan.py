@@ -19,7 +19,7 @@ and (for systems with temporal WAN sharing) the order of the slots they take.
   bytes per RTT, counted here in wire bytes like the rate; `window_limited` says which one binds.
   Configured values: with time_scale, every figure is real time.
 - Per iteration a crossing takes (its pipelines) x M slots. Temporal order: micro-batch by
-  micro-batch in the order the schedule produces the messages (geodc.rules.schedule.simulate on the
+  micro-batch in the order the schedule produces the messages (geodc.rules.pipeline.compute_only on the
   profile holds; unit forward 1 / backward 2 in measured mode), within a message round-robin over
   the pipelines; pipeline d of a crossing starts d x slot_ms after pipeline 0 (its stagger).
 - Busy fraction: the slots' total per iteration against the compute-only iteration time (the
@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING
 from geodc.plans.routing import dc_paths
 from geodc.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
 from geodc.plans.systems import connections_for, path_rate_mbit, path_rtt_ms, window_bytes
-from geodc.rules.schedule import schedule_table, simulate
+from geodc.rules.pipeline import compute_only
+from geodc.rules.schedule import schedule_table
 from geodc.rules.stripes import stripe_count
 
 if TYPE_CHECKING:
@@ -218,10 +219,10 @@ def _compute_timeline(cfg: "TrainConfig") -> tuple[dict[tuple[str, int, int], fl
     if cfg.compute == "profile" and cfg.profile is not None:
         from geodc.rules.costs import stage_costs
         costs = stage_costs(cfg.profile, cfg.stages)
-        sim = simulate(table, [c.forward_ms for c in costs], [c.backward_ms for c in costs])
+        sim = compute_only(table, [c.forward_ms for c in costs], [c.backward_ms for c in costs])
         iteration: float | None = sim.window_ms
     else:
-        sim = simulate(table, MEASURED_FORWARD_UNITS, MEASURED_BACKWARD_UNITS)
+        sim = compute_only(table, MEASURED_FORWARD_UNITS, MEASURED_BACKWARD_UNITS)
         iteration = None
     ends = {}
     for op in sim.ops:

@@ -1,5 +1,7 @@
-"""A discrete-event model of pipeline-parallel training over a WAN: several iterations of P
-stages x D replicas x M micro-batches, op by op. Pure: no kernel, no root, no torch.
+"""The one simulator: a discrete-event model of pipeline-parallel training over a WAN, several
+iterations of P stages x D replicas x M micro-batches, op by op. Pure: no kernel, no root, no
+torch. `compute_only` is its simplest case (one pipeline, one iteration, a fixed delay per
+message): the compute-only timeline that the slot planner and metrics.json's `compute_only` use.
 
 One job: given the per-op compute times, where each stage replica sits, how long each message
 takes alone (geodc.predict.transfer) and how the WAN links are shared, say when every op starts and
@@ -41,9 +43,9 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
-from geodc.rules.schedule import parse_action
+from geodc.rules.schedule import format_table, parse_action
 
 EPS = 1e-9
 
@@ -318,3 +320,65 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     if left:
         raise ValueError(f"model deadlocked: workers {left} did not finish")
     return SimResult(ops=ops, link_bits=link_bits)
+
+
+# ---- the compute-only case ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TimelineOp:
+    stage: int
+    action: str          # "F3", "B0", "OPT"
+    start_ms: float
+    end_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    ops: list[TimelineOp]            # per stage in row order (stages in turn)
+    window_ms: float                 # first compute start to last compute end
+    compute_ms: list[float]          # per stage
+    bubble: list[float]              # per stage: 1 - compute/window
+
+    @property
+    def mean_bubble(self) -> float:
+        return sum(self.bubble) / len(self.bubble)
+
+
+Durations = float | Sequence[float] | Callable[[int], float]   # all stages, per stage, or s -> ms
+
+
+def _per_stage(value: Durations, n: int) -> list[float]:
+    if callable(value):
+        return [float(value(s)) for s in range(n)]
+    if isinstance(value, (int, float)):
+        return [float(value)] * n
+    return [float(v) for v in value]
+
+
+def compute_only(table: Sequence[Sequence[str]], forward_ms: Durations, backward_ms: Durations,
+                 comm_ms: float = 0.0, opt_ms: Durations = 0.0) -> Timeline:
+    """One iteration of one pipeline running `table`: each stage runs its row in order; an op
+    starts when its stage is free and its input has arrived (F(s,m) needs F(s-1,m) + comm_ms;
+    B(s,m) needs B(s+1,m) + comm_ms; the last stage's B(m) needs its own F(m)); the optimizer
+    step of opt_ms ends each row. `simulate` with D = 1 and every message `comm_ms` alone, so
+    the planner's timeline and the model's are one computation. ValueError if it deadlocks."""
+    n = len(table)
+    f, b, o = _per_stage(forward_ms, n), _per_stage(backward_ms, n), _per_stage(opt_ms, n)
+    hop = Route(links=(), solo_ms=float(comm_ms))
+    model = PipelineModel(table=table, replicas=1, forward_ms=f, backward_ms=b, opt_ms=o,
+                          allreduce_ms=[0.0] * n,
+                          forward_routes={(s, 0): hop for s in range(n - 1)},
+                          backward_routes={(s, 0): hop for s in range(n - 1)})
+    try:
+        result = simulate(model, 1)
+    except ValueError:
+        raise ValueError(f"schedule deadlocks:\n{format_table(table)}") from None
+    ops = [TimelineOp(op.stage, op.name if op.microbatch is None else f"{op.name}{op.microbatch}",
+                      op.start_ms, op.end_ms)
+           for op in sorted(result.ops, key=lambda op: op.stage)        # stable: row order kept
+           if op.name != "OPT" or op.end_ms > op.start_ms]
+    compute = [0.0] * n
+    for op in ops:
+        compute[op.stage] += op.end_ms - op.start_ms
+    window = max(op.end_ms for op in ops) - min(op.start_ms for op in ops)
+    return Timeline(ops=ops, window_ms=window, compute_ms=compute,
+                    bubble=[1.0 - c / window for c in compute])
