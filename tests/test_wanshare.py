@@ -430,7 +430,7 @@ def test_slot_switch_moves_the_link(ws):
         assert got["pipelines"][0]["rate_bps"] == 94_900_000 and got["pipelines"][1]["rate_bps"] == 100_000
         assert {p["limit"] for p in got["pipelines"].values()} == {link.queue_bytes}
         # activate() timed where the arbiter runs it: in the gateway, 200 switches
-        code = ("import json; from pyroute2 import IPRoute; from testbed import wanshare\n"
+        code = ("import json; from pyroute2 import IPRoute; from geodc.emulation import wanshare\n"
                 f"with IPRoute() as ipr: print(json.dumps(wanshare.time_activate(ipr, {intf!r}, 200)))")
         timing = json.loads(ws.run("sa-gw", [PY, "-c", code], timeout_s=60).strip().splitlines()[-1])
         print(f"\nactivate(): median {timing['median_ms']:.2f} ms, p90 {timing['p90_ms']:.2f} ms, "
