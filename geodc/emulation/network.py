@@ -220,7 +220,8 @@ class Network:
             have = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
             raise ScenarioError("congestion_control", f"{self.scenario.congestion_control!r} is "
                                 "not available in this kernel", f"use one of {', '.join(have)}")
-        if self.scenario.dilation.dilated and not Path("/proc/sys/net/ipv4/tcp_rto_min_us").exists():
+        rto_min = Path("/proc/sys/net/ipv4/tcp_rto_min_us")
+        if self.scenario.dilation.dilated and not rto_min.exists():
             raise ScenarioError("time_scale", "needs net.ipv4.tcp_rto_min_us (Linux 6.11 or "
                                 "later) to dilate the minimum RTO", "use time_scale: 1 here")
         topo = ScenarioTopo(self.plan)   # a shell (pty, open files) per namespace

@@ -82,10 +82,10 @@ class Fault:
         ts = TimeScale.of(dilation)
         if not ts.dilated:
             return self
-        return replace(self,
-                       delay_ms=None if self.delay_ms is None else ts.emulated_span(self.delay_ms),
-                       jitter_ms=None if self.jitter_ms is None else ts.emulated_span(self.jitter_ms),
-                       rate_mbit=None if self.rate_mbit is None else ts.emulated_rate(self.rate_mbit))
+        delay, jitter, rate = self.delay_ms, self.jitter_ms, self.rate_mbit
+        return replace(self, delay_ms=None if delay is None else ts.emulated_span(delay),
+                       jitter_ms=None if jitter is None else ts.emulated_span(jitter),
+                       rate_mbit=None if rate is None else ts.emulated_rate(rate))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
