@@ -37,7 +37,7 @@ def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:
     print(f"{indent}network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
           f"{len(net.scenario.host_names())} hosts, {len(net.scenario.wan)} WAN links, "
           f"{net.scenario.congestion_control}, {net.scenario.routing} routing"
-          + (f", time_scale {net.scenario.time_scale:g}" if net.scenario.time_scale != 1 else "")
+          + (f", time_scale {ts}" if (ts := net.scenario.dilation).dilated else "")
           + ")", flush=True)
     return record
 
