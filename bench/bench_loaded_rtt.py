@@ -116,8 +116,8 @@ def measure_rtt(net: Network, w: WanPlan, count: int, interval_s: float,
                   timeout_s=count * interval_s * 3 + 20, name=f"ping-{tag}")
     stats = net.wan_stats()
     net.check()
-    found = [stats[key]["lateness_ms"]["max"] for key in (f"{w.link.a}->{w.link.b}",
-                                                          f"{w.link.b}->{w.link.a}") if key in stats]
+    found = [stats[key]["lateness_ms"]["max"] for key in map(str, w.link.directions)
+             if key in stats]
     steal = cpu0.usage(CpuTimes.now())["steal_pct"]
     return rtt_stats(ping.parse_ping(out)), (max(found) if found else None), steal
 

@@ -56,6 +56,7 @@ from geodc.emulation.results import new_run_dir, provenance, write_json  # noqa:
 from geodc.spec.scenario import (RCV_WINDOW_FRACTION, REAL_TCP_RMEM_MAX_BYTES, Scenario,  # noqa: E402
                               load_scenario, parse_scenario)
 from geodc.hostproc.traffic import burst  # noqa: E402
+from geodc.spec.timescale import TimeScale  # noqa: E402
 
 # Default message: one activation of two_dc's target model (width 4096 x seq 2048 x micro-batch 2
 # x bf16 = 33,554,432 bytes), used when the scenario names no profile to derive it from.
@@ -88,6 +89,10 @@ class Case:
     cc: str
     connections: int
     gap_s: float             # real-time idle gap (the network sees gap_s x time_scale)
+
+    @property
+    def dilation(self) -> TimeScale:
+        return TimeScale(self.time_scale)
 
     def key(self) -> tuple:
         return (self.cc, self.connections, self.gap_s)
@@ -204,7 +209,7 @@ def estimate_s(real: RealLink, cases: list[Case], messages: int, networks: int) 
         g = predicted_goodput_mbit(real, c, int(REAL_TCP_RMEM_MAX_BYTES / c.scale))
         row = (slow_start_model_ms(real, c, nbytes, g)
                + (messages - 1) * predicted_ms(real, c, nbytes, g)) / 1e3
-        total += (row + (messages - 1) * c.gap_s) * c.time_scale + 1.5
+        total += c.dilation.emulated_span(row + (messages - 1) * c.gap_s) + 1.5
     return total
 
 
@@ -229,10 +234,11 @@ def probe(net: Network, src: str, dst: str, port: int) -> float:
 def run_case(net: Network, case: Case, messages: int, port: int, folder: Path, row: Row) -> None:
     """One row: a receiver in byb-h1, a sender in bya-h1; row.transfers_ms from its records."""
     src, dst = f"{DC_A}-h1", f"{DC_B}-h1"
-    T = case.time_scale
+    ts = case.dilation
     out = folder / f"recv-{case.cc}-k{case.connections}-gap{case.gap_s:g}.jsonl"
     out.unlink(missing_ok=True)
-    timeout_s = messages * (3 * row.slow_start_model_ms / 1e3 + case.gap_s) * T + 60
+    timeout_s = ts.emulated_span(messages * (3 * row.slow_start_model_ms / 1e3 + case.gap_s)) + 60
+    gap_s = ts.emulated_span(case.gap_s)   # what the network sees
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     common = ["--port", str(port), "--connections", str(case.connections),
               "--messages", str(messages), "--bytes", str(row.message_bytes), "--cc", case.cc,
@@ -249,7 +255,7 @@ def run_case(net: Network, case: Case, messages: int, port: int, folder: Path, r
                 raise TestbedError(f"burst receiver did not start: {recv.output()[-300:]}")
             time.sleep(0.02)
         sender = net.spawn(src, [sys.executable, "-m", "geodc.hostproc.traffic.burst", "send", *common,
-                                 "--host", net.host_ip(dst), "--gap-s", f"{case.gap_s * T:g}"],
+                                 "--host", net.host_ip(dst), "--gap-s", f"{gap_s:g}"],
                            folder / "logs" / f"{src}-burst-send.log", env=env)
         try:
             rc = sender.wait(timeout_s + 10)
@@ -266,13 +272,14 @@ def run_case(net: Network, case: Case, messages: int, port: int, folder: Path, r
     if ([r.msg for r in records] != list(range(messages))
             or any(r.bytes != row.message_bytes for r in records)):
         raise TestbedError(f"burst records incomplete in {out}")
-    row.transfers_ms = [round(r.transfer_ms / T, 2) for r in records]
+    row.transfers_ms = [round(ts.real_span(r.transfer_ms), 2) for r in records]
 
 
 def run_network(real: RealLink, scale: float, time_scale: float, cases: list[Case],
                 messages: int, run_dir: Path, do_probe: bool, counter: list[int],
                 total: int) -> list[Row]:
     scenario = two_dc(real, scale, time_scale)
+    ts = TimeScale(time_scale)
     folder = run_dir / scenario.name
     nbytes = int(real.message_bytes / scale)
     rows: list[Row] = []
@@ -289,7 +296,7 @@ def run_network(real: RealLink, scale: float, time_scale: float, cases: list[Cas
                             predicted_ms=round(predicted_ms(real, case, nbytes, g), 1),
                             slow_start_model_ms=round(
                                 slow_start_model_ms(real, case, nbytes, g), 1)))
-        need_mbit = max(r.predicted_goodput_mbit for r in rows) / time_scale  # emulated
+        need_mbit = ts.emulated_rate(max(r.predicted_goodput_mbit for r in rows))  # emulated
         if do_probe and need_mbit >= PROBE_MIN_MBIT:
             got = probe(net, f"{DC_A}-h1", f"{DC_B}-h1", BASE_PORT - 1)
             print(f"  probe: {PROBE_FLOWS} iperf3 flows carry {got:.0f} Mbit/s of "
@@ -297,7 +304,7 @@ def run_network(real: RealLink, scale: float, time_scale: float, cases: list[Cas
                   f"rows need up to {need_mbit:.0f}", flush=True)
             for r in rows:
                 r.probe_mbit = round(got, 1)
-                r.feasible = got >= 0.9 * r.predicted_goodput_mbit / time_scale
+                r.feasible = got >= ts.emulated_rate(0.9 * r.predicted_goodput_mbit)
         for row in rows:
             counter[0] += 1
             case = row.case

@@ -11,6 +11,7 @@ def test_allreduce_report_against_the_ideal_ring() -> None:
     from geodc.analysis.allreduce import allreduce_report, ring_ms
     from geodc.plans.placement import Placement
     from geodc.spec.scenario import parse_scenario
+    from geodc.spec.timescale import TimeScale
     from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
     sc = parse_scenario({"name": "ar", "dcs": [{"name": "ea", "hosts": 2, "rate_mbit": 1000},
                                                {"name": "we", "hosts": 2, "rate_mbit": 1000}],
@@ -23,7 +24,7 @@ def test_allreduce_report_against_the_ideal_ring() -> None:
               "t_start_ns": 0, "t_end_ns": int(ms * 1e6)}
              for it, (a, b) in enumerate([(30, 10), (50, 12), (20, 14), (90, 99)])
              for rep, ms in enumerate((a, b))]
-    out = allreduce_report(spans, pl, sc, [0, 1, 2], time_scale=2.0)
+    out = allreduce_report(spans, pl, sc, [0, 1, 2], time_scale=TimeScale(2.0))
     assert len(out) == 1 and out[0]["measured_ms"] == pytest.approx(12 / 2)
     assert out[0]["wire_ms"] == pytest.approx(ring_ms(n, ["ea", "ea"], sc))
     assert out[0]["ratio"] == pytest.approx(6 / out[0]["wire_ms"])

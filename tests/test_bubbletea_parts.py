@@ -20,6 +20,7 @@ from geodc.rules.bubbletea_figures import bubbletea_metrics
 from geodc.features.bubbletea.plan import make_requests
 from geodc.spec.errors import ScenarioError
 from geodc.spec.scenario import parse_scenario
+from geodc.spec.timescale import TimeScale
 from geodc.plans.topo import make_plan
 
 MS = 1_000_000
@@ -35,7 +36,7 @@ def pending(i: int, pred_ms: float, arrival_ns: int = 0, deadline_ms: float = 10
             guard_ms: float = 2.0):
     return make_pending(id=f"r{i}", seq=i, t_arrival_ns=arrival_ns, target_tokens=100,
                         output_tokens=1, deadline_ms=deadline_ms,
-                        predict_ms=lambda n: pred_ms, guard_ms=lambda p: guard_ms, time_scale=1.0)
+                        predict_ms=lambda n: pred_ms, guard_ms=lambda p: guard_ms, time_scale=TimeScale())
 
 
 @settings(max_examples=200, deadline=None)
@@ -110,7 +111,7 @@ def test_take_for_chunk_takes_the_oldest_long_enough_request():
     for i, tokens in enumerate([200, 3000, 6000]):
         q.arrive(make_pending(id=f"r{i}", seq=i, t_arrival_ns=0, target_tokens=tokens,
                               output_tokens=1, deadline_ms=1000.0, predict_ms=prof.prefill_ms,
-                              guard_ms=lambda p: 0.0, time_scale=1.0))
+                              guard_ms=lambda p: 0.0, time_scale=TimeScale()))
     assert q.take_for_chunk(0, int(prof.prefill_ms(128) * MS) - 1, cost, 128) is None
     assert q.pick(0, int(20 * MS)).request.id == "r0"      # the 200-token one fits whole
     r, end = q.take_for_chunk(0, int(20 * MS), cost, 128)
@@ -237,7 +238,7 @@ def test_metrics_utilization_overlap_wait_and_unused_causes():
         {"name": "REQUEST", "id": "r2", "outcome": "expired", "t_arrival_ns": 100 * MS},
         {"name": "KV_SEND", "t_start_ns": 148 * MS, "t_end_ns": 158 * MS, "bytes": 1},
     ]
-    m = bubbletea_metrics(spans, records, time_scale=1.0)
+    m = bubbletea_metrics(spans, records, time_scale=TimeScale())
     assert m["window_s"] == pytest.approx(0.16)
     assert m["overlap"]["count"] == 1 and m["overlap"]["ms"] == pytest.approx(5.0)
     assert m["gpu_wait"]["count"] == 1 and m["gpu_wait"]["total_ms"] == pytest.approx(2.0)

@@ -8,6 +8,7 @@ import pytest
 from geodc.spec.errors import ScenarioError
 from geodc.spec.faults import events_of
 from geodc.spec.scenario import parse_scenario
+from geodc.spec.timescale import TimeScale
 
 BASE = {"name": "f",
         "dcs": [{"name": "a", "hosts": 2, "decode_hosts": 1}, {"name": "b", "hosts": 1}],
@@ -51,7 +52,7 @@ def test_restore_events_follow_faults_with_for_s():
 def test_time_scale_scales_figures_not_times():
     f = faults({"kind": "delay", "link": ["a", "b"], "at_s": 4, "delay_ms": 30, "jitter_ms": 1},
                {"kind": "rate", "link": ["a", "b"], "at_s": 5, "rate_mbit": 60})
-    d, r = (x.scaled(10) for x in f)
+    d, r = (x.scaled(TimeScale(10)) for x in f)
     assert (d.at_s, d.delay_ms, d.jitter_ms) == (4, 300, 10)
     assert (r.at_s, r.rate_mbit) == (5, 6)
 

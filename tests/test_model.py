@@ -17,6 +17,7 @@ from geodc.spec.scenario import TCP_MSS_BYTES, load_scenario
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
 from geodc.spec.systems import SYSTEMS, get_system
 from geodc.rules.schedule import bubble_fraction, schedule_table
+from geodc.spec.links import LinkDir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,6 +68,8 @@ def test_transfer_rate_bound_and_slow_start():
 
 
 # -- the pipeline -----------------------------------------------------------------------------
+AB = LinkDir("a", "b")      # a link id the model keeps (predict turns it into "a->b")
+
 
 def _local(P: int, M: int, f: float, b: float, schedule: str = "gpipe", D: int = 1,
            routes: dict | None = None, sharing: str = "concurrent",
@@ -95,9 +98,9 @@ def _arrivals(sharing: str) -> list[float]:
     """Two pipelines' first activations, ready at once on one 100 Mbit/s link, 10 ms one way,
     each 125 kB of wire bytes (10 ms alone at the link's rate)."""
     wire = 125_000.0
-    route = Route(links=("a->b",), solo_ms=10.0 + 10.0, one_way_ms=10.0, wire_bytes=wire)
+    route = Route(links=(AB,), solo_ms=10.0 + 10.0, one_way_ms=10.0, wire_bytes=wire)
     m = _local(2, 1, 5.0, 5.0, D=2, routes={(0, 0): route, (0, 1): route},
-               sharing=sharing, rates={"a->b": 100.0})
+               sharing=sharing, rates={AB: 100.0})
     ops = simulate(m, 1).ops
     return sorted(o.start_ms for o in ops if o.stage == 1 and o.name == "F")
 
@@ -353,15 +356,15 @@ def test_bursts_share_a_link_first_come_first_served():
     bottleneck in the order sent: the first arrives as if alone, the second one data time later
     (as temporal), where two multi-round flows share the link fairly."""
     wire = 125_000.0
-    burst = Route(links=("a->b",), solo_ms=20.0, one_way_ms=10.0, wire_bytes=wire, burst=True)
+    burst = Route(links=(AB,), solo_ms=20.0, one_way_ms=10.0, wire_bytes=wire, burst=True)
     m = _local(2, 1, 5.0, 5.0, D=2, routes={(0, 0): burst, (0, 1): burst},
-               sharing="concurrent", rates={"a->b": 100.0})
+               sharing="concurrent", rates={AB: 100.0})
     got = sorted(o.start_ms for o in simulate(m, 1).ops if o.stage == 1 and o.name == "F")
     assert got == pytest.approx([25.0, 35.0])
     # one of them not a burst: the link stays fair for both
     m = _local(2, 1, 5.0, 5.0, D=2, routes={(0, 0): burst,
                                            (0, 1): dataclasses.replace(burst, burst=False)},
-               sharing="concurrent", rates={"a->b": 100.0})
+               sharing="concurrent", rates={AB: 100.0})
     got = sorted(o.start_ms for o in simulate(m, 1).ops if o.stage == 1 and o.name == "F")
     assert got == pytest.approx([35.0, 35.0])
 

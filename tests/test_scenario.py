@@ -23,6 +23,7 @@ import yaml
 from geodc.emulation import shaping
 from geodc.emulation.delayline import QueueSpec
 from geodc.spec.errors import ScenarioError
+from geodc.spec.timescale import TimeScale
 from geodc.spec.scenario import (MIN_QUEUE_PACKETS, MTU_BYTES, EmulatedScenario, load_scenario,
                                  parse_scenario)
 from geodc.plans.routing import dc_paths, edges_of, next_hops
@@ -754,7 +755,7 @@ def test_host_sysctls_real_server_buffers_at_every_scale_and_dilated_rto_min():
     assert one["net.ipv4.tcp_rmem"].endswith(" 6291456")       # a real server's, not 16 MiB
     assert host_tcp_sysctls(100.0)["net.ipv4.tcp_rmem"].endswith(" 62914")
     assert "net.ipv4.tcp_rto_min_us" not in one
-    assert host_tcp_sysctls(100.0, 10.0)["net.ipv4.tcp_rto_min_us"] == "2000000"
+    assert host_tcp_sysctls(100.0, TimeScale(10.0))["net.ipv4.tcp_rto_min_us"] == "2000000"
 
 
 def test_bottleneck_is_the_lowest_rate_on_the_routed_path():

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE
 from geodc.plans.systems import path_between, path_rate_mbit
+from geodc.spec.timescale import TimeScale
 
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
@@ -41,8 +42,9 @@ def ring_ms(buffer_bytes: int, stage_dcs: Sequence[str], scenario: "Scenario") -
 
 
 def allreduce_report(spans: Sequence[dict], placement: "Placement", scenario: "Scenario",
-                     iterations: Sequence[int], time_scale: float) -> list[dict]:
+                     iterations: Sequence[int], time_scale: TimeScale | float) -> list[dict]:
     """Per stage with replicas: {stage, dcs, bytes, measured_ms, wire_ms, ratio}."""
+    ts = TimeScale.of(time_scale)
     used = set(iterations)
     per: dict[tuple[int, int], list[int]] = defaultdict(list)
     size: dict[int, int] = {}
@@ -55,7 +57,7 @@ def allreduce_report(spans: Sequence[dict], placement: "Placement", scenario: "S
         times = [min(v) for (st, _), v in per.items() if st == s]
         if len(dcs) < 2 or not times:
             continue
-        measured = statistics.median(times) / 1e6 / time_scale
+        measured = ts.real_span(statistics.median(times) / 1e6)
         wire = ring_ms(size[s], dcs, scenario)
         out.append({"stage": s, "dcs": list(dcs), "bytes": size[s], "measured_ms": measured,
                     "wire_ms": wire, "ratio": measured / wire if wire > 0 else None})

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from geodc.plans.routing import dc_paths
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE
+from geodc.spec.links import LinkDir, hops
 
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
@@ -23,20 +24,19 @@ if TYPE_CHECKING:
 
 
 def link_bytes(spans: Sequence[dict], placement: "Placement", scenario: "Scenario",
-               iterations: Sequence[int]) -> dict[str, float]:
-    """"a->b" -> payload bytes that crossed that link direction in the given iterations."""
+               iterations: Sequence[int]) -> dict[LinkDir, float]:
+    """Link direction -> payload bytes that crossed it in the given iterations."""
     paths = {(p.src, p.dst): p.dcs for p in dc_paths(scenario)}
     dcs = placement.stage_dcs
     D = len(dcs[0]) if dcs else 0
     used = set(iterations)
-    out: dict[str, float] = defaultdict(float)
+    out: dict[LinkDir, float] = defaultdict(float)
 
     def add(src: str, dst: str, n: float) -> None:
         if src == dst:
             return
-        route = paths[(src, dst)]
-        for x, y in zip(route, route[1:]):
-            out[f"{x}->{y}"] += n
+        for d in hops(paths[(src, dst)]):
+            out[d] += n
 
     for r in spans:
         if r.get("iteration") not in used or not r.get("bytes"):
@@ -59,9 +59,9 @@ def utilization(spans: Sequence[dict], placement: "Placement", scenario: "Scenar
     got = link_bytes(spans, placement, scenario, iterations)
     out = {}
     for w in emulated.wan:
-        for a, b in ((w.a, w.b), (w.b, w.a)):
-            key = f"{a}->{b}"
-            payload = got.get(key, 0.0)
+        for d in w.directions:
+            key = str(d)
+            payload = got.get(d, 0.0)
             wire = payload * WIRE_BYTES_PER_PAYLOAD_BYTE
             capacity = w.rate_mbit * 1e6 / 8 * window_s
             out[key] = {"training_bytes": int(payload), "training_wire_bytes": int(wire),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from geodc.predict.predict import Prediction
+from geodc.spec.timescale import TimeScale
 
 ITERATION_REL_TARGET = 0.10
 BUBBLE_ABS_TARGET = 0.05
@@ -57,14 +58,14 @@ def emulation_overheads(metrics: dict[str, Any], predicted_allreduce_ms: list[fl
     Where a run misses the model, these say how much of the miss is the emulation's."""
     over = metrics.get("compute_overruns") or {}
     n = len(metrics.get("iterations_averaged") or []) or 1
-    T = metrics.get("time_scale") or 1.0
+    ts = TimeScale(metrics.get("time_scale") or 1.0)   # the run's, a number in metrics.json
     iterations = metrics.get("iterations") or 1
     slots = {}
     for link, v in (metrics.get("wan_links") or {}).items():
         if v.get("slot_over_wire_ms_median") is None:
             continue
-        slots[link] = {"over_wire_ms": v["slot_over_wire_ms_median"] / T,
-                       "handover_ms": (v.get("handover_ms_median") or 0.0) / T,
+        slots[link] = {"over_wire_ms": ts.real_span(v["slot_over_wire_ms_median"]),
+                       "handover_ms": ts.real_span(v.get("handover_ms_median") or 0.0),
                        "per_iteration": (v.get("slots") or 0) / iterations}
     measured_ar = [a["measured_ms"] for a in metrics.get("allreduce", [])]
     return {"compute_overrun_ms_per_iteration": over.get("total_ms", 0.0) / n,

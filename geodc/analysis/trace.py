@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from geodc.spec.timescale import TimeScale
+
 
 THREADS = {"F": "compute", "B": "compute", "OPT": "compute", "GPU_WAIT": "wait",
            "RECV_F": "recv", "RECV_B": "recv", "SEND_F": "send", "SEND_B": "send",
@@ -27,10 +29,11 @@ ARGS = ("iteration", "microbatch", "bytes", "op", "id", "target_tokens", "chunk_
 
 
 def trace_events(spans: Sequence[dict], prefill: Sequence[dict] = (),
-                 slots: Iterable[dict] = (), *, time_scale: float = 1.0,
+                 slots: Iterable[dict] = (), *, time_scale: TimeScale | float = TimeScale(),
                  title: str = "") -> dict[str, Any]:
     """The trace document (module docstring) of one system's spans, prefill records and slot
     records (the arbiters' "slot" lines)."""
+    ts = TimeScale.of(time_scale)
     records = [r for r in spans if r.get("name") in THREADS]
     records += [r for r in prefill if r.get("name") == "PREFILL"]
     slots = [s for s in slots if s.get("kind") == "slot"]
@@ -38,7 +41,7 @@ def trace_events(spans: Sequence[dict], prefill: Sequence[dict] = (),
     t0 = min(starts, default=0)
 
     def us(t_ns: int) -> float:
-        return round((t_ns - t0) / 1e3 / time_scale, 3)
+        return round(ts.real_span((t_ns - t0) / 1e3), 3)
 
     where = {r["host"]: (r["stage"], r["replica"]) for r in spans if "stage" in r
              and r.get("host")}
@@ -63,8 +66,8 @@ def trace_events(spans: Sequence[dict], prefill: Sequence[dict] = (),
         events.append({"ph": "X", "name": label, "cat": THREADS[r["name"]],
                        "pid": pid[r["host"]], "tid": tids[THREADS[r["name"]]],
                        "ts": us(r["t_start_ns"]),
-                       "dur": max(0.0, round((r["t_end_ns"] - r["t_start_ns"]) / 1e3
-                                             / time_scale, 3)),
+                       "dur": max(0.0, round(ts.real_span((r["t_end_ns"] - r["t_start_ns"])
+                                                          / 1e3), 3)),
                        "args": {k: r[k] for k in ARGS if r.get(k) is not None}})
     links = sorted({s["link"] for s in slots})
     for i, link in enumerate(links, start=len(hosts) + 1):
@@ -78,12 +81,12 @@ def trace_events(spans: Sequence[dict], prefill: Sequence[dict] = (),
             end = s.get("t_end") or s.get("t_done") or s["t_grant"]
             events.append({"ph": "X", "name": f"pipeline {s.get('pipeline')}", "cat": "slot",
                            "pid": i, "tid": 1, "ts": us(s["t_grant"]),
-                           "dur": max(0.0, round((end - s["t_grant"]) / 1e3 / time_scale, 3)),
+                           "dur": max(0.0, round(ts.real_span((end - s["t_grant"]) / 1e3), 3)),
                            "args": {k: s[k] for k in ("slot", "pipeline", "wire_bytes",
                                                       "expected_bytes") if k in s}})
             events.append({"ph": "C", "name": "bytes per slot", "pid": i,
                            "ts": us(s["t_grant"]), "args": {"wire_bytes": s.get("wire_bytes", 0)}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"title": title, "time": "real (emulated / time_scale)",
-                          "time_scale": time_scale}}
+                          "time_scale": ts.factor}}
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from geodc.spec.errors import ScenarioError
+from geodc.spec.links import LinkDir, hops
 from geodc.plans.placement import Placement, place_for_system
 from geodc.plans.routing import dc_paths
 from geodc.spec.scenario import Scenario, load_scenario
@@ -45,7 +46,9 @@ class Route:
         return self.src_dc != self.dst_dc
 
     def to_dict(self) -> dict:
-        hop = lambda dcs: [f"{a}->{b}" for a, b in zip(dcs, dcs[1:])]  # noqa: E731
+        def hop(dcs: tuple[str, ...]) -> list[str]:
+            return [str(d) for d in hops(dcs)]
+
         return {"boundary": self.boundary, "pipelines": list(self.pipelines),
                 "src_dc": self.src_dc, "dst_dc": self.dst_dc, "wan": self.wan,
                 "forward_links": hop(self.forward), "backward_links": hop(self.backward),
@@ -83,10 +86,11 @@ class SystemPlan:
             if not rt.wan:
                 out.append(head + f"inside {rt.src_dc}")
                 continue
-            fwd = ", ".join(f"{a}->{b}" for a, b in zip(rt.forward, rt.forward[1:]))
-            line = head + f"{rt.src_dc}->{rt.dst_dc} over {fwd} (K={rt.connections} connections per transfer)"
+            fwd = ", ".join(map(str, hops(rt.forward)))
+            line = head + (f"{LinkDir(rt.src_dc, rt.dst_dc)} over {fwd} (K={rt.connections} "
+                           "connections per transfer)")
             if rt.backward != tuple(reversed(rt.forward)):
-                back = ", ".join(f"{a}->{b}" for a, b in zip(rt.backward, rt.backward[1:]))
+                back = ", ".join(map(str, hops(rt.backward)))
                 line += f"; gradients back over {back}"
             out.append(line)
         wan_ar = [f"stage {st} ({', '.join(dict.fromkeys(pl.stage_dcs[st]))})"

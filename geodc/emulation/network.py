@@ -48,6 +48,7 @@ from geodc.emulation.minitopo import ScenarioTopo
 from geodc.plans.topo import Plan, make_plan
 from geodc.host.tcpcc import set_congestion_control
 from geodc.spec.paths import REPO_ROOT
+from geodc.spec.timescale import TimeScale
 
 REQUIRED_TOOLS = {"mnexec": "mininet", "brctl": "bridge-utils", "iptables": "iptables",
                   "ifconfig": "net-tools", "ip": "iproute2"}
@@ -140,7 +141,7 @@ def route_congestion_controls(ipr: IPRoute) -> set[str]:
     return out
 
 
-def host_tcp_sysctls(scale: float, time_scale: float = 1.0,
+def host_tcp_sysctls(scale: float, ts: TimeScale = TimeScale(),
                      slow_start_after_idle: bool = True) -> dict[str, str]:
     """Per-host TCP settings. Buffer limits of a real server, scaled down with the WAN (so one
     flow stays window-limited as it would be on the real link); at scale 1 the real server's
@@ -155,8 +156,8 @@ def host_tcp_sysctls(scale: float, time_scale: float = 1.0,
         "net.ipv4.tcp_wmem": f"{min(4096, wmem)} {min(16384, wmem)} {wmem}",
     }  # net.core.[rw]mem_max are machine-wide (read-only in a namespace): left alone
     out["net.ipv4.tcp_slow_start_after_idle"] = "1" if slow_start_after_idle else "0"
-    if time_scale != 1.0:
-        out["net.ipv4.tcp_rto_min_us"] = str(int(LINUX_TCP_RTO_MIN_US * time_scale))
+    if ts.dilated:
+        out["net.ipv4.tcp_rto_min_us"] = str(int(ts.emulated_span(LINUX_TCP_RTO_MIN_US)))
     return out
 
 
@@ -219,7 +220,8 @@ class Network:
             have = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
             raise ScenarioError("congestion_control", f"{self.scenario.congestion_control!r} is "
                                 "not available in this kernel", f"use one of {', '.join(have)}")
-        if self.scenario.time_scale != 1 and not Path("/proc/sys/net/ipv4/tcp_rto_min_us").exists():
+        rto_min = Path("/proc/sys/net/ipv4/tcp_rto_min_us")
+        if self.scenario.dilation.dilated and not rto_min.exists():
             raise ScenarioError("time_scale", "needs net.ipv4.tcp_rto_min_us (Linux 6.11 or "
                                 "later) to dilate the minimum RTO", "use time_scale: 1 here")
         topo = ScenarioTopo(self.plan)   # a shell (pty, open files) per namespace
@@ -408,7 +410,7 @@ class Network:
                                   oif=ipr.link_lookup(ifname=route.intf)[0])
 
     def _configure_hosts(self) -> None:
-        sysctls = host_tcp_sysctls(self.scenario.scale, self.scenario.time_scale,
+        sysctls = host_tcp_sysctls(self.scenario.scale, self.scenario.dilation,
                                    self.scenario.tcp_slow_start_after_idle)
         cc = self.scenario.congestion_control
         routes: set[str] = set()
@@ -473,27 +475,28 @@ class Network:
     def _start_delaylines(self) -> None:
         per_gw: dict[str, list[tuple[QueueSpec, str, str]]] = {}
         lossy = {f.link for f in self.scenario.faults if f.kind == "loss"}
-        T = self.scenario.time_scale
+        ts = self.scenario.dilation
         for w in self.plan.wan:
             link = w.link
             # NFQUEUE holds what is in flight on the link (rate x (delay + jitter)); counted in
             # packets, which may be single segments (with loss, GSO is off), with 2x headroom.
             # The largest figures the scenario's faults give the link count too.
             mine = [f for f in self.scenario.faults if f.link == link.between]
-            rate = max([link.rate_mbit] + [f.rate_mbit / T for f in mine if f.rate_mbit])
+            rate = max([link.rate_mbit]
+                       + [ts.emulated_rate(f.rate_mbit) for f in mine if f.rate_mbit])
             delay = max([link.delay_ms + link.jitter_ms] + [
-                (f.delay_ms + (f.jitter_ms or 0)) * T for f in mine if f.delay_ms is not None])
+                ts.emulated_span(f.delay_ms + (f.jitter_ms or 0)) for f in mine
+                if f.delay_ms is not None])
             # In flight is cut at the WAN queue's cap, as the queue is: NFQUEUE's maxlen is a
             # u32, and what it lets the kernel hold is bounded.
             in_flight = min(rate * 1e6 / 8 * delay / 1e3, MAX_QUEUE_BYTES)
             maxlen = max(1024, int(2 * in_flight // 1000))
             # a->b is delayed as it enters b's gateway, and b->a as it enters a's.
-            for k, (src, dst) in enumerate(((w.end_a, w.end_b), (w.end_b, w.end_a))):
+            for k, (d, dst) in enumerate(zip(link.directions, (w.end_b, w.end_a))):
                 spec = QueueSpec(num=2 * w.index + k + 1, delay_ms=link.delay_ms,
                                  jitter_ms=link.jitter_ms, loss_pct=link.loss_pct, maxlen=maxlen,
                                  gso=link.between not in lossy)
-                name = f"{src.gateway.removesuffix('-gw')}->{dst.gateway.removesuffix('-gw')}"
-                per_gw.setdefault(dst.gateway, []).append((spec, dst.intf, name))
+                per_gw.setdefault(dst.gateway, []).append((spec, dst.intf, str(d)))
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         for gw, items in per_gw.items():
             # Each delay line draws its own jitter and loss (seeded by its first queue number).

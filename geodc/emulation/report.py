@@ -34,10 +34,11 @@ def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:
     Returns the record."""
     record = network_record(net)
     write_json(run_dir / "env.json", dict(provenance(), network=record, other_runs=live_runs()))
+    ts = net.scenario.dilation
     print(f"{indent}network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
           f"{len(net.scenario.host_names())} hosts, {len(net.scenario.wan)} WAN links, "
           f"{net.scenario.congestion_control}, {net.scenario.routing} routing"
-          + (f", time_scale {net.scenario.time_scale:g}" if net.scenario.time_scale != 1 else "")
+          + (f", time_scale {ts}" if ts.dilated else "")
           + ")", flush=True)
     return record
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from geodc.spec.errors import TestbedError
+from geodc.spec.links import both
 
 REPORT_TIMEOUT_S = 2.0
 LATE_TOL_MS = 1.0     # a release later than this is worth a warning
@@ -116,7 +117,8 @@ def loss_by_direction(links: Iterable[Any]) -> dict[str, float]:
     """{"a->b": loss_pct} for both directions of each scenario WanLink (.a, .b, .loss_pct)."""
     out = {}
     for link in links:
-        out[f"{link.a}->{link.b}"] = out[f"{link.b}->{link.a}"] = link.loss_pct
+        for d in both(link.a, link.b):
+            out[str(d)] = link.loss_pct
     return out
 
 

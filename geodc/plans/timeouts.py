@@ -9,7 +9,7 @@ One job: the two numbers and where they came from.
 - peer (connection set-up and gloo's collective timeout): COLLECTIVE_MARGIN x one predicted
   iteration (a collective waits for the slowest replica's whole row), at least MIN_PEER_S;
   DEFAULT_PEER_S in measured mode; never above the run's.
-Both are real time; the caller multiplies by time_scale.
+Both are real time; the caller stretches them (geodc.spec.timescale: TimeScale.emulated_span).
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from geodc.rules.bubbletea_figures import bubbletea_metrics
 from geodc.rules.prefill_profile import PrefillProfile
 from geodc.rules.bubbles import BubblePredictor
 from geodc.rules.spans import COMPUTE_SPANS
+from geodc.spec.timescale import TimeScale
 
 if TYPE_CHECKING:
     from geodc.spec.bubbletea import BubbleTeaConfig
@@ -114,14 +115,14 @@ def fill(bubbles: dict[str, list[tuple[int, int]]], host_dc: dict[str, str],
         arrivals[dc] = [make_pending(id=q["id"], seq=i, t_arrival_ns=t0[dc] + round(
             q["arrival_s"] * 1e9), target_tokens=q["target_tokens"],
             output_tokens=q["output_tokens"], deadline_ms=cfg.ttft_deadline_ms,
-            predict_ms=profile.prefill_ms, guard_ms=cfg.guard_for_ms, time_scale=1.0,
+            predict_ms=profile.prefill_ms, guard_ms=cfg.guard_for_ms, time_scale=TimeScale(),
             truncated_from=q.get("truncated_from")) for i, q in enumerate(reqs)]
     nxt = {dc: 0 for dc in arrivals}
     partial: dict[str, Pending | None] = {h: None for h in bubbles}
     chunking = cfg.chunked_prefill
 
     def chunk_ns(done: int, end: int) -> tuple[int, int]:
-        return chunk_hold_ns(profile, cfg, done, end, time_scale=1.0)
+        return chunk_hold_ns(profile, cfg, done, end, time_scale=TimeScale())
 
     def request(r: Pending, outcome: str, **extra: Any) -> None:
         records.append({"name": "REQUEST", "id": r.id, "t_arrival_ns": r.t_arrival_ns,
@@ -200,7 +201,7 @@ def predict_bubbletea(spans: Sequence[dict], host_dc: dict[str, str],
     bubbles = announced_bubbles(spans, rows, dp, cfg.fill_allreduce)
     end_ns = max(s["t_end_ns"] for s in spans)
     records = fill(bubbles, host_dc, load["per_dc"], cfg, profile, end_ns)
-    return bubbletea_metrics(spans, records, time_scale=1.0,
+    return bubbletea_metrics(spans, records, time_scale=TimeScale(),
                              load={k: v for k, v in load.items() if k != "per_dc"})
 
 

@@ -50,6 +50,7 @@ from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_pa
 from geodc.plans.systems import connections_for, path_between, path_rate_mbit, path_rtt_ms, \
     window_bytes
 from geodc.rules.schedule import schedule_table
+from geodc.spec.links import LinkDir, hops
 
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
@@ -69,7 +70,7 @@ class Prediction:
     gpu_utilization: float
     pipeline_bubble_fraction: float
     per_stage_bubble: list[float]
-    wan_utilization: dict[str, float]         # link direction -> busy share (training bytes)
+    wan_utilization: dict[str, float]         # "a->b" (str(LinkDir)) -> busy share (training bytes)
     allreduce_ms: list[float]
     iterations: int
     bubbletea: dict[str, Any] | None = None   # +bubbletea systems: geodc.predict.bubbletea's figures
@@ -93,7 +94,7 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
                     rtt_ms=path_rtt_ms(scenario, src, dst),
                     window_bytes=window_bytes(scenario.scale),
                     connections=connections_for(scenario, system, src, dst))
-    return Route(links=tuple(f"{a}->{b}" for a, b in zip(path.dcs, path.dcs[1:])),
+    return Route(links=tuple(hops(path.dcs)),
                  solo_ms=transfer_ms(payload, spec), one_way_ms=path.delay_ms,
                  wire_bytes=wire, solo_idle_ms=transfer_ms(payload, spec, slow_start=True)
                  if scenario.tcp_slow_start_after_idle else None,
@@ -120,9 +121,9 @@ def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") 
                         window_bytes=window_bytes(scenario.scale), connections=1)
         return transfer_ms(chunk, spec, slow_start=first)
 
-    hops = {(dcs[r], dcs[(r + 1) % D]) for r in range(D)}      # every step: the same hops
-    first = max(hop_ms(a, b, scenario.tcp_slow_start_after_idle) for a, b in hops)
-    later = max(hop_ms(a, b, False) for a, b in hops)
+    ring = {(dcs[r], dcs[(r + 1) % D]) for r in range(D)}      # every step: the same hops
+    first = max(hop_ms(a, b, scenario.tcp_slow_start_after_idle) for a, b in ring)
+    later = max(hop_ms(a, b, False) for a, b in ring)
     return first + (2 * (D - 1) - 1) * later
 
 
@@ -164,11 +165,9 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
             a, b = placement.stage_dcs[s][r], placement.stage_dcs[s + 1][r]
             fwd[(s, c)] = _route(scenario, system, a, b, payloads[s])
             bwd[(s, c)] = _route(scenario, system, b, a, payloads[s])
-    rates = {}
-    for w in scenario.wan:
-        rates[f"{w.a}->{w.b}"] = rates[f"{w.b}->{w.a}"] = w.rate_mbit
+    rates = {d: w.rate_mbit for w in scenario.wan for d in w.directions}
     stage_bits = _allreduce_wan_bits(scenario, placement, buffers)
-    link_bits: dict[str, float] = {}
+    link_bits: dict[LinkDir, float] = {}
     for bits in stage_bits:
         for link, b in bits.items():
             link_bits[link] = link_bits.get(link, 0.0) + b
@@ -188,23 +187,21 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
 
 
 def _allreduce_wan_bits(scenario: "Scenario", placement: "Placement", buffers: list[int]
-                       ) -> list[dict[str, float]]:
+                       ) -> list[dict[LinkDir, float]]:
     """Per stage, the wire bits per iteration its ring all-reduce puts on each WAN link
     direction: 2 (D-1)/D of the buffer from each replica to the next, where they differ in DC
     (as geodc.analysis.linkuse counts a run's)."""
-    stages: list[dict[str, float]] = []
+    stages: list[dict[LinkDir, float]] = []
     D = placement.replicas
     for s, buffer in enumerate(buffers):
-        out: dict[str, float] = {}
+        out: dict[LinkDir, float] = {}
         stages.append(out)
         dcs = placement.stage_dcs[s]
         for r in range(D):
             a, b = dcs[r], dcs[(r + 1) % D]
             if D < 2 or a == b:
                 continue
-            path = path_between(scenario, a, b).dcs
-            for x, y in zip(path, path[1:]):
-                key = f"{x}->{y}"
+            for key in hops(path_between(scenario, a, b).dcs):
                 out[key] = out.get(key, 0.0) + (buffer * 2 * (D - 1) / D
                                                 * WIRE_BYTES_PER_PAYLOAD_BYTE * 8)
     return stages
@@ -241,8 +238,8 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     gpu_util = sum(per_stage_util) / cfg.stages
     used = m["iterations_averaged"]
     window_ms = m["iteration_time_s"] * 1e3 * len(used)
-    wan = {link: sum(b.get(i, 0.0) for i in used) / (model.link_rate_mbit[link] * 1e3
-                                                        * window_ms)
+    wan = {str(link): sum(b.get(i, 0.0) for i in used) / (model.link_rate_mbit[link] * 1e3
+                                                             * window_ms)
            for link, b in sorted(result.link_bits.items())}
     return Prediction(system=system.name, iteration_time_s=m["iteration_time_s"],
                       bubble_fraction=1.0 - gpu_util, gpu_utilization=gpu_util,

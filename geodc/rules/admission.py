@@ -32,6 +32,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from geodc.spec.timescale import TimeScale
+
 if TYPE_CHECKING:
     from geodc.spec.bubbletea import BubbleTeaConfig
     from geodc.rules.prefill_profile import PrefillProfile
@@ -193,23 +195,25 @@ def chunk_end(done: int, target: int, room_ns: int, cost_ns: Callable[[int, int]
 
 
 def chunk_hold_ns(profile: "PrefillProfile", cfg: "BubbleTeaConfig", done: int, end: int, *,
-                  time_scale: float) -> tuple[int, int]:
+                  time_scale: TimeScale | float) -> tuple[int, int]:
     """A chunk's predicted hold and its guard (the profile's chunk time, cfg's guard), dilated
     by time_scale, in ns: what the controller and the model (geodc.predict.bubbletea) admit by."""
+    ts = TimeScale.of(time_scale)
     ms = profile.chunk_ms(done, end)
-    return (int(ms * time_scale * NS_PER_MS),
-            int(cfg.guard_for_ms(ms) * time_scale * NS_PER_MS))
+    return (int(ts.emulated_span(ms) * NS_PER_MS),
+            int(ts.emulated_span(cfg.guard_for_ms(ms)) * NS_PER_MS))
 
 
 def make_pending(*, id: str, seq: int, t_arrival_ns: int, target_tokens: int,
                  output_tokens: int, deadline_ms: float, predict_ms: Callable[[int], float],
-                 guard_ms: Callable[[float], float], time_scale: float,
+                 guard_ms: Callable[[float], float], time_scale: TimeScale | float,
                  truncated_from: int | None = None) -> Pending:
     """A request as the queue holds it; every time dilated by time_scale."""
+    ts = TimeScale.of(time_scale)
     p_ms = predict_ms(target_tokens)
     return Pending(id=id, seq=seq, t_arrival_ns=t_arrival_ns,
-                   deadline_ns=t_arrival_ns + int(deadline_ms * time_scale * NS_PER_MS),
+                   deadline_ns=t_arrival_ns + int(ts.emulated_span(deadline_ms) * NS_PER_MS),
                    target_tokens=target_tokens, output_tokens=output_tokens,
-                   predicted_ns=int(p_ms * time_scale * NS_PER_MS),
-                   guard_ns=int(guard_ms(p_ms) * time_scale * NS_PER_MS),
+                   predicted_ns=int(ts.emulated_span(p_ms) * NS_PER_MS),
+                   guard_ns=int(ts.emulated_span(guard_ms(p_ms)) * NS_PER_MS),
                    truncated_from=truncated_from)

@@ -40,6 +40,7 @@ from typing import Any, Sequence
 from geodc.rules.bubbles import MIN_HISTORY, WARMUP_ITERATIONS
 from geodc.rules.spans import COMPUTE_SPANS
 from geodc.rules.figures import iteration_walls, iteration_windows, iterations_used
+from geodc.spec.timescale import TimeScale
 
 REASONS = ("dispatch", "no_request", "none_fitted", "guard", "rejected", "host_down", "filled",
            "allreduce", "not_predicted")
@@ -74,9 +75,10 @@ def measured_window(spans: Sequence[dict]) -> tuple[int, int, list[int], list[in
     return start, start + sum(walls[i] for i in used), used, [walls[i] for i in used]
 
 
-def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_scale: float = 1.0,
-                      load: dict | None = None, crashed: Sequence[str] = ()) -> dict[str, Any]:
-    T = time_scale
+def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *,
+                      time_scale: TimeScale | float = TimeScale(), load: dict | None = None,
+                      crashed: Sequence[str] = ()) -> dict[str, Any]:
+    ts = TimeScale.of(time_scale)
     lo, hi, used, walls = measured_window(spans)
     win_ns = hi - lo
     train: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
@@ -87,7 +89,7 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
             train[r["host"]].append((r["t_start_ns"], r["t_end_ns"], r["name"]))
             where[r["host"]] = (r["stage"], r["replica"])
         elif r["name"] == "GPU_WAIT" and lo <= r["t_start_ns"] < hi:
-            waits.append((r["t_end_ns"] - r["t_start_ns"]) / 1e6 / T)
+            waits.append(ts.real_span((r["t_end_ns"] - r["t_start_ns"]) / 1e6))
     pre: dict[str, list[tuple[int, int]]] = defaultdict(list)
     prefill_recs = [r for r in records if r["name"] == "PREFILL"]
     for r in prefill_recs:
@@ -136,31 +138,32 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
     outcomes = defaultdict(int)
     for r in reqs:
         outcomes[r["outcome"]] += 1
-    ttft = [(r["t_first_token_ns"] - r["t_arrival_ns"]) / 1e6 / T for r in reqs
+    ttft = [ts.real_span((r["t_first_token_ns"] - r["t_arrival_ns"]) / 1e6) for r in reqs
             if "t_first_token_ns" in r]
-    queue_ms = [(r["t_prefill_start_ns"] - r["t_arrival_ns"]) / 1e6 / T for r in reqs
+    queue_ms = [ts.real_span((r["t_prefill_start_ns"] - r["t_arrival_ns"]) / 1e6) for r in reqs
                 if "t_prefill_start_ns" in r]
-    kv = [(r["t_end_ns"] - r["t_start_ns"]) / 1e6 / T for r in records
+    kv = [ts.real_span((r["t_end_ns"] - r["t_start_ns"]) / 1e6) for r in records
           if r["name"] == "KV_SEND" and not r.get("error")]
     kv_errors = sum(1 for r in records if r["name"] == "KV_SEND" and r.get("error"))
     decoded = [r for r in records if r["name"] == "DECODE"]
     total_unused = sum(unused.values())
     n_hosts = max(1, len(hosts))
+    window_s = ts.real_span(win_ns / 1e9)
     return {
         "gpu_utilization": statistics.fmean(h["gpu_utilization"] for h in hosts),
         "training_only": statistics.fmean(h["training"] for h in hosts),
         "prefill_share": statistics.fmean(h["prefill"] for h in hosts),
         "per_stage": per_stage, "per_host": hosts,
-        "window_s": win_ns / 1e9 / T,
+        "window_s": window_s,
         "iterations": used,
-        "iteration_time_s": statistics.fmean(walls) / 1e9 / T,
-        "overlap": {"count": overlaps, "ms": overlap_ns / 1e6 / T},
+        "iteration_time_s": ts.real_span(statistics.fmean(walls) / 1e9),
+        "overlap": {"count": overlaps, "ms": ts.real_span(overlap_ns / 1e6)},
         "gpu_wait": {"count": len(waits), "total_ms": sum(waits),
                      "max_ms": max(waits, default=0.0),
-                     "per_host_ms_per_s": sum(waits) / n_hosts / (win_ns / 1e9 / T)},
+                     "per_host_ms_per_s": sum(waits) / n_hosts / window_s},
         "prefill": {
-            "requests_per_s": len(in_win) / (win_ns / 1e9 / T),
-            "prompt_tokens_per_s": tokens_in_win / (win_ns / 1e9 / T),
+            "requests_per_s": len(in_win) / window_s,
+            "prompt_tokens_per_s": tokens_in_win / window_s,
             "prefills": len(prefill_recs), "in_window": len(in_win),
             "chunks": {"chunks": len(chunked),
                        "requests": len({r["id"] for r in chunked if r.get("final")})},
@@ -173,7 +176,7 @@ def bubbletea_metrics(spans: Sequence[dict], records: Sequence[dict], *, time_sc
             "deadline_misses": outcomes["late"] + outcomes["expired"],
         },
         "unused_bubble": {
-            "per_host_ms_per_s": total_unused / 1e6 / T / n_hosts / (win_ns / 1e9 / T),
+            "per_host_ms_per_s": ts.real_span(total_unused / 1e6) / n_hosts / window_s,
             "share_by_cause": {c: (unused[c] / total_unused if total_unused else 0.0)
                                for c in REASONS},
         },

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 from geodc.rules.spans import COMPUTE_SPANS
 from geodc.rules.schedule import bubble_fraction as formula_bubble
+from geodc.spec.timescale import TimeScale
 
 
 def _cv(values: Sequence[float]) -> float:
@@ -176,33 +177,34 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
     }
 
 
-def in_real_time(metrics: dict[str, Any], time_scale: float) -> dict[str, Any]:
+def in_real_time(metrics: dict[str, Any], time_scale: TimeScale | float) -> dict[str, Any]:
     """Metrics of a run on a network and GPUs dilated by time_scale (geodc.spec.scenario's
     `time_scale`: every delay and profile hold T times longer, rates T times lower), as real-time
     figures: times divided by T, throughputs multiplied; fractions stay. In place; returns it.
     The small model's real CPU time (the optimizer step, the parts outside the profile holds) is
     not dilated, so it shrinks by T here: with T > 1 it is under-counted."""
-    metrics["time_scale"] = time_scale
-    if time_scale == 1.0:
+    ts = TimeScale.of(time_scale)
+    metrics["time_scale"] = ts.factor
+    if not ts.dilated:
         return metrics
-    t = time_scale
-    metrics["iteration_time_s"] /= t
-    metrics["iteration_walls_s"] = [w / t for w in metrics.get("iteration_walls_s", [])]
-    metrics["tokens_per_s"] *= t
-    metrics["model_tokens_per_s"] *= t
+    metrics["iteration_time_s"] = ts.real_span(metrics["iteration_time_s"])
+    metrics["iteration_walls_s"] = [ts.real_span(w) for w in metrics.get("iteration_walls_s", [])]
+    metrics["tokens_per_s"] = ts.real_rate(metrics["tokens_per_s"])
+    metrics["model_tokens_per_s"] = ts.real_rate(metrics["model_tokens_per_s"])
     for st in metrics["stages"]:
-        st["compute_s"] /= t
-        st["forward_ms"] /= t
-        st["backward_ms"] /= t
+        for key in ("compute_s", "forward_ms", "backward_ms"):
+            st[key] = ts.real_span(st[key])
     for c in metrics["communication"].values():
-        c["total_s"] /= t
+        c["total_s"] = ts.real_span(c["total_s"])
     if "compute_overruns" in metrics:
+        over = metrics["compute_overruns"]
         for key in ("total_ms", "max_ms", "start_latency_total_ms", "start_latency_max_ms"):
-            metrics["compute_overruns"][key] /= t
+            over[key] = ts.real_span(over[key])
     if metrics.get("compute_only", {}).get("iteration_time_s") is not None:
         metrics["compute_only"] = dict(
-            metrics["compute_only"], iteration_time_s=metrics["compute_only"]["iteration_time_s"] / t)
-    metrics["figures"] = (f"real time: measured {t:g}x slower (time_scale), divided back; the "
+            metrics["compute_only"],
+            iteration_time_s=ts.real_span(metrics["compute_only"]["iteration_time_s"]))
+    metrics["figures"] = (f"real time: measured {ts}x slower (time_scale), divided back; the "
                           "timeline and the delay lines' counters stay in emulated time")
     return metrics
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from geodc.rules.schedule import format_table, parse_action
+from geodc.spec.links import LinkDir
 
 EPS = 1e-9
 
@@ -53,7 +54,7 @@ EPS = 1e-9
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Route:
     """How one stage boundary's messages travel in one pipeline and one direction."""
-    links: tuple[str, ...]      # "a->b" link directions of the WAN path; () inside a DC
+    links: tuple[LinkDir, ...]  # link directions of the WAN path; () inside a DC
     solo_ms: float              # one message's time alone, first byte sent to last arrived
     one_way_ms: float = 0.0     # the path's delay (inside solo_ms)
     wire_bytes: float = 0.0     # per message
@@ -78,14 +79,14 @@ class PipelineModel:
     allreduce_ms: Sequence[float]           # per stage (of all its replicas); 0 without any
     forward_routes: dict[tuple[int, int], Route]    # (boundary s, replica r): s -> s+1
     backward_routes: dict[tuple[int, int], Route]   # (boundary s, replica r): s+1 -> s
-    link_rate_mbit: dict[str, float] = field(default_factory=dict)  # WAN link directions
+    link_rate_mbit: dict[LinkDir, float] = field(default_factory=dict)  # WAN link directions
     sharing: str = "concurrent"             # "concurrent" | "temporal"
     # replica r stands for weights[r] alike replicas (same DCs, same routes: they behave the
     # same), default 1 each: its WAN messages count that many times on their links
     weights: Sequence[int] | None = None
     # wire bits each iteration's all-reduces put on WAN link directions (counted, not timed:
     # all-reduces do not contend with the pipeline's messages in this model)
-    allreduce_link_bits: dict[str, float] = field(default_factory=dict)
+    allreduce_link_bits: dict[LinkDir, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ class Op:
 @dataclass
 class _Flow:
     key: tuple
-    links: tuple[str, ...]
+    links: tuple[LinkDir, ...]
     left_bits: float
     cap_mbit: float
     one_way_ms: float
@@ -113,7 +114,7 @@ class _Flow:
 @dataclass
 class SimResult:
     ops: list[Op]
-    link_bits: dict[str, dict[int, float]]   # link direction -> iteration -> wire bits sent
+    link_bits: dict[LinkDir, dict[int, float]]   # link direction -> iteration -> wire bits sent
 
 
 def simulate(m: PipelineModel, iterations: int) -> SimResult:
@@ -122,7 +123,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     weight = list(m.weights) if m.weights is not None else [1] * D
     rows = [list(row) for row in m.table]
     ops: list[Op] = []
-    link_bits: dict[str, dict[int, float]] = {}
+    link_bits: dict[LinkDir, dict[int, float]] = {}
     arrived: dict[tuple, float] = {}          # (kind, s, r, it, mb) -> arrival time
     f_end: dict[tuple, float] = {}            # (s, r, it, mb) -> end of that F
     pos = {(s, r): 0 for s in range(P) for r in range(D)}      # index in row + [AR, OPT]
@@ -143,8 +144,8 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     fifo_links = {l for r in all_routes for l in r.links
                   if all(x.burst for x in all_routes if l in x.links)}
     last_update = [0.0]
-    queues: dict[str, list[tuple[float, int, tuple, Route, int]]] = {}   # temporal: per link
-    busy_until: dict[str, float] = {}
+    queues: dict[LinkDir, list[tuple[float, int, tuple, Route, int]]] = {}   # temporal: per link
+    busy_until: dict[LinkDir, float] = {}
 
     def progress(now: float) -> None:
         dt = now - last_update[0]

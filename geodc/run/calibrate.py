@@ -37,6 +37,7 @@ from geodc.plans.routing import Path, dc_paths
 from geodc.spec.scenario import ETH_FRAME_BYTES, RCV_WINDOW_FRACTION, TCP_MSS_BYTES
 from geodc.plans.topo import WanPlan
 from geodc.emulation.tools import iperf, ping
+from geodc.spec.timescale import TimeScale
 
 LOAD_FRACTION = 0.9          # paced load for rtt_loaded_ms, as a fraction of rate_mbit
 TCP_PAYLOAD_FRACTION = TCP_MSS_BYTES / ETH_FRAME_BYTES
@@ -92,17 +93,17 @@ def measure_link(net: Network, w: WanPlan, settings: Settings, port: int) -> dic
     src = net.plan.hosts_in(w.link.a)[0]
     dst = net.plan.hosts_in(w.link.b)[0]
     idle = _ping(net, src.name, dst.ip, settings)
-    t = net.scenario.time_scale  # settings are in real time; the network runs t times slower
+    ts = net.scenario.dilation  # settings are in real time; the network runs T times slower
     multi = measure_goodput(net, src.name, dst.name, port, settings.seconds,
-                            streams=settings.streams, time_scale=t)
+                            streams=settings.streams, ts=ts)
     net.check()
     reverse = measure_goodput(net, dst.name, src.name, port, settings.seconds,
-                              streams=settings.streams, time_scale=t)
+                              streams=settings.streams, ts=ts)
     net.check()
     if settings.streams == 1:
         single = multi           # the same measurement: one flow a -> b
     else:
-        single = measure_goodput(net, src.name, dst.name, port, settings.seconds, time_scale=t)
+        single = measure_goodput(net, src.name, dst.name, port, settings.seconds, ts=ts)
         net.check()
     mathis = mathis_mbit(w.link.delay_ms, w.link.loss_pct)
     loaded, load = _ping_under_load(net, src.name, dst.name, dst.ip, port, settings,
@@ -168,8 +169,7 @@ def calibrate(net: Network, settings: Settings = Settings(),
         link = measure_link(net, w, settings, BASE_PORT + i)
         # What the delay lines counted on this link while it was measured (both directions).
         stats = net.wan_stats()
-        link["wan"] = {d: stats[d] for d in (f"{w.link.a}->{w.link.b}", f"{w.link.b}->{w.link.a}")
-                       if d in stats}
+        link["wan"] = {d: stats[d] for d in map(str, w.link.directions) if d in stats}
         links.append(link)
     planned = {(p.src, p.dst): p for p in dc_paths(net.plan.scenario)}
     paths = []
@@ -185,7 +185,7 @@ def calibrate(net: Network, settings: Settings = Settings(),
            "links": links, "paths": paths,
            "wan_warnings": wanstats.warnings({d: s for link in links for d, s in link["wan"].items()},
                                              net.plan.scenario.wan)}
-    return to_real_time(doc, net.scenario.time_scale)
+    return to_real_time(doc, net.scenario.dilation)
 
 
 _TIME_KEYS = ("delay_ms", "jitter_ms", "rtt_ms", "rtt_avg_ms", "rtt_min_ms", "rtt_max_ms", "rtt_mdev_ms",
@@ -194,23 +194,25 @@ _RATE_KEYS = ("rate_mbit", "goodput_mbit", "goodput_reverse_mbit", "load_mbit",
               "goodput_1flow_mbit", "goodput_max_mbit", "mathis_mbit", "goodput_intervals_mbit")
 
 
-def to_real_time(doc: dict[str, Any], time_scale: float) -> dict[str, Any]:
-    """A calibration measured on a network dilated by time_scale, in real-time figures: every
-    time divided by it, every rate multiplied (in place; returns doc)."""
-    if time_scale == 1.0:
+def to_real_time(doc: dict[str, Any], ts: TimeScale) -> dict[str, Any]:
+    """A calibration measured on a network dilated by ts, in real-time figures: every time
+    divided by it, every rate multiplied (in place; returns doc)."""
+    if not ts.dilated:
         return doc
+    # One factor per kind, each value times it: a time is x * (1 / T), as it always was, not
+    # ts.real_span(x) = x / T (which may differ in the last bit).
+    per_time, per_rate = ts.real_span(1), ts.real_rate(1)
     for item in doc["links"] + doc["paths"]:
         for block in ("configured", "measured", "predicted", "samples"):
             d = item.get(block, {})
             for key, value in d.items():
                 if value is None or isinstance(value, (bool, str)):
                     continue
-                f = 1 / time_scale if key in _TIME_KEYS else time_scale if key in _RATE_KEYS \
-                    else None
+                f = per_time if key in _TIME_KEYS else per_rate if key in _RATE_KEYS else None
                 if f is None:
                     continue
                 d[key] = [x * f for x in value] if isinstance(value, list) else value * f
-    doc["figures"] = (f"real time: measured on a network {time_scale:g}x slower, divided back; "
+    doc["figures"] = (f"real time: measured on a network {ts}x slower, divided back; "
                       "the delay lines' counters (links[].wan: lateness, arrival lag, interval) "
                       "stay in emulated time")
     return doc
@@ -263,11 +265,12 @@ def _err(measured: float, want: float) -> str:
 
 
 def _ping(net: Network, src: str, dst_ip: str, s: Settings) -> ping.PingResult:
-    t = net.scenario.time_scale
-    net.run(src, ping.ping_argv(dst_ip, 2, 0.2 * t), timeout_s=10 * t, name="ping-warmup")  # ARP
-    interval_s = s.ping_interval_s * t
+    ts = net.scenario.dilation
+    net.run(src, ping.ping_argv(dst_ip, 2, ts.emulated_span(0.2)), timeout_s=ts.emulated_span(10),
+            name="ping-warmup")  # ARP
+    interval_s = ts.emulated_span(s.ping_interval_s)
     out = net.run(src, ping.ping_argv(dst_ip, s.ping_count, interval_s),
-                  timeout_s=(s.ping_count * interval_s + 10) * t, name="ping")
+                  timeout_s=ts.emulated_span(s.ping_count * interval_s + 10), name="ping")
     return ping.parse_ping(out)
 
 
@@ -286,46 +289,49 @@ def start_iperf_server(net: Network, host: str, port: int):
 def measure_goodput(net: Network, src: str, dst: str, port: int, seconds: float, *,
                     streams: int = 1, rate_mbit: float | None = None,
                     congestion_control: str | None = None,
-                    time_scale: float = 1.0) -> iperf.IperfResult:
+                    ts: TimeScale = TimeScale()) -> iperf.IperfResult:
     """One iperf3 TCP test from host src to host dst (goodput at the receiver, steady state),
     its senders running congestion_control (default: the scenario's). seconds, the warm-up
-    and the steady-state cut are real time: on a network time_scale times slower they last
-    that much longer (the figures stay emulated: to_real_time converts them)."""
+    (1 s) and the steady-state cut are real time: on a network ts times slower they last that
+    much longer (the figures stay emulated: to_real_time converts them)."""
     server = start_iperf_server(net, dst, port)
     try:
-        out = net.run(src, iperf.client_argv(net.host_ip(dst), port, seconds=seconds * time_scale,
-                                             omit_s=time_scale,
-                                             streams=streams, rate_mbit=rate_mbit,
-                                             congestion_control=congestion_control
-                                             or net.scenario.congestion_control),
-                      timeout_s=(seconds + 20) * time_scale, name=f"iperf3-c-P{streams}")
+        argv = iperf.client_argv(net.host_ip(dst), port, seconds=ts.emulated_span(seconds),
+                                 omit_s=ts.emulated_span(1), streams=streams, rate_mbit=rate_mbit,
+                                 congestion_control=congestion_control
+                                 or net.scenario.congestion_control)
+        out = net.run(src, argv,
+                      timeout_s=ts.emulated_span(seconds + 20), name=f"iperf3-c-P{streams}")
         server.wait(5)
     finally:
         server.stop()
-    return iperf.parse_iperf(out, steady_from_s=iperf.steady_cut_s(seconds) * time_scale)
+    return iperf.parse_iperf(out, steady_from_s=ts.emulated_span(iperf.steady_cut_s(seconds)))
 
 
 def _ping_under_load(net: Network, src: str, dst: str, dst_ip: str, port: int, s: Settings,
                      load_mbit: float) -> tuple[ping.PingResult, iperf.IperfResult]:
     """ping while paced TCP flows load the link; returns the ping and the load achieved
     (a load that failed is an error, never a silently idle 'loaded' figure). Durations in
-    s are real time, stretched by time_scale here."""
-    t = net.scenario.time_scale
+    s are real time, stretched by the scenario's time_scale here."""
+    ts = net.scenario.dilation
     server = start_iperf_server(net, dst, port)
     count = max(5, int((s.seconds - 1.0) / s.ping_interval_s))
     try:
-        client = net.spawn(src, iperf.client_argv(dst_ip, port, seconds=s.seconds * t, omit_s=t,
-                                                  streams=s.streams, rate_mbit=load_mbit,
-                                                  congestion_control=net.scenario.congestion_control),
-                           net.run_dir / "logs" / f"{src}-iperf3-load.log")
-        time.sleep(1.0 * t)  # let the load reach its rate before sampling
-        out = net.run(src, ping.ping_argv(dst_ip, count, s.ping_interval_s * t),
-                      timeout_s=(count * s.ping_interval_s + 10) * t, name="ping-loaded")
-        rc = client.wait((s.seconds + 20) * t)
+        argv = iperf.client_argv(dst_ip, port, seconds=ts.emulated_span(s.seconds),
+                                 omit_s=ts.emulated_span(1), streams=s.streams,
+                                 rate_mbit=load_mbit,
+                                 congestion_control=net.scenario.congestion_control)
+        client = net.spawn(src, argv, net.run_dir / "logs" / f"{src}-iperf3-load.log")
+        time.sleep(ts.emulated_span(1.0))  # let the load reach its rate before sampling
+        out = net.run(src, ping.ping_argv(dst_ip, count, ts.emulated_span(s.ping_interval_s)),
+                      timeout_s=ts.emulated_span(count * s.ping_interval_s + 10),
+                      name="ping-loaded")
+        rc = client.wait(ts.emulated_span(s.seconds + 20))
     finally:
         server.stop()
     if rc != 0:
         raise TestbedError(f"the load for rtt_loaded_ms ({src} -> {dst}) failed with exit code "
                            f"{rc}: {client.output(400)}")
+    steady_from_s = ts.emulated_span(iperf.steady_cut_s(s.seconds))
     return ping.parse_ping(out), iperf.parse_iperf(client.output(10_000_000),
-                                                   steady_from_s=iperf.steady_cut_s(s.seconds) * t)
+                                                   steady_from_s=steady_from_s)

@@ -15,6 +15,7 @@ from geodc.emulation import interrupts
 from geodc.emulation import report
 from geodc.run.calibrate import Settings, calibrate, paths_table, table
 from geodc.spec.errors import ScenarioError
+from geodc.spec.links import LinkDir
 from geodc.emulation.machine import CpuTimes
 from geodc.emulation.network import Network, check_environment
 from geodc.emulation.registry import live_runs
@@ -58,12 +59,12 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
     write_json(run_dir / "calibration.json", doc)
     cc = doc["congestion_control"]
     print(f"congestion control: {cc['per_socket']} (iperf3 -C, and every host route's congctl)")
-    if scenario.time_scale != 1:
-        print(f"time_scale {scenario.time_scale:g}: figures in real time ({doc['figures']})")
+    if scenario.dilation.dilated:
+        print(f"time_scale {scenario.dilation}: figures in real time ({doc['figures']})")
     print(table(doc))
     print(f"paths ({scenario.routing} routing):")
     print(paths_table(doc))
-    bad = [f"{p['from']}->{p['to']}" for p in doc["paths"] if not p["ok"]]
+    bad = [str(LinkDir(p["from"], p["to"])) for p in doc["paths"] if not p["ok"]]
     if bad:
         print(f"warning: {len(bad)} DC pairs did not take their planned path or RTT: {', '.join(bad)}")
     for line in doc["wan_warnings"]:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from geodc.spec.errors import ScenarioError, shown, unknown_field
 from geodc.spec.fields import checked_number
+from geodc.spec.links import LinkDir
 
 if TYPE_CHECKING:
     from geodc.spec.dcs import DataCenter, WanLink
@@ -66,12 +67,16 @@ class CrossFlow:
     congestion_control: str | None = None
     segments: tuple[Segment, ...] = ()
 
+    @property
+    def direction(self) -> LinkDir:
+        return LinkDir(self.src, self.dst)
+
     def describe(self) -> str:
         what = (f"tcp x{self.flows}" + (f" {self.congestion_control}"
                                         if self.congestion_control else "")
                 if self.kind == "tcp" else
                 "udp " + "/".join(f"{s.rate_mbit:g}" for s in self.segments) + " Mbit/s")
-        return (f"{self.label} ({self.src}->{self.dst} {what}, "
+        return (f"{self.label} ({self.direction} {what}, "
                 f"{self.start_s:g}-{self.stop_s:g} s)")
 
 

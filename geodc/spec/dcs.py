@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from geodc.spec.links import LinkDir, both
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataCenter:
@@ -26,6 +28,11 @@ class WanLink:
     @property
     def between(self) -> tuple[str, str]:
         return (self.a, self.b)
+
+    @property
+    def directions(self) -> tuple[LinkDir, LinkDir]:
+        """a->b, then b->a."""
+        return both(self.a, self.b)
 
     @property
     def bdp_bytes(self) -> int:

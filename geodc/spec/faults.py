@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from geodc.spec.errors import ScenarioError, shown, unknown_field
 from geodc.spec.fields import checked_number
+from geodc.spec.timescale import TimeScale
 
 if TYPE_CHECKING:
     from geodc.spec.dcs import DataCenter, WanLink
@@ -75,15 +76,16 @@ class Fault:
         until = f" for {self.for_s:g} s" if self.for_s is not None else ""
         return f"{self.label} ({what} {where} at {self.at_s:g} s{until})"
 
-    def scaled(self, time_scale: float) -> "Fault":
+    def scaled(self, dilation: TimeScale | float) -> "Fault":
         """As the network is built (Scenario.emulated): delays x T, rates / T. Times stay
         configured (the runner multiplies them by T)."""
-        if time_scale == 1.0:
+        ts = TimeScale.of(dilation)
+        if not ts.dilated:
             return self
-        return replace(self,
-                       delay_ms=None if self.delay_ms is None else self.delay_ms * time_scale,
-                       jitter_ms=None if self.jitter_ms is None else self.jitter_ms * time_scale,
-                       rate_mbit=None if self.rate_mbit is None else self.rate_mbit / time_scale)
+        delay, jitter, rate = self.delay_ms, self.jitter_ms, self.rate_mbit
+        return replace(self, delay_ms=None if delay is None else ts.emulated_span(delay),
+                       jitter_ms=None if jitter is None else ts.emulated_span(jitter),
+                       rate_mbit=None if rate is None else ts.emulated_rate(rate))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -31,6 +31,13 @@ class TimeScale:
         if not 1.0 <= self.factor <= MAX_TIME_SCALE:
             raise ValueError(f"time_scale {self.factor!r} is outside 1..{MAX_TIME_SCALE:g}")
 
+    @classmethod
+    def of(cls, value: TimeScale | float) -> TimeScale:
+        """value as a TimeScale: itself, or a bare factor. For callers that still pass the
+        number (geodc.run.systemrun, geodc.run.launch, geodc.features, the prefill controller:
+        tests/test_vocabulary.py LEGACY_*); once they pass TimeScale this goes."""
+        return value if isinstance(value, TimeScale) else cls(value)
+
     @property
     def dilated(self) -> bool:
         return self.factor != 1.0

@@ -74,6 +74,7 @@ from geodc.hostproc.prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, 
 from geodc.spec.errors import shown
 from geodc.host.gpulock import GpuLock
 from geodc.host.specfiles import SpecFile
+from geodc.spec.timescale import TimeScale
 
 COMPUTE_MODES = ("measured", "profile")
 MAX_ID_CHARS = 64
@@ -111,6 +112,11 @@ class PrefillSpec(SpecFile):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}: {value!r} is not a number > 0")
         decode_targets(self.decode_servers)
+
+    @property
+    def dilation(self) -> TimeScale:
+        """time_scale (a number in the spec file) as the object that converts."""
+        return TimeScale(self.time_scale)
 
 
 def decode_targets(servers: Any) -> frozenset[tuple[str, int]]:
@@ -398,9 +404,9 @@ class PrefillServer:
         """req with its chunk cut to the longest that fits in room_ns (unchanged if none)."""
         assert self.profile is not None and req.chunk is not None
         start, end = req.chunk
-        T = self.spec.time_scale
+        ts = self.spec.dilation
         cut = chunk_end(start, req.target_tokens, room_ns,
-                        lambda a, b: int(self.profile.chunk_ms(a, b) * T * 1e6),
+                        lambda a, b: int(ts.emulated_span(self.profile.chunk_ms(a, b)) * 1e6),
                         self.profile.min_chunk_tokens, upto=end)
         if cut is None or cut == end:
             return req, end
@@ -409,8 +415,8 @@ class PrefillServer:
     def _predicted_hold_ms(self, req: Request) -> float:
         if self.profile is not None:
             if req.chunk is not None:
-                return self.profile.chunk_ms(*req.chunk) * self.spec.time_scale
-            return self.profile.prefill_ms(req.target_tokens) * self.spec.time_scale
+                return self.spec.dilation.emulated_span(self.profile.chunk_ms(*req.chunk))
+            return self.spec.dilation.emulated_span(self.profile.prefill_ms(req.target_tokens))
         return self._ns_per_token * len(req.prompt) / 1e6
 
     def _hand_off(self, req: Request, kv: torch.Tensor, first_token: int, t_end_ns: int) -> None:
