@@ -19,6 +19,7 @@ from geodc.hostproc.traffic.cpuload import CpuLoad
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.unit
 def test_a_link_where_a_log_goes_is_not_followed(tmp_path):
     target = tmp_path / "target"          # stands for /etc/shadow
     target.write_text("keep\n")
@@ -35,6 +36,7 @@ def test_a_link_where_a_log_goes_is_not_followed(tmp_path):
     assert load.procs == []
 
 
+@pytest.mark.loopback
 def test_the_default_log_folder_is_new_and_private(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "geodc.hostproc.traffic.cpuload", "--workers", "1"],

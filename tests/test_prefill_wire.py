@@ -13,6 +13,8 @@ import pytest
 from geodc.hostproc.prefill.wire import (MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, PeerClosed, WireError,
                           recv_msg, send_msg)
 
+pytestmark = pytest.mark.loopback
+
 LIMITS = {"max_payload_bytes": 1 << 20, "max_pad_bytes": 1 << 24}
 
 

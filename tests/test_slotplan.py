@@ -12,6 +12,8 @@ from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, plan_slots
 from geodc.plans.systems import SYSTEMS, window_bytes
 from geodc.spec.training import TrainConfig
 
+pytestmark = pytest.mark.unit
+
 WINDOW_100 = 62914 * 0.73     # bytes one connection advertises at scale 100
 
 

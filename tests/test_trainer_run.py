@@ -41,6 +41,7 @@ def pp_dp_run(tmp_path_factory):
     return cfg, run
 
 
+@pytest.mark.loopback
 def test_pipeline_matches_single_process(pp_dp_run):
     cfg, run = pp_dp_run
     metrics = compute_metrics(run.run_dir)
@@ -54,12 +55,14 @@ def test_pipeline_matches_single_process(pp_dp_run):
     assert all(len(r["microbatch_losses"]) == cfg.micro_batches for r in rows)
 
 
+@pytest.mark.loopback
 def test_loss_falls(pp_dp_run):
     cfg, run = pp_dp_run
     loss = compute_metrics(run.run_dir)["loss"]
     assert loss[-1] < loss[0] - 0.3, loss
 
 
+@pytest.mark.loopback
 def test_run_records_every_span(pp_dp_run):
     cfg, run = pp_dp_run
     spans = [json.loads(line) for line in run.spans_path.read_text().splitlines()]
@@ -82,6 +85,7 @@ def test_run_records_every_span(pp_dp_run):
     assert 0.0 < m["gpu_utilization"] < 1.0 and m["tokens_per_s"] > 0
 
 
+@pytest.mark.loopback
 def test_profile_gpipe_bubble_matches_formula(tmp_path):
     # target: 32 blocks of width 4096, seq 2048, micro-batch 1 on an H200 -> per stage of 16
     # blocks 21.6 ms forward, 46.0 ms backward; the real model here needs ~1 ms.
@@ -118,6 +122,7 @@ def test_profile_gpipe_bubble_matches_formula(tmp_path):
     assert m["communication"]["SEND_F"]["bytes"] == 3 * 4 * (16777216 // 100)
 
 
+@pytest.mark.loopback
 def test_failed_worker_stops_the_run_with_its_log(tmp_path):
     cfg = TrainConfig.from_dict({"model": MODEL, "stages": 2, "micro_batches": 2,
                                  "iterations": 2})
@@ -137,6 +142,7 @@ def test_failed_worker_stops_the_run_with_its_log(tmp_path):
     assert "in b " in str(err.value)            # names the failing host
 
 
+@pytest.mark.unit
 def test_plan_places_stages_dc_by_dc_and_assigns_ports(tmp_path):
     cfg = TrainConfig.from_dict({"model": {**MODEL, "n_layer": 4}, "stages": 2, "replicas": 2,
                                  "micro_batches": 2})

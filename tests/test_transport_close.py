@@ -14,6 +14,8 @@ import torch
 
 from geodc.hostproc.trainer.transport import HEADER, KIND_ACT, KIND_GRAD, Listener, connect, stripe_plan
 
+pytestmark = pytest.mark.loopback
+
 PEER = "s0r0"            # the connecting side's name (its hello)
 SILENT_PEER = "s1r0"     # the peer that accepts and never reads
 BIG = 64 << 20           # a 64 MiB message: far more than loopback's socket buffers
