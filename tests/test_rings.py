@@ -117,3 +117,18 @@ def test_a_misclassified_unit_test_fails_and_the_same_test_in_loopback_passes(tm
     assert "2 failed, 2 passed" in text, text
     for name in ("test_swallowed_socket_unit", "test_process_unit"):
         assert f"FAILED tests/test_inner.py::{name}" in text, text
+
+
+@pytest.mark.loopback
+def test_a_sysctl_changed_during_the_last_unit_tests_fails_the_session(tmp_path):
+    """Unit tests are not read one by one (their guard refuses writes); the session's end
+    compares. Here the unit test stands in for a change by forging what was last read."""
+    body = ("@pytest.mark.unit\ndef test_forges_the_last_reading():\n"
+            "    import tests.conftest as c\n"
+            "    key = next(iter(c._last_sysctls))\n"
+            "    c._last_sysctls = {**c._last_sysctls, key: b'forged'}\n")
+    out = inner_session(tmp_path, body)
+    text = out.stdout + out.stderr
+    assert out.returncode == pytest.ExitCode.TESTS_FAILED, text
+    assert "1 passed" in out.stdout and "sysctls changed during the session's last tests" in \
+        out.stderr and "tests/test_inner.py::test_forges_the_last_reading" in out.stderr, text
