@@ -211,10 +211,8 @@ def test_a_trickling_hello_does_not_keep_the_real_peer_out():
     peer = threading.Thread(target=lambda: got.update(ch=connect(
         *addr, hello=PEER, peer="s1r0", timeout_s=5)))
     peer.start()
-    t0 = time.monotonic()
     try:
         ch = lst.accept(PEER, timeout_s=4)
-        took = time.monotonic() - t0
         peer.join(5)
         ch.close(timeout_s=1)
         got["ch"].close(timeout_s=1)
@@ -223,7 +221,9 @@ def test_a_trickling_hello_does_not_keep_the_real_peer_out():
         t.join(5)
         slow.close()
         lst.close()
-    assert took < 3.5, f"the real peer waited {took:.1f} s behind a trickling hello"
+    # accept()'s 4 s is less than the trickler's HELLO_TIMEOUT_S: had the real peer waited
+    # behind the trickling hello, accept would have timed out instead
+    assert transport.HELLO_TIMEOUT_S > 4 and ch is not None
 
 
 @pytest.mark.loopback

@@ -208,16 +208,18 @@ def test_a_granted_client_that_goes_silent_loses_its_slot(fake_arbiter):
     silent.sendall(b"REQ sa->sb 0 5000\n")
     assert silent.recv(100).startswith(b"GRANT ")
     waiter = SlotClient("127.0.0.1", port, "sa->sb", 1, timeout_s=3)
-    t0 = time.monotonic()
     with waiter.gate(100):
-        took = time.monotonic() - t0
         share.sent[1] += 200
-    assert arb.spec.stall_s * 0.8 <= took < arb.spec.stall_s + 1.5, took
     assert _reply(silent).startswith(b"ERR slot 1 passed its deadline")
     waiter.close()
     silent.close()
     time.sleep(0.1)
-    assert [s["reason"] for s in arbiter.read_log(arb.spec.log_path)] == ["deadline", "bytes"]
+    first, second = slots = arbiter.read_log(arb.spec.log_path)
+    assert [s["reason"] for s in slots] == ["deadline", "bytes"], slots
+    # by the arbiter's own records: the waiter was granted once the silent slot had ended, and
+    # that not before its deadline (about stall_s; how close to it is bench_deadlines' figure)
+    assert second["t_grant"] >= first["t_end"], slots
+    assert first["t_end"] - first["t_grant"] >= arb.spec.stall_s * 1e9, slots
 
 
 @pytest.mark.loopback
@@ -237,19 +239,21 @@ def test_a_granted_client_still_sending_keeps_its_slot_past_the_deadline(fake_ar
     threading.Thread(target=trickle, daemon=True).start()
     threading.Timer(4 * arb.spec.stall_s, lambda: share.sent.__setitem__(0, 10**6)).start()
     waiter = SlotClient("127.0.0.1", port, "sa->sb", 1, timeout_s=5)
-    t0 = time.monotonic()
     with waiter.gate(100):
-        took = time.monotonic() - t0
         share.sent[1] += 200
     stop.set()
-    assert took >= 3 * arb.spec.stall_s, took      # the deadline (about stall_s) passed by
     slow.settimeout(0.2)
     with pytest.raises(socket.timeout):
         slow.recv(100)                              # no ERR: it was never cut off
     waiter.close()
     slow.close()
     time.sleep(0.1)
-    assert [s["reason"] for s in arbiter.read_log(arb.spec.log_path)] == ["bytes", "bytes"]
+    first, second = slots = arbiter.read_log(arb.spec.log_path)
+    assert [s["reason"] for s in slots] == ["bytes", "bytes"], slots
+    # by the arbiter's own records: the slow slot lasted past its deadline (about stall_s) to
+    # the timer's 4 x stall_s, and only then was the waiter granted
+    assert first["t_end"] - first["t_grant"] >= 3 * arb.spec.stall_s * 1e9, slots
+    assert second["t_grant"] >= first["t_end"], slots
 
 
 @pytest.mark.loopback
