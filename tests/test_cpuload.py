@@ -38,7 +38,7 @@ def test_a_link_where_a_log_goes_is_not_followed(tmp_path):
 
 @pytest.mark.loopback
 def test_the_default_log_folder_is_new_and_private(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")   # geodc: from the cwd
     proc = subprocess.Popen([sys.executable, "-m", "geodc.hostproc.traffic.cpuload", "--workers", "1"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

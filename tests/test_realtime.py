@@ -121,7 +121,7 @@ print(json.dumps(got))
 
 def run_child(code: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                         timeout=30)          # geodc: from the cwd
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
