@@ -9,7 +9,8 @@ with two fails collection):
       exec) or opening a file under /proc/sys for writing raises and fails the test, even when
       the code under test catches the error; so does a socket still open or a child process
       still running at its end (what a C library made behind Python's back). The one exception
-      is UNIT_TOOLS: static checkers that only read the tree (ruff, lint-imports).
+      is UNIT_TOOLS: static checkers that only read the tree (ruff, lint-imports). torch runs
+      on one thread in unit tests (_torch_on_one_thread).
     - `loopback`: real processes and sockets on 127.0.0.1, no root (`make test-loopback`).
     - `network`: needs root: builds emulated networks in namespaces, or asks for what only root
       gets (SCHED_FIFO). CI runs as root, so none of these is skipped there.
@@ -279,10 +280,29 @@ class _UnitGuard:
 
 
 _BEFORE_UNIT_TEST = pytest.StashKey[tuple[set[str], set[int]]]()
+_torch_threads: int | None = None   # torch's own thread count while unit tests hold it at one
+
+
+def _torch_on_one_thread(unit: bool) -> None:
+    """Unit tests run torch on one thread: on a 2-core machine shared with other work its two
+    threads spin for each other (test_prefill_model took 3x as long). Others get it back."""
+    global _torch_threads
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    if unit and _torch_threads is None:
+        _torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+    elif not unit and _torch_threads is not None:
+        torch.set_num_threads(_torch_threads)
+        _torch_threads = None
 
 
 def _guarded(item: pytest.Item, phase: str):
-    if item.get_closest_marker("unit") is None:
+    unit = item.get_closest_marker("unit") is not None
+    if phase == "setup":
+        _torch_on_one_thread(unit)
+    if not unit:
         return (yield)
     if phase == "setup":
         item.stash[_BEFORE_UNIT_TEST] = (_socket_inodes(), _children())
