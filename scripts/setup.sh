@@ -43,18 +43,26 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # The editable install must point at this checkout (a moved checkout, or a .venv another
-# checkout installed itself into, does not).
+# checkout installed itself into, does not). A .venv that is a link (a git worktree sharing
+# another checkout's) keeps that checkout's: this one's tests and runs start in this checkout,
+# whose folder then puts its own geodc first on the path.
 repo=$(pwd -P)
+shared=$([ -L .venv ] && echo 1 || true)
 installed() {   # asked from / so that the working directory does not put geodc on the path
-  [ -x .venv/bin/geodc ] && [ "$(cd / && "$repo/.venv/bin/python" -c 'import geodc; print(geodc.__file__)' 2>/dev/null)" = "$repo/geodc/__init__.py" ]
+  [ -n "$shared" ] || { [ -x .venv/bin/geodc ] && [ "$(cd / && "$repo/.venv/bin/python" -c 'import geodc; print(geodc.__file__)' 2>/dev/null)" = "$repo/geodc/__init__.py" ]; }
 }
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! installed; then
   echo "installing requirements.txt and geodc (editable) into .venv (first time: about a minute)"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q -r requirements.txt
   # --no-deps: requirements.txt holds them all, pinned; --no-build-isolation: the venv's own
-  # setuptools (torch needs >= 77, PEP 660 editable installs >= 64) builds it, offline
-  .venv/bin/python -m pip install -qq --no-deps --no-build-isolation -e .   # -qq: not setuptools' warning about a geodc/ folder in the working directory
+  # setuptools (torch needs >= 77, PEP 660 editable installs >= 64) builds it, offline;
+  # -qq: not setuptools' warning about a geodc/ folder in the working directory
+  if [ -n "$shared" ]; then
+    echo "note: .venv is a link to $(readlink -f .venv): its editable geodc is left as it is"
+  else
+    .venv/bin/python -m pip install -qq --no-deps --no-build-isolation -e .
+  fi
   if ! installed; then
     echo "error: after pip install -e ., geodc does not import from $repo/geodc (or .venv/bin/geodc is missing)" >&2
     exit 1
