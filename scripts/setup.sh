@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
 # One-time set-up, run by `make setup` (and so by `make run` / `make test`): Debian packages for
-# the emulated network, then a Python virtual environment with requirements.txt's exact pins.
-# Safe to run again: it installs only what is missing.
+# the emulated network, then a Python virtual environment with requirements.txt's exact pins and
+# this package itself, editable (geodc importable from anywhere, the `geodc` command in
+# .venv/bin). Safe to run again: it installs only what is missing, and reinstalls the venv's
+# part when requirements.txt or pyproject.toml change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-
-if [ "$(id -u)" != 0 ]; then
-  echo "error: set-up installs Debian packages and the testbed builds network namespaces: run as root (sudo make ...)" >&2
-  exit 2
-fi
 
 # tool -> Debian package
 declare -A NEED=([mnexec]=mininet [iperf3]=iperf3 [iptables]=iptables [brctl]=bridge-utils
@@ -22,6 +19,10 @@ done
   || missing+=(libpcap0.8)
 "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "error: set-up installs Debian packages (${missing[*]}) and the testbed builds network namespaces: run as root (sudo make ...)" >&2
+    exit 2
+  fi
   echo "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -34,16 +35,38 @@ if [ -z "${PIP_FIND_LINKS:-}" ] && [ -d /opt/wheels ]; then
   export PIP_FIND_LINKS=/opt/wheels
 fi
 
+# The stamp covers both files: a changed pin or a changed [project] table reinstalls.
 stamp=.venv/.requirements.sha256
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
   echo "creating .venv with $("$PYTHON" --version)"
   "$PYTHON" -m venv .venv
 fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "installing requirements.txt into .venv (first time: about a minute)"
+# The editable install must point at this checkout (a moved checkout, or a .venv another
+# checkout installed itself into, does not). A .venv that is a link (a git worktree sharing
+# another checkout's) keeps that checkout's: this one's tests and runs start in this checkout,
+# whose folder then puts its own geodc first on the path.
+repo=$(pwd -P)
+shared=$([ -L .venv ] && echo 1 || true)
+installed() {   # asked from / so that the working directory does not put geodc on the path
+  [ -n "$shared" ] || { [ -x .venv/bin/geodc ] && [ "$(cd / && "$repo/.venv/bin/python" -c 'import geodc; print(geodc.__file__)' 2>/dev/null)" = "$repo/geodc/__init__.py" ]; }
+}
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! installed; then
+  echo "installing requirements.txt and geodc (editable) into .venv (first time: about a minute)"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q -r requirements.txt
+  # --no-deps: requirements.txt holds them all, pinned; --no-build-isolation: the venv's own
+  # setuptools (torch needs >= 77, PEP 660 editable installs >= 64) builds it, offline;
+  # -qq: not setuptools' warning about a geodc/ folder in the working directory
+  if [ -n "$shared" ]; then
+    echo "note: .venv is a link to $(readlink -f .venv): its editable geodc is left as it is"
+  else
+    .venv/bin/python -m pip install -qq --no-deps --no-build-isolation -e .
+  fi
+  if ! installed; then
+    echo "error: after pip install -e ., geodc does not import from $repo/geodc (or .venv/bin/geodc is missing)" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 echo "set-up done"

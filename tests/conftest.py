@@ -1,4 +1,19 @@
-"""Shared test setup: the `network` marker (root tests) and the "teardown leaves nothing" check.
+"""Shared test setup: the three rings, and the "teardown leaves nothing" check of root tests.
+
+Every test is in exactly one ring, by a marker (registered in pyproject.toml; a test with none or
+with two fails collection):
+
+    - `unit`: pure: no processes, no sockets; the whole ring runs in under a minute
+      (`make test-unit`). Enforced in each phase of a unit test (setup, call, teardown): opening
+      a socket, starting a process (subprocess, multiprocessing, os.fork/posix_spawn/system/
+      exec) or opening a file under /proc/sys for writing raises and fails the test, even when
+      the code under test catches the error; so does a socket still open or a child process
+      still running at its end (what a C library made behind Python's back). The one exception
+      is UNIT_TOOLS: static checkers that only read the tree (ruff, lint-imports). torch runs
+      on one thread in unit tests (_torch_on_one_thread).
+    - `loopback`: real processes and sockets on 127.0.0.1, no root (`make test-loopback`).
+    - `network`: needs root: builds emulated networks in namespaces, or asks for what only root
+      gets (SCHED_FIFO). CI runs as root, so none of these is skipped there.
 
 Tests that build emulated networks carry `pytest.mark.network`. They are skipped with reason
 'needs root' when not run as root, and an autouse fixture snapshots the machine before and after
@@ -16,8 +31,10 @@ runs in it) under net.core, net.ipv4, net.ipv6.conf.all, kernel.pty and fs.file-
 changes one fails, naming it with its value before and after. Each test is compared with the
 state the previous one left (the first with the session's start), so a change made while a
 module-scoped network was built is caught too, at the first test that uses it. Reading them
-costs about 9 ms a test on an idle machine (35 ms under a load of 7 on 2 cores). Left out,
-because they change on their own: SYSCTLS_THAT_MOVE.
+costs about 9 ms a test on an idle machine (35 ms under a load of 7 on 2 cores), so unit tests
+(which cannot write them) are not read one by one: a change in a run of unit tests is found at
+the next test checked, or at the session's end, naming the run. Left out, because they change
+on their own: SYSCTLS_THAT_MOVE.
 
 The session uses its own registry directory, /run/geotestbed/tests-XXXX (GEOTESTBED_RUNTIME_DIR,
 set before the testbed is imported), so `run_testbed.py cleanup` in the tests only ever sees runs
@@ -37,7 +54,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,12 +77,11 @@ SYSCTLS_THAT_MOVE = {
 
 _session_runtime_dir: Path | None = None
 _last_sysctls: dict[str, bytes] | None = None
+_unit_tests_unchecked: list[str] = []   # unit tests run since the sysctls were last read
 
 
 def pytest_configure(config: pytest.Config) -> None:
     global _session_runtime_dir
-    config.addinivalue_line(
-        "markers", "network: builds emulated networks (needs root); checked for leftovers")
     # Mininet's LinuxBridge.setup() reports bridge-nf sysctls through logging's deprecated warn().
     config.addinivalue_line(
         "filterwarnings", "ignore:The 'warn' method is deprecated:DeprecationWarning")
@@ -90,10 +108,229 @@ def pytest_unconfigure(config: pytest.Config) -> None:  # noqa: ARG001
             shutil.rmtree(_session_runtime_dir, ignore_errors=True)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
+
+
+# ---- rings ----------------------------------------------------------------------------------
+RINGS = ("unit", "loopback", "network")
+# What a unit test may run as a child: static checkers that only read the tree (no sockets, no
+# process outlives the call). Matched on the executable's file name, with shell=False only.
+UNIT_TOOLS = frozenset({"ruff", "lint-imports"})
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects: `pytest -m unit` checks every test too
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:  # noqa: ARG001
+    wrong = []
+    for item in items:
+        rings = sorted({m.name for m in item.iter_markers() if m.name in RINGS})
+        if len(rings) != 1:
+            wrong.append(f"  {item.nodeid}: {', '.join(rings) if rings else 'no ring'}")
+    if wrong:
+        raise pytest.UsageError(
+            f"every test needs exactly one ring marker ({', '.join(RINGS)}; tests/conftest.py); "
+            f"{len(wrong)} have none or more than one:\n" + "\n".join(wrong))
+
+
+def _socket_inodes() -> set[str]:
+    """The sockets this process holds open ('socket:[inode]' links in /proc/self/fd)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def _children() -> set[int]:
+    """This process's child processes, of every thread."""
+    pids: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            pids.update(int(p) for p in Path(f"/proc/self/task/{task}/children").read_text().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _under_proc_sys(file: object) -> bool:
+    if isinstance(file, int):
+        return False
+    try:
+        path = os.path.abspath(os.fsdecode(file))
+    except TypeError:
+        return False
+    return path == PROC_SYS.rstrip("/") or path.startswith(PROC_SYS)
+
+
+class _UnitGuard:
+    """While active (one phase of one unit test), every way to open a socket, start a process or
+    write a sysctl raises, and is recorded, so the test fails even if the code under test
+    swallows the error. UNIT_TOOLS may be run."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.violations: list[str] = []
+        self._undo: list[tuple[object, str, object]] = []
+        self._tool = threading.local()
+
+    def refuse(self, action: str) -> RuntimeError:
+        where = "".join(traceback.format_stack(limit=8)[:-2])
+        self.violations.append(f"{action} (thread {threading.current_thread().name}), at:\n{where}")
+        return RuntimeError(f"unit ring: {action} in a `unit` test ({self.what}); a test that "
+                            f"opens sockets, starts processes or writes sysctls belongs in "
+                            f"`loopback` or `network`")
+
+    def _patch(self, owner: object, name: str, make) -> None:
+        if hasattr(owner, name):
+            original = getattr(owner, name)
+            self._undo.append((owner, name, original))
+            setattr(owner, name, make(original))
+
+    def __enter__(self) -> "_UnitGuard":
+        import _posixsubprocess
+        import builtins
+        import io
+        import socket
+        guard = self
+
+        def refused(action: str):
+            def make(original):
+                def call(*args, **kwargs):
+                    raise guard.refuse(action)
+                return call
+            return make
+
+        def unless_tool(action: str):
+            def make(original):
+                def call(*args, **kwargs):
+                    if getattr(guard._tool, "active", False):
+                        return original(*args, **kwargs)
+                    raise guard.refuse(action)
+                return call
+            return make
+
+        def socket_init(original):
+            def init(sock, family=-1, type=-1, proto=-1, fileno=None):
+                raise guard.refuse(f"socket.socket(family={family}, type={type})")
+            return init
+
+        def popen_init(original):
+            def init(popen, args, *rest, **kwargs):
+                argv0 = kwargs.get("executable") or (
+                    args if isinstance(args, (str, bytes, os.PathLike)) else args[0])
+                if not kwargs.get("shell") and Path(os.fsdecode(argv0)).name in UNIT_TOOLS:
+                    guard._tool.active = True
+                    try:
+                        return original(popen, args, *rest, **kwargs)
+                    finally:
+                        guard._tool.active = False
+                raise guard.refuse(f"subprocess.Popen({args!r})")
+            return init
+
+        def open_file(original):
+            def call(file, mode="r", *args, **kwargs):
+                if any(c in mode for c in "wax+") and _under_proc_sys(file):
+                    raise guard.refuse(f"open({file!r}, {mode!r})")
+                return original(file, mode, *args, **kwargs)
+            return call
+
+        def os_open(original):
+            def call(path, flags, *args, **kwargs):
+                if flags & (os.O_WRONLY | os.O_RDWR) and _under_proc_sys(path):
+                    raise guard.refuse(f"os.open({path!r}) for writing")
+                return original(path, flags, *args, **kwargs)
+            return call
+
+        self._patch(socket.socket, "__init__", socket_init)
+        self._patch(socket, "socketpair", refused("socket.socketpair()"))
+        self._patch(subprocess.Popen, "__init__", popen_init)
+        self._patch(_posixsubprocess, "fork_exec", unless_tool("a process (fork_exec)"))
+        for name in ("posix_spawn", "posix_spawnp"):
+            self._patch(os, name, unless_tool(f"a process (os.{name})"))
+        for name in ("fork", "forkpty", "system", "execv", "execve"):
+            self._patch(os, name, refused(f"a process (os.{name})"))
+        self._patch(builtins, "open", open_file)
+        self._patch(io, "open", open_file)
+        self._patch(os, "open", os_open)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+    def made_behind_pythons_back(self, sockets_before: set[str], children_before: set[int]) -> None:
+        """What a C library (torch.distributed, gloo) made that the patches cannot see: sockets
+        still open and child processes still running at the end of the test."""
+        sockets = _socket_inodes() - sockets_before
+        if sockets:
+            self.violations.append(f"{len(sockets)} socket(s) left open: {sorted(sockets)}")
+        children = _children() - children_before
+        if children:
+            self.violations.append(f"child processes still running: "
+                                   f"{[(pid, _cmdline(pid)) for pid in sorted(children)]}")
+
+    def check(self) -> None:
+        if self.violations:
+            pytest.fail(f"a `unit` test ({self.what}) opened sockets, started processes or wrote "
+                        f"sysctls; it belongs in `loopback` or `network`:\n"
+                        + "\n".join(self.violations), pytrace=False)
+
+
+_BEFORE_UNIT_TEST = pytest.StashKey[tuple[set[str], set[int]]]()
+_torch_threads: int | None = None   # torch's own thread count while unit tests hold it at one
+
+
+def _torch_on_one_thread(unit: bool) -> None:
+    """Unit tests run torch on one thread: on a 2-core machine shared with other work its two
+    threads spin for each other (test_prefill_model took 3x as long). Others get it back."""
+    global _torch_threads
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    if unit and _torch_threads is None:
+        _torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+    elif not unit and _torch_threads is not None:
+        torch.set_num_threads(_torch_threads)
+        _torch_threads = None
+
+
+def _guarded(item: pytest.Item, phase: str):
+    unit = item.get_closest_marker("unit") is not None
+    if phase == "setup":
+        _torch_on_one_thread(unit)
+    if not unit:
+        return (yield)
+    if phase == "setup":
+        item.stash[_BEFORE_UNIT_TEST] = (_socket_inodes(), _children())
+    guard = _UnitGuard(f"{item.nodeid}, {phase}")
+    with guard:
+        result = yield
+    if phase == "teardown" and _BEFORE_UNIT_TEST in item.stash:
+        guard.made_behind_pythons_back(*item.stash[_BEFORE_UNIT_TEST])
+    guard.check()
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
     # Before any fixture (module-scoped networks included) is built.
     if item.get_closest_marker("network") is not None and os.geteuid() != 0:
         pytest.skip("needs root")
+    return (yield from _guarded(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    return (yield from _guarded(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    return (yield from _guarded(item, "teardown"))
 
 
 # ---- snapshots ------------------------------------------------------------------------------
@@ -290,19 +527,44 @@ def leftovers() -> Leftovers:
     return Leftovers()
 
 
+def _unit_tests_note() -> str:
+    n = len(_unit_tests_unchecked)
+    return (f"or by one of the {n} unit tests run since the last check "
+            f"({_unit_tests_unchecked[0]} .. {_unit_tests_unchecked[-1]})" if n else "")
+
+
 @pytest.fixture(autouse=True)
 def _root_sysctls_unchanged(request: pytest.FixtureRequest):
-    """For every test: fail if a root-namespace sysctl differs from what the previous test
-    left (the module docstring)."""
+    """For every test but unit tests: fail if a root-namespace sysctl differs from what the
+    previous test left (the module docstring). A unit test cannot write one (its guard refuses
+    writes under /proc/sys), so it is not read for each (9 ms a test); what the unit tests
+    changed anyway is found at the next check, the session's end at the latest, naming them."""
     global _last_sysctls
+    if request.node.get_closest_marker("unit") is not None:
+        _unit_tests_unchecked.append(request.node.nodeid)
+        yield
+        return
     before = _last_sysctls if _last_sysctls is not None else root_sysctls()
     yield
     _last_sysctls = root_sysctls()
     changed = sysctl_changes(before, _last_sysctls)
     if changed:
-        changed.append(other_runs_note())
+        changed += filter(None, [_unit_tests_note(), other_runs_note()])
+    _unit_tests_unchecked.clear()
     assert not changed, (f"root-namespace sysctls changed by {request.node.name} (or a fixture "
                          f"set up for it): {'; '.join(changed)}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:  # noqa: ARG001
+    """The sysctl check for unit tests that ran after the last checked test."""
+    if not _unit_tests_unchecked or _last_sysctls is None:
+        return
+    changed = sysctl_changes(_last_sysctls, root_sysctls())
+    if changed:
+        changed += [_unit_tests_note(), other_runs_note()]
+        print(f"\nerror: root-namespace sysctls changed during the session's last tests: "
+              f"{'; '.join(changed)}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

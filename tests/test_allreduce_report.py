@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 
 def test_allreduce_report_against_the_ideal_ring() -> None:
     """The report takes, per iteration, the replica that arrived last (shortest span), and

@@ -39,6 +39,7 @@ def pending(i: int, pred_ms: float, arrival_ns: int = 0, deadline_ms: float = 10
                         predict_ms=lambda n: pred_ms, guard_ms=lambda p: guard_ms, time_scale=TimeScale())
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(preds=st.lists(st.floats(0.1, 100.0), min_size=0, max_size=12),
        now_ms=st.floats(0.0, 50.0), length_ms=st.floats(0.0, 150.0),
@@ -65,6 +66,7 @@ def test_admission_never_admits_what_does_not_fit(preds, now_ms, length_ms, guar
         assert pick.reason in ("no_request", "none_fitted", "guard")
 
 
+@pytest.mark.unit
 def test_chunk_cost_rule():
     """A chunk costs the whole prompt's increment, never less than its own length alone, so the
     chunks of a prompt cost at least its whole prefill."""
@@ -81,6 +83,7 @@ def test_chunk_cost_rule():
         prof.chunk_ms(100, 100)
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(done=st.integers(0, 8000), extra=st.integers(1, 8192), room_ms=st.floats(0.0, 300.0),
        min_tokens=st.integers(1, 512))
@@ -104,6 +107,7 @@ def test_chunk_end_is_the_largest_chunk_that_fits(done, extra, room_ms, min_toke
         assert end == target - min_tokens or cost(done, end + 1) > room
 
 
+@pytest.mark.unit
 def test_take_for_chunk_takes_the_oldest_long_enough_request():
     prof = PrefillProfile.load()
     cost = lambda a, b: int(prof.chunk_ms(a, b) * MS)          # noqa: E731
@@ -119,6 +123,7 @@ def test_take_for_chunk_takes_the_oldest_long_enough_request():
     assert [x.id for x in q.drain()] == ["r2"]
 
 
+@pytest.mark.unit
 def test_admission_fifo_requeue_guard_and_expiry():
     q = Admission()
     q.arrive(pending(0, 30.0))
@@ -145,6 +150,7 @@ def test_admission_fifo_requeue_guard_and_expiry():
     assert len(q) == 0
 
 
+@pytest.mark.unit
 def test_config_defaults_and_errors():
     cfg = BubbleTeaConfig.from_dict({"load": {"trace": "code", "rate_multiplier": 20}})
     assert cfg.load.kind == "replay" and cfg.guard_for_ms(100.0) == pytest.approx(7.0)
@@ -175,6 +181,7 @@ def scenario(**extra):
     return parse_scenario(doc)
 
 
+@pytest.mark.unit
 def test_decode_hosts_are_hosts_that_never_train():
     sc = scenario()
     assert sc.host_names() == ["a-h1", "a-h2", "b-h1"]
@@ -193,6 +200,7 @@ def test_decode_hosts_are_hosts_that_never_train():
     assert err.value.field == "systems[0]" and "+bubbletea" in str(err.value)
 
 
+@pytest.mark.unit
 def test_load_split_follows_training_hosts():
     cfg = BubbleTeaConfig.from_dict({"load": {"poisson_per_s": 50, "window_s": 20,
                                               "lengths": "code"}})
@@ -211,6 +219,7 @@ def span(name, host, t0_ms, t1_ms, it=1, stage=0):
             "t_start_ns": int(t0_ms * MS), "t_end_ns": int(t1_ms * MS)}
 
 
+@pytest.mark.unit
 def test_metrics_utilization_overlap_wait_and_unused_causes():
     # three iterations of one host: compute 0-10, 50-60 (it 0), 100-110, 150-160 (it 1),
     # 200-210, 250-260 (it 2); iterations 1-2 are measured: window 100 ms .. 300 ms
@@ -256,6 +265,7 @@ def test_metrics_utilization_overlap_wait_and_unused_causes():
     assert share["not_predicted"] == pytest.approx(38 / total)
 
 
+@pytest.mark.unit
 def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
     from geodc.host.notices import Bubble
     b = Bubble(t_idle_ns=0, t_pred_end_ns=38 * MS, iteration=3, op=2,
@@ -265,6 +275,7 @@ def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
     assert not b.extend(97 * MS, 1 * MS) and b.t_pred_end_ns == 96 * MS
 
 
+@pytest.mark.unit
 def test_notices_parse_by_kind_and_refuse_malformed_ones():
     from geodc.host.notices import parse_notice
     b = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9, "iteration": 3, "op": 2,
@@ -291,6 +302,7 @@ def test_notices_parse_by_kind_and_refuse_malformed_ones():
             parse_notice(bad)
 
 
+@pytest.mark.unit
 def test_arrival_bound_rolls_while_nothing_is_heard_then_holds():
     from geodc.host.notices import Bubble
     margin = 2 * MS
@@ -323,6 +335,7 @@ def test_arrival_bound_rolls_while_nothing_is_heard_then_holds():
     assert short.end_ns(40 * MS, margin) == 30 * MS     # says nothing: never past now
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(made_start_ms=st.floats(0, 200), hold_ms=st.floats(0, 60), wait_ms=st.floats(0, 100),
        wire_ms=st.floats(0, 80), slower_ms=st.floats(0, 40), pred_ms=st.floats(1, 300),
@@ -354,6 +367,7 @@ def test_arrival_bound_never_passes_the_message(made_start_ms, hold_ms, wait_ms,
             assert end <= last * MS + 1, (now_ms, end / MS, last)
 
 
+@pytest.mark.loopback
 def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
     from geodc.host.notices import parse_notice
     ctl = make_controller(tmp_path)
@@ -410,6 +424,7 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
         close_controller(ctl)
 
 
+@pytest.mark.loopback
 def test_controller_counts_the_notices_it_never_got(tmp_path):
     ctl = make_controller(tmp_path, hosts=("a-h1", "a-h2"))
     try:
@@ -425,6 +440,7 @@ def test_controller_counts_the_notices_it_never_got(tmp_path):
         close_controller(ctl)
 
 
+@pytest.mark.loopback
 def test_hostile_notices_are_refused_and_the_agent_lives_on(tmp_path):
     """A running controller (its threads, its UDP socket, a fake prefill server on loopback):
     a bubble notice ending 10^30 ns from now, a notice numbered 10^18, a 5000-digit integer, a
@@ -484,6 +500,7 @@ def test_hostile_notices_are_refused_and_the_agent_lives_on(tmp_path):
     assert summary["name"] == "SUMMARY" and summary["threads_died"] == 0
 
 
+@pytest.mark.loopback
 def test_a_controller_thread_that_dies_marks_its_host_down(tmp_path):
     ctl = make_controller(tmp_path)
     try:
@@ -526,6 +543,7 @@ def close_controller(ctl) -> None:
     ctl.log.close()
 
 
+@pytest.mark.loopback
 def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp_path):
     from geodc.host.notices import parse_notice
     ctl = make_controller(tmp_path, hosts=("a-h1", "a-h2"))
@@ -564,6 +582,7 @@ def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp
         close_controller(ctl)
 
 
+@pytest.mark.unit
 def test_timeline_marks_an_overlap(tmp_path):
     from geodc.analysis.timeline_plot import plot_timeline
     spans = [dict(span("F", f"h{st}", 100 * it + 10 * st, 100 * it + 10 * st + 20, it, st),
@@ -573,6 +592,7 @@ def test_timeline_marks_an_overlap(tmp_path):
     assert out.stat().st_size > 10_000
 
 
+@pytest.mark.unit
 def test_run_refuses_bubbletea_without_decode_hosts_or_section(tmp_path):
     import yaml
     from geodc.features.checks import load_run

@@ -36,6 +36,7 @@ def _send(port: int, connections: int, messages: int, size: int, gap_s: float,
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.unit
 def test_chunk_sizes_stripe_evenly():
     assert burst.chunk_sizes(10, 3) == [4, 3, 3]
     assert burst.chunk_sizes(9, 3) == [3, 3, 3]
@@ -43,6 +44,7 @@ def test_chunk_sizes_stripe_evenly():
     assert sum(burst.chunk_sizes(33554432, 7)) == 33554432
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("connections", [1, 3])
 def test_messages_arrive_whole_and_records_agree(tmp_path, connections):
     messages, size, gap_s = 5, 300_007, 0.05
@@ -77,6 +79,7 @@ def test_messages_arrive_whole_and_records_agree(tmp_path, connections):
         assert nxt.send_start_ns - prev.ack_ns >= gap_s * 1e9 * 0.95
 
 
+@pytest.mark.loopback
 def test_wrong_message_size_is_an_error(tmp_path):
     recv, port = _start_receiver(tmp_path / "recv.jsonl", 1, 2, 1000)
     try:
@@ -91,6 +94,7 @@ def test_wrong_message_size_is_an_error(tmp_path):
     assert sent.returncode == 1 and sent.stderr.startswith("error: ")
 
 
+@pytest.mark.loopback
 def test_unknown_congestion_control_is_one_line(tmp_path):
     sent = _send(9, 1, 1, 10, 0.0, ["--cc", "nosuchcc"])
     assert sent.returncode == 1
@@ -98,6 +102,7 @@ def test_unknown_congestion_control_is_one_line(tmp_path):
     assert len(sent.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.loopback
 def test_receiver_listens_only_where_it_is_told():
     """No --bind: one line naming it, exit 2 (no listening on every interface)."""
     out = subprocess.run([sys.executable, "-m", "geodc.hostproc.traffic.burst", "recv", "--port", "0",

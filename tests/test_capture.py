@@ -11,6 +11,8 @@ import pytest
 from geodc.hostproc.traffic.capture import (MAGIC, Packet, frame_bytes, load, pack, parse_frame, slot_adherence,
                              switch_errors_ms)
 
+pytestmark = pytest.mark.unit
+
 MS = 1_000_000
 IPS = {"10.1.0.1": 0, "10.1.0.2": 1}
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.loopback
+
 REPO = Path(__file__).resolve().parent.parent
 BLOCKED = ("mininet", "pyroute2", "torch", "scapy", "matplotlib")
 RUNNER = f"""

@@ -19,6 +19,7 @@ from geodc.run.cpuload import CpuLoad
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.unit
 def test_a_link_where_a_log_goes_is_not_followed(tmp_path):
     target = tmp_path / "target"          # stands for /etc/shadow
     target.write_text("keep\n")
@@ -35,8 +36,9 @@ def test_a_link_where_a_log_goes_is_not_followed(tmp_path):
     assert load.procs == []
 
 
+@pytest.mark.loopback
 def test_the_default_log_folder_is_new_and_private(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")   # geodc: from the cwd
     proc = subprocess.Popen([sys.executable, "-m", "geodc.run.cpuload", "--workers", "1"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

@@ -9,6 +9,8 @@ from geodc.spec.errors import ScenarioError
 from geodc.spec.scenario import parse_scenario
 from geodc.plans.topo import make_plan
 
+pytestmark = pytest.mark.unit
+
 BASE = {"name": "x",
         "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}, {"name": "c", "hosts": 1}],
         "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 100},

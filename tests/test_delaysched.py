@@ -13,6 +13,8 @@ import pytest
 from geodc.emulation import delaysched as ds
 from geodc.emulation.delayline import parse_netlink_drops, parse_nfqueue_proc
 
+pytestmark = pytest.mark.unit
+
 T0 = 1_700_000_000.0  # a CLOCK_REALTIME-like start: due times are absolute
 
 

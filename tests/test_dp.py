@@ -65,6 +65,7 @@ def run_pair(prio: str) -> list[dict]:
     return [json.loads(out.strip().splitlines()[-1]) for out, _, _ in results]
 
 
+@pytest.mark.network
 @pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root (CAP_SYS_NICE)")
 def test_gloo_threads_get_the_io_priority_and_the_caller_does_not():
     for doc in run_pair("10"):
@@ -79,6 +80,7 @@ def test_gloo_threads_get_the_io_priority_and_the_caller_does_not():
         assert doc["grad"] == [1.5, 1.5, 1.5] and doc["bytes"] == 4096, doc
 
 
+@pytest.mark.loopback
 def test_without_a_priority_nothing_is_real_time():
     for doc in run_pair("none"):
         assert doc["status"] == "off" and doc["main"] == os.SCHED_OTHER, doc

@@ -10,6 +10,8 @@ from geodc.spec.faults import events_of
 from geodc.spec.scenario import parse_scenario
 from geodc.spec.timescale import TimeScale
 
+pytestmark = pytest.mark.unit
+
 BASE = {"name": "f",
         "dcs": [{"name": "a", "hosts": 2, "decode_hosts": 1}, {"name": "b", "hosts": 1}],
         "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 100}]}

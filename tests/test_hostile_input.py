@@ -10,6 +10,7 @@ import socket
 import struct
 import threading
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,12 +54,14 @@ def _load(doc) -> None:
         assert str(exc) and "\n" not in str(exc)
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(JSONISH)
 def test_scenario_loader_takes_anything(doc):
     _load(doc)
 
 
+@pytest.mark.unit
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from(FIELD_PATHS), JSONISH)
 def test_scenario_loader_takes_any_value_in_any_field(path, value):
@@ -83,6 +86,7 @@ def _roundtrip(data: bytes):
         a.close()
 
 
+@pytest.mark.loopback
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200) | st.builds(
     lambda h, rest: wire.PREFIX.pack(wire.MAGIC, wire.VERSION, len(h)) + h + rest,
@@ -97,6 +101,7 @@ def test_wire_parser_takes_any_bytes(data):
     assert msg is None or isinstance(msg.header, dict)
 
 
+@pytest.mark.unit
 @settings(max_examples=500, deadline=None)
 @given(st.binary(min_size=transport.HEADER.size, max_size=transport.HEADER.size),
        st.integers(1, 16))
@@ -116,6 +121,7 @@ def test_frame_header_check_takes_any_header(raw, connections):
     assert offset + length <= payload + pad and ndim <= transport.MAX_DIMS
 
 
+@pytest.mark.unit
 def test_a_valid_scenario_still_loads():
     assert parse_scenario(json.loads(json.dumps(VALID))).name == "h"
     assert struct.calcsize("!4sHI") == wire.PREFIX.size

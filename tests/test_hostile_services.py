@@ -62,6 +62,7 @@ def _frame(body: bytes) -> bytes:
     return wire.PREFIX.pack(wire.MAGIC, wire.VERSION, len(body)) + body
 
 
+@pytest.mark.loopback
 @FUZZ
 @given(OBJECT_TEXT | JSON_TEXT | DEEP, st.integers(0, 200), st.booleans())
 def test_wire_takes_any_header_text(text, cut, truncate):
@@ -89,6 +90,7 @@ def profile():
     return PrefillProfile.load()
 
 
+@pytest.mark.unit
 @FUZZ
 @given(OBJECT_TEXT, st.booleans())
 def test_requests_and_kv_headers_take_any_object(profile, text, profile_mode):
@@ -114,6 +116,7 @@ def controller(tmp_path_factory):
     close_controller(ctl)
 
 
+@pytest.mark.loopback
 @FUZZ
 @given(OBJECT_TEXT | JSON_TEXT | DEEP)
 def test_notices_take_any_datagram(controller, text):
@@ -150,6 +153,7 @@ LINE = (st.sampled_from(["REQ sa->sb 0 ", "REQ sa->sb 1 ", "REQ sa-gw-eth1 0 ", 
         .map(lambda vt: (vt[0] + vt[1]).encode("utf-8", "replace")))
 
 
+@pytest.mark.loopback
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(LINE | st.binary(max_size=300), min_size=1, max_size=3))
 def test_arbiter_takes_any_line(arbiter, lines):

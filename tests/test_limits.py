@@ -30,17 +30,20 @@ def reserve(soft: int, namespaces: int) -> list[int]:
     return [int(x) for x in out.split()]
 
 
+@pytest.mark.loopback
 def test_open_files_left_alone_when_enough():
     got, soft, hard, hard_before = reserve(1024, 10)
     assert got == soft == 1024 and hard == hard_before
 
 
+@pytest.mark.loopback
 def test_open_files_raised_to_what_the_network_needs_only():
     need = open_files_needed(400)
     got, soft, hard, hard_before = reserve(512, 400)
     assert got == soft == need and hard == max(hard_before, need)
 
 
+@pytest.mark.unit
 def test_too_few_free_ptys_is_one_line_naming_the_fix(tmp_path):
     (tmp_path / "max").write_text("4096\n")
     (tmp_path / "nr").write_text("4090\n")

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from geodc.emulation.machine import (CpuTimes, hold_cpu_wakeup_latency, loaded_modules,
                              modules_loaded_since, release_cpu_wakeup_latency)
+
+pytestmark = pytest.mark.unit
 
 STAT_A = "cpu  100 0 50 800 10 0 20 20 0 0\ncpu0 50 0 25 400 5 0 10 10 0 0\n"
 STAT_B = "cpu  200 0 100 1500 10 0 40 150 0 0\ncpu0 100 0 50 750 5 0 20 75 0 0\n"

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # -- one transfer ----------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_transfer_window_limited_rounds():
     """336 KB, window 45 KB, 100 ms one way: 8 rounds on one connection, 2 on four."""
     w = 45_000.0
@@ -37,6 +38,7 @@ def test_transfer_window_limited_rounds():
         100 + 3 * w * WF * 8 / 1e5 + 200 + (336_000 / 4 - w) * WF * 8 / 1e5)
 
 
+@pytest.mark.unit
 def test_transfer_between_window_and_rate_limits():
     """K windows a little over the bandwidth-delay product (3 x 45.9 kB against 125 kB at 5 ms
     one way, 100 Mbit/s): the rate would say 19.0 ms; the third connection's second round waits
@@ -52,6 +54,7 @@ def test_transfer_between_window_and_rate_limits():
     assert transfer_ms(167_772, six) == pytest.approx(5 + 167_772 * WF * 8 / 1e5)
 
 
+@pytest.mark.unit
 def test_transfer_rate_bound_and_slow_start():
     fat = PathSpec(rate_mbit=10, one_way_ms=5, rtt_ms=10, window_bytes=1e9, connections=1)
     assert transfer_ms(1_000_000, fat) == pytest.approx(5 + 1e6 * WF * 8 / 1e4)
@@ -83,6 +86,7 @@ def _local(P: int, M: int, f: float, b: float, schedule: str = "gpipe", D: int =
                          sharing=sharing)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("P,M", [(2, 4), (3, 8), (4, 4)])
 def test_no_wan_gives_the_textbook_bubble(schedule, P, M):
@@ -105,6 +109,7 @@ def _arrivals(sharing: str) -> list[float]:
     return sorted(o.start_ms for o in ops if o.stage == 1 and o.name == "F")
 
 
+@pytest.mark.unit
 def test_one_link_fair_versus_temporal_by_hand():
     # fair: both at 50 Mbit/s, data through at 5 + 20, arriving at 35
     assert _arrivals("concurrent") == pytest.approx([35.0, 35.0])
@@ -117,6 +122,7 @@ def test_one_link_fair_versus_temporal_by_hand():
 SHIPPED = sorted(p for p in (REPO / "topologies").glob("*.yaml"))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_every_shipped_scenario_and_system_predicts(path):
     sc = load_scenario(path)
@@ -142,6 +148,7 @@ def _with(sc, delay_ms=None, connections=None):
                                                else {"connections": connections}))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("system", ["baseline", "multitcp", "atlas"])
 def test_monotone_in_delay_and_connections(system):
     sc = load_scenario(REPO / "topologies" / "atlas_paper.yaml")
@@ -156,6 +163,7 @@ def test_monotone_in_delay_and_connections(system):
         assert all(b <= a * (1 + 1e-9) for a, b in zip(ks, ks[1:]))   # more K, never slower
 
 
+@pytest.mark.unit
 def test_prediction_beside_a_committed_emulated_run():
     """docs/bubbletea's committed x40 run: Atlas on atlas_bubbletea, measured on this machine."""
     doc = json.loads((REPO / "docs" / "bubbletea" / "atlas_bubbletea-x40-metrics.json")
@@ -167,6 +175,7 @@ def test_prediction_beside_a_committed_emulated_run():
     assert abs(p.bubble_fraction - measured["bubble_fraction"]) <= 0.05
 
 
+@pytest.mark.unit
 def test_predict_command(capsys):
     from run_testbed import main
     assert main(["predict", str(REPO / "topologies" / "atlas_paper.yaml")]) == 0
@@ -182,6 +191,7 @@ def test_predict_command(capsys):
     assert "systems[0]" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("system", ["baseline", "multitcp", "temporal", "atlas", "dp-across-dcs"])
 def test_prediction_beside_the_committed_atlas_paper_run(system):
     """docs/atlas's committed run of every system on atlas_paper. Atlas's iteration time is the
@@ -203,6 +213,7 @@ REFERENCE_RUNS = sorted(p.parent for p in (REPO / "results" / "reference").rglob
     "scenario.resolved.yaml"))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("run_dir", REFERENCE_RUNS, ids=lambda p: p.name)
 def test_every_committed_reference_run_is_within_the_targets(run_dir):
     """results/reference (scripts/make_reference.py): every shipped training scenario and sweep
@@ -226,6 +237,7 @@ def test_every_committed_reference_run_is_within_the_targets(run_dir):
                     (name, link)
 
 
+@pytest.mark.unit
 def test_planner_ranks_stage_to_dc_assignments(capsys):
     """atlas_paper: 12 of 27 assignments fit (asia's 2 hosts take one stage of D = 2, eu's 3
     one); the fastest is Algorithm 1's (stages 0-1 in us, 2 in eu)."""
@@ -244,6 +256,7 @@ def test_planner_ranks_stage_to_dc_assignments(capsys):
     assert "12 feasible" in out and out.count("\n") == 5     # title, header, 3 options
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("system", ["baseline", "atlas"])
 def test_folding_alike_replicas(system, monkeypatch):
     """D = 12 (above the folding threshold): under fair sharing folding is exact; under
@@ -267,6 +280,7 @@ def test_folding_alike_replicas(system, monkeypatch):
             u * exact.iteration_time_s, rel=1e-6)     # the same bytes
 
 
+@pytest.mark.unit
 def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
     from run_testbed import main
     from geodc.spec.errors import ScenarioError
@@ -287,6 +301,7 @@ def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
     assert main(["validate", str(bad)]) == 2          # over 99 hosts without predict_only
 
 
+@pytest.mark.unit
 def test_predict_only_scenarios_may_use_more_connections(tmp_path, capsys):
     """16 connections is the emulator's limit (sender threads on 2 cores), not the model's."""
     from run_testbed import main
@@ -307,6 +322,7 @@ def test_predict_only_scenarios_may_use_more_connections(tmp_path, capsys):
     assert scenario_connections(load_scenario(path), "a", "b") == 16
 
 
+@pytest.mark.unit
 def test_slow_start_after_idle_off_in_the_scenario_and_the_model(tmp_path, capsys):
     from run_testbed import main
     from geodc.predict.predict import build
@@ -329,6 +345,7 @@ def test_slow_start_after_idle_off_in_the_scenario_and_the_model(tmp_path, capsy
     assert "tcp_slow_start_after_idle" in capsys.readouterr().err
 
 
+@pytest.mark.loopback   # pure, but 7 s of paper-scale predictions: too slow for the unit ring
 def test_paper_whatif_bench_prints_both_tables(capsys):
     import importlib.util
     spec = importlib.util.spec_from_file_location("whatif", REPO / "bench" / "bench_paper_whatif.py")
@@ -339,6 +356,7 @@ def test_paper_whatif_bench_prints_both_tables(capsys):
     assert out.count("| gpt70b_3dc") == 4 and ">= 17x over baseline" in out and ">= 94 %" in out
 
 
+@pytest.mark.unit
 def test_predict_a_sweep_gives_every_point(capsys):
     from run_testbed import main
     path = str(REPO / "topologies" / "sweep_delay.yaml")
@@ -351,6 +369,7 @@ def test_predict_a_sweep_gives_every_point(capsys):
     assert capsys.readouterr().out.count("sweep point") == 3
 
 
+@pytest.mark.unit
 def test_bursts_share_a_link_first_come_first_served():
     """Two one-round messages (each stripe within its window) on a concurrent link queue at the
     bottleneck in the order sent: the first arrives as if alone, the second one data time later
@@ -369,6 +388,7 @@ def test_bursts_share_a_link_first_come_first_served():
     assert got == pytest.approx([35.0, 35.0])
 
 
+@pytest.mark.unit
 def test_one_round_is_a_stripe_within_its_window():
     from geodc.predict.transfer import one_round
     path = PathSpec(rate_mbit=100, one_way_ms=20, rtt_ms=40, window_bytes=45_927, connections=11)
@@ -376,6 +396,7 @@ def test_one_round_is_a_stripe_within_its_window():
     assert not one_round(335_544, dataclasses.replace(path, connections=3))   # 112 kB each
 
 
+@pytest.mark.unit
 def test_what_the_emulation_added_is_reported_beside_the_errors():
     from geodc.analysis.model_check import emulation_overheads, summary_line
     from geodc.features.temporal.run import slot_overheads_ms

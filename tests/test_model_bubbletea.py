@@ -16,6 +16,8 @@ from geodc.cli.planview import load_training
 from geodc.spec.scenario import load_scenario
 from geodc.spec.systems import get_system
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parent.parent
 MS = 1_000_000
 PROFILE = PrefillProfile.load()

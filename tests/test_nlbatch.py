@@ -89,6 +89,7 @@ def test_switch_bytes_set_the_classes_as_pyroute2_does():
         subprocess.run(["ip", "netns", "del", NS], capture_output=True)
 
 
+@pytest.mark.loopback
 def test_refuses_messages_that_are_not_whole_or_ask_no_ack():
     import struct
     with RequestBatch() as batch:

@@ -10,6 +10,8 @@ from geodc.spec.scenario import parse_scenario
 from geodc.spec.systems import SYSTEMS
 from geodc.spec.training import TrainConfig
 
+pytestmark = pytest.mark.unit
+
 
 def scenario(*dcs: tuple[str, int]):
     """DCs in the given order, a full mesh of identical links."""

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.loopback
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TWO_DC = "topologies/two_dc.yaml"

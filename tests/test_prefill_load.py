@@ -8,6 +8,8 @@ import pytest
 
 from geodc.features.bubbletea.load import fit_context, load_trace, poisson, replay
 
+pytestmark = pytest.mark.unit
+
 
 def test_shipped_traces_load_whole_and_in_order():
     conv, code = load_trace("conv"), load_trace("code")

@@ -11,6 +11,8 @@ import torch
 from geodc.hostproc.prefill.decoder import (InferenceConfig, build_model, generate_from_cache, greedy_generate,
                            prefill, prefill_chunk)
 
+pytestmark = pytest.mark.unit
+
 CFG = InferenceConfig()
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from geodc.rules.prefill_profile import PrefillProfile
 
+pytestmark = pytest.mark.unit
+
 
 def test_measured_points_are_returned_exactly_and_kv_matches_the_profile():
     p = PrefillProfile.load()

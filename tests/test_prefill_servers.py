@@ -146,6 +146,7 @@ def request(rid: str, prompt: list[int], decode_port: int, **extra) -> dict:
             "t_arrival_ns": time.time_ns(), **extra}
 
 
+@pytest.mark.loopback
 def test_kv_handoff_decodes_what_the_reference_decodes(servers, reference):
     decode, prefill = servers["decode"], servers["measured"]
     rng = random.Random(0)
@@ -172,6 +173,7 @@ def test_kv_handoff_decodes_what_the_reference_decodes(servers, reference):
     assert len(want) == 1        # a prompt filling the context gets just its first token
 
 
+@pytest.mark.loopback
 def test_profile_holds_and_pads(servers):
     decode, prefill = servers["decode"], servers["profile"]
     prof = PrefillProfile.load()
@@ -204,6 +206,7 @@ def test_profile_holds_and_pads(servers):
         assert bad["ok"] is False and bad["error"].startswith("target_tokens:")
 
 
+@pytest.mark.loopback
 def test_bad_requests_get_clear_errors_and_the_connection_goes_on(servers):
     decode, prefill = servers["decode"], servers["measured"]
     port = decode.spec.port
@@ -239,6 +242,7 @@ def test_bad_requests_get_clear_errors_and_the_connection_goes_on(servers):
     assert len(rejects) >= len(bad_cases)
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("garbage,error", [
     (PREFIX.pack(MAGIC, VERSION, 5) + b"{oops", "bad message: header is not JSON"),
     (b"HELLO, is this a prefill server? " * 3, "bad message: bad magic"),
@@ -257,6 +261,7 @@ def test_garbage_gets_an_error_and_a_closed_connection(servers, garbage, error):
         assert ask(sock, request("after-garbage", [4, 5], decode.spec.port))["ok"] is True
 
 
+@pytest.mark.loopback
 def test_clients_that_go_away_end_only_their_connection(servers):
     decode, prefill = servers["decode"], servers["measured"]
     whole = bytearray()
@@ -277,6 +282,7 @@ def test_clients_that_go_away_end_only_their_connection(servers):
     assert prefill.popen.poll() is None
 
 
+@pytest.mark.loopback
 def test_gpu_lock_and_not_after(servers):
     decode, prefill = servers["decode"], servers["measured"]
     lock = GpuLock(prefill.spec.gpu_lock_path)
@@ -303,6 +309,7 @@ def test_gpu_lock_and_not_after(servers):
     assert ("REJECT", "busy") in names and ("REJECT", "late") in names
 
 
+@pytest.mark.loopback
 def test_decode_server_down_costs_only_a_kv_send_error(servers):
     decode, prefill = servers["decode"], servers["measured"]
     with connect(prefill) as sock:
@@ -314,6 +321,7 @@ def test_decode_server_down_costs_only_a_kv_send_error(servers):
     assert len(wait_record(decode, "DECODE", "decoder-up")["tokens"]) == 12
 
 
+@pytest.mark.loopback
 def test_decode_server_refuses_a_bad_kv_message_and_goes_on(servers, reference):
     decode = servers["decode"]
     n = 4
@@ -335,6 +343,7 @@ def test_decode_server_refuses_a_bad_kv_message_and_goes_on(servers, reference):
     assert len(rec["tokens"]) == 3 and rec["tokens"][0] == 1 and rec["pad_bytes"] == 1000
 
 
+@pytest.mark.loopback
 def test_kv_sender_reconnects_to_a_restarted_decode_server(servers, tmp_path):
     """The prefill server keeps one connection per decode address; after the decode server
     restarts (here in the test process, same port), the stale connection is replaced."""
@@ -376,6 +385,7 @@ def test_kv_sender_reconnects_to_a_restarted_decode_server(servers, tmp_path):
     assert before["error"] is None and after["error"] is None
 
 
+@pytest.mark.loopback
 def test_chunked_prefill_decodes_what_the_reference_decodes(servers, reference):
     """A request prefilled in three chunks (profile mode; its prefix kept by the server between
     them) hands off the cache of the whole prompt: the decode server's tokens are the
@@ -446,6 +456,7 @@ def _huge_int_header(rid: str) -> bytes:
     return PREFIX.pack(MAGIC, VERSION, len(body)) + body
 
 
+@pytest.mark.loopback
 def test_huge_json_integer_gets_a_reply_and_the_server_goes_on(servers):
     decode, prefill = servers["decode"], servers["measured"]
     with connect(prefill) as sock:
@@ -460,6 +471,7 @@ def test_huge_json_integer_gets_a_reply_and_the_server_goes_on(servers):
     assert prefill.popen.poll() is None
 
 
+@pytest.mark.loopback
 def test_kv_sender_survives_a_decode_server_answering_a_huge_integer(servers):
     """The KV sender reads its decode server's ack: a 5000-digit integer in it is a KV_SEND
     error, and the sender goes on (were it to die, every later KV cache of that address
@@ -505,6 +517,7 @@ def _frame(header: dict) -> bytes:
     return bytes(whole)
 
 
+@pytest.mark.loopback
 def test_foreign_decode_address_refused(servers):
     """A request may name only one of the spec's decode servers: the prefill server opens no
     connection (and starts no sender thread) for any other address."""
@@ -523,21 +536,23 @@ def test_foreign_decode_address_refused(servers):
     assert ("REJECT", "foreign") in names and ("PREFILL", "foreign") not in names
 
 
+@pytest.mark.loopback
 def test_slow_header_meets_the_header_deadline(servers):
     """A client that sends a message's first bytes and then trickles (or nothing) gets a reply
     once wire.HEADER_DEADLINE_S has passed, and its connection is closed."""
     prefill = servers["measured"]
     with connect(prefill) as sock:
-        sock.settimeout(wire.HEADER_DEADLINE_S + 5)
+        sock.settimeout(wire.HEADER_DEADLINE_S + 5)     # the reply comes before this runs out
+        t0 = time.monotonic()                           # before the first byte
         sock.sendall(PREFIX.pack(MAGIC, VERSION, 100)[:3])
-        t0 = time.monotonic()
         msg = recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0)
-        took = time.monotonic() - t0
         assert msg.header["ok"] is False and "header deadline" in msg.header["error"], msg.header
-        assert wire.HEADER_DEADLINE_S - 0.5 <= took <= wire.HEADER_DEADLINE_S + 3
+        # never early; how late is bench/bench_deadlines.py's figure (the same wire.recv_msg)
+        assert time.monotonic() - t0 >= wire.HEADER_DEADLINE_S
         assert recv_msg(sock, max_payload_bytes=0, max_pad_bytes=0) is None
 
 
+@pytest.mark.loopback
 def test_connections_over_the_cap_are_refused(servers):
     """service.MAX_CONNECTIONS idle connections hold the prefill server's cap: the next one is
     answered "busy" and closed; once they go, connections are served again."""
@@ -565,6 +580,7 @@ def test_connections_over_the_cap_are_refused(servers):
     assert reply["ok"] is True, reply
 
 
+@pytest.mark.loopback
 def test_a_thread_that_dies_stops_its_service():
     """service.start_thread (the KV senders, the decode generator): a thread that raises says
     so in one line and ends serve_forever, so the server exits 1 and the run sees it crashed."""
@@ -579,6 +595,7 @@ def test_a_thread_that_dies_stops_its_service():
     assert out.stderr.strip() == "thread kv-test died: ZeroDivisionError: division by zero"
 
 
+@pytest.mark.unit
 def test_specs_round_trip_and_refuse_bad_values(tmp_path):
     p = PrefillSpec(host="h", dc="d", ip=IP, port=1234, gpu_lock_path="l", records_path="r",
                     model=MODEL.to_dict(), compute="profile", scale=8.0,
@@ -606,6 +623,7 @@ def test_specs_round_trip_and_refuse_bad_values(tmp_path):
     assert decode_server.main(["--spec", str(tmp_path / "bad.json")]) == 2
 
 
+@pytest.mark.loopback
 def test_sigterm_exits_cleanly(servers):
     for name in ("measured", "profile", "decode"):
         server = servers[name]

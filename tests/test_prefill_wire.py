@@ -1,5 +1,7 @@
 """Framing of BubbleTea messages (geodc/hostproc/prefill/wire.py) over real TCP on 127.0.0.1: round trips with
-payload and padding, refusals before allocation, garbage, and EOF in and between messages."""
+payload and padding, refusals before allocation, garbage, and EOF in and between messages.
+How late the header deadline fires is bench/bench_deadlines.py's figure; here, that it fires (and
+not the socket's timeout) and never early."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import pytest
 
 from geodc.hostproc.prefill.wire import (MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, PeerClosed, WireError,
                           recv_msg, send_msg)
+
+pytestmark = pytest.mark.loopback
 
 LIMITS = {"max_payload_bytes": 1 << 20, "max_pad_bytes": 1 << 24}
 
@@ -134,12 +138,13 @@ def test_eof_mid_message(pair, cut):
 
 def test_header_deadline_from_the_first_byte(pair):
     a, b = pair
+    t0 = time.monotonic()                          # before the first byte: the deadline's start
     a.sendall(_raw(b'{"k": 1}')[:3])               # then nothing: a trickling peer
-    t0 = time.monotonic()
+    # the deadline, not the socket's 5 s timeout
     with pytest.raises(WireError, match="header deadline passed with 0 of the 7 bytes still "
                                         "due of the message prefix") as exc:
         recv_msg(b, **LIMITS, header_deadline_s=0.3)
-    assert 0.25 <= time.monotonic() - t0 < 2 and not exc.value.in_sync
+    assert time.monotonic() - t0 >= 0.3 and not exc.value.in_sync     # never early
     assert b.gettimeout() == 5.0                   # the socket's own timeout is back
 
 

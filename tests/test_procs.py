@@ -85,6 +85,7 @@ def _member(proc, timeout_s: float = 5.0) -> int:
     return int(proc.output().split()[0])
 
 
+@pytest.mark.loopback
 def test_group_members_end_with_their_leader(tmp_path):
     spawner = LocalSpawner()
     try:
@@ -230,6 +231,7 @@ def test_sighup_tears_a_run_down_as_sigterm(tmp_path, leftovers, start_child):
 
 
 # ---- the sweep folder lock ------------------------------------------------------------------
+@pytest.mark.loopback
 def test_second_resume_of_a_held_sweep_is_refused(tmp_path, subprocess_env):
     from geodc.spec.sweep import expand
     from geodc.run.sweeprun import INDEX_SCHEMA, LOCK_NAME, read_doc, sweep_key
@@ -257,6 +259,7 @@ def test_second_resume_of_a_held_sweep_is_refused(tmp_path, subprocess_env):
 
 
 # ---- cleanup's signals, CPU load workers ------------------------------------------------------
+@pytest.mark.loopback
 def test_cleanup_signals_only_the_recorded_process(tmp_path):
     """A registry entry whose start time is not the live process's (its pid was reused) is
     left alone; the recorded one is ended."""
@@ -285,6 +288,7 @@ def test_cleanup_signals_only_the_recorded_process(tmp_path):
         os.close(victim)
 
 
+@pytest.mark.loopback
 def test_cleanup_ends_a_recorded_leaders_group_through_pidfds(tmp_path):
     """A recorded group leader and its group's members end (each through a pidfd checked
     after it was opened); a process of another group is not touched."""
@@ -362,6 +366,7 @@ def test_cpu_load_workers_are_registered_and_die_with_their_runner(tmp_path, lef
     leftovers.assert_nothing_new(before, "after the CPU load's runner was killed")
 
 
+@pytest.mark.loopback
 def test_live_runs_lists_only_runs_whose_owner_lives(tmp_path):
     from geodc.emulation.registry import live_runs
 

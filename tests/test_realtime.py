@@ -121,11 +121,12 @@ print(json.dumps(got))
 
 def run_child(code: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                         timeout=30)          # geodc: from the cwd
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
 
+@pytest.mark.network
 @root_only
 def test_an_rt_thread_forks_and_starts_threads_at_normal_priority():
     prio = PRIORITY["worker_io"]
@@ -138,6 +139,7 @@ def test_an_rt_thread_forks_and_starts_threads_at_normal_priority():
     assert doc["rttime"] == [int(RT_SOFT_S * 1e6), int(RT_HARD_S * 1e6)], doc
 
 
+@pytest.mark.network
 @root_only
 def test_every_thread_of_a_process_and_back():
     doc = run_child(PROCESS_MODE % PRIORITY["delayline"])
@@ -146,6 +148,7 @@ def test_every_thread_of_a_process_and_back():
     assert doc["normal"] == [os.SCHED_OTHER], doc
 
 
+@pytest.mark.network
 @root_only
 def test_a_loop_that_never_blocks_is_demoted():
     doc = run_child(RUNAWAY % PRIORITY["delayline"])
@@ -154,6 +157,7 @@ def test_a_loop_that_never_blocks_is_demoted():
     assert doc["policy"] == os.SCHED_OTHER and doc["rttime"][1] == 2_000_000, doc
 
 
+@pytest.mark.network
 @root_only
 def test_a_runaway_rt_thread_is_demoted_and_its_process_lives():
     """demote_on_rttime (workers, controller, runner): SIGXCPU from an RT thread that is not
@@ -163,6 +167,7 @@ def test_a_runaway_rt_thread_is_demoted_and_its_process_lives():
     assert doc["policy"] == os.SCHED_OTHER and doc["demoted_after_s"] < 1.5, doc
 
 
+@pytest.mark.unit
 def test_refused_while_rt_throttling_is_off(tmp_path):
     runtime = tmp_path / "sched_rt_runtime_us"
     runtime.write_text("-1\n")
@@ -190,6 +195,7 @@ def code_files() -> list[Path]:
     return sorted(found)
 
 
+@pytest.mark.unit
 def test_no_sched_setscheduler_outside_host_realtime():
     """Every real-time thread goes through geodc.host.realtime's guards: no other module calls
     sched_setscheduler (by attribute or by name)."""
@@ -209,6 +215,7 @@ def test_no_sched_setscheduler_outside_host_realtime():
     assert not found, f"sched_setscheduler outside geodc/host/realtime.py: {found}"
 
 
+@pytest.mark.loopback
 def test_the_rt_notice_thread_survives_a_deeply_nested_datagram(tmp_path):
     """The controller's notice thread parses datagrams at RT priority: MAX_NOTICE_BYTES bounds
     their size, but 2,000 '[' (under the cap) raised RecursionError in json.loads, past the

@@ -7,6 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "results" / "reference"
 TABLES = ("training.md", "training.csv", "bubbletea.md", "bubbletea.csv")

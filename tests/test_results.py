@@ -8,9 +8,12 @@ import stat
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from geodc.emulation.results import new_run_dir, write_bytes, write_json, write_text
 
 
+@pytest.mark.loopback
 def test_two_runs_in_the_same_second_get_two_folders(tmp_path):
     out = tmp_path / "results"
     first = new_run_dir(out, "cal_small")
@@ -23,6 +26,7 @@ def test_two_runs_in_the_same_second_get_two_folders(tmp_path):
     assert list(second.iterdir()) == []
 
 
+@pytest.mark.unit
 def test_write_json_leaves_no_partial_file(tmp_path):
     path = write_json(tmp_path / "metrics.json", {"a": 1})
     write_json(path, {"a": 2})
@@ -30,6 +34,7 @@ def test_write_json_leaves_no_partial_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
 
 
+@pytest.mark.unit
 def test_a_link_at_the_old_fixed_temp_name_is_not_followed(tmp_path):
     """Someone who can write the folder plants .metrics.json.tmp -> a file of their choosing
     (here a temporary target): root's write must not go there, nor make metrics.json a link."""
@@ -41,6 +46,7 @@ def test_a_link_at_the_old_fixed_temp_name_is_not_followed(tmp_path):
     assert not path.is_symlink() and json.loads(path.read_text()) == {"a": 1}
 
 
+@pytest.mark.unit
 def test_concurrent_writes_to_one_path_never_share_a_temp_file(tmp_path):
     path = tmp_path / "index.json"
     docs = [{"writer": w, "pad": "x" * (1000 * (w + 1))} for w in range(2)]
@@ -63,6 +69,7 @@ def test_concurrent_writes_to_one_path_never_share_a_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]   # no temp file left
 
 
+@pytest.mark.unit
 def test_written_files_get_the_umask_mode(tmp_path):
     old = os.umask(0o022)
     try:
@@ -72,6 +79,7 @@ def test_written_files_get_the_umask_mode(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
 
+@pytest.mark.unit
 def test_timeline_figures_draw_through_no_fixed_temp_name(tmp_path):
     """reproduce's timelines drew to out/.<run>-<system>.tmp.png: a link planted there was
     followed (the PNG written where it pointed)."""

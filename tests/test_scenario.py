@@ -73,10 +73,12 @@ def with_link(i: int, drop: tuple[str, ...] = (), **fields) -> dict:
 
 
 # ---- shipped topologies ----------------------------------------------------------------------
+@pytest.mark.unit
 def test_topologies_are_shipped():
     assert {p.name for p in TOPOLOGIES} >= {"two_dc.yaml", "three_dc.yaml", "four_dc.yaml"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.stem)
 def test_shipped_topology_loads(path):
     sc = load_scenario(path)
@@ -90,6 +92,7 @@ def test_shipped_topology_loads(path):
         assert link.queue_bytes >= link.bdp_bytes
 
 
+@pytest.mark.unit
 def test_two_dc_values():
     sc = load_scenario(REPO_ROOT / "topologies" / "two_dc.yaml")
     assert sc.backend in ("auto", "netem", "delayline") and sc.scale >= 1.0
@@ -150,6 +153,7 @@ BAD = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("data, field", BAD.values(), ids=BAD.keys())
 def test_bad_input_names_the_field(data, field):
     with pytest.raises(ScenarioError) as info:
@@ -160,6 +164,7 @@ def test_bad_input_names_the_field(data, field):
     assert "\n" not in str(err)
 
 
+@pytest.mark.unit
 def test_duplicate_link_either_order():
     data = copy.deepcopy(BASE)
     data["wan"].append({"between": ["b", "a"], "delay_ms": 5, "rate_mbit": 10})
@@ -167,6 +172,7 @@ def test_duplicate_link_either_order():
         parse_scenario(data)
 
 
+@pytest.mark.unit
 def test_disconnected_names_the_unreachable_dc():
     data = scenario(dcs=BASE["dcs"] + [{"name": "c", "hosts": 1}, {"name": "d", "hosts": 1}])
     data["wan"].append({"between": ["c", "d"], "delay_ms": 5, "rate_mbit": 10})
@@ -174,11 +180,13 @@ def test_disconnected_names_the_unreachable_dc():
         parse_scenario(data)
 
 
+@pytest.mark.unit
 def test_single_dc_needs_no_wan():
     sc = parse_scenario({"name": "solo", "dcs": [{"name": "a", "hosts": 3}]})
     assert sc.wan == () and len(sc.host_names()) == 3
 
 
+@pytest.mark.unit
 def test_optional_fields():
     sc = parse_scenario(scenario(scale=100, backend="delayline", systems="baseline"))
     assert (sc.scale, sc.backend, sc.systems) == (100.0, "delayline", ("baseline",))
@@ -186,6 +194,7 @@ def test_optional_fields():
     assert sc.dc("a").rate_mbit == 1000.0 and sc.dc("b").rate_mbit is None
 
 
+@pytest.mark.unit
 def test_bad_yaml_syntax(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("name: x\ndcs: [\n  {name: a, hosts: 1\n")
@@ -193,11 +202,13 @@ def test_bad_yaml_syntax(tmp_path):
         load_scenario(path)
 
 
+@pytest.mark.unit
 def test_missing_file(tmp_path):
     with pytest.raises(ScenarioError, match=r"^scenario: no file .*nope\.yaml"):
         load_scenario(tmp_path / "nope.yaml")
 
 
+@pytest.mark.unit
 def test_empty_file(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("")
@@ -205,6 +216,7 @@ def test_empty_file(tmp_path):
         load_scenario(path)
 
 
+@pytest.mark.unit
 def test_dc_name_with_trailing_newline_is_rejected():
     with pytest.raises(ScenarioError):
         parse_scenario({"name": "x", "dcs": [{"name": "ab\n", "hosts": 1}]})
@@ -227,6 +239,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("text, field", CLI_BAD.values(), ids=CLI_BAD.keys())
 def test_cli_validate_bad_file(tmp_path, text, field):
     path = tmp_path / "bad.yaml"
@@ -238,6 +251,7 @@ def test_cli_validate_bad_file(tmp_path, text, field):
     assert "Traceback" not in out.stderr + out.stdout
 
 
+@pytest.mark.loopback
 def test_cli_validate_missing_file(tmp_path):
     out = run_cli("validate", str(tmp_path / "nope.yaml"))
     assert out.returncode == 2
@@ -246,6 +260,7 @@ def test_cli_validate_missing_file(tmp_path):
         "give a path such as topologies/two_dc.yaml"]
 
 
+@pytest.mark.loopback
 def test_cli_validate_shipped_topologies():
     out = run_cli("validate", *map(str, TOPOLOGIES))
     assert out.returncode == 0, out
@@ -258,6 +273,7 @@ def test_cli_validate_shipped_topologies():
     assert out.stdout.count(" ms one way, RTT ") == n_pairs, out.stdout
 
 
+@pytest.mark.loopback
 def test_cli_bad_flag_is_one_line():
     out = run_cli("calibrate", "topologies/two_dc.yaml", "--seconds", "soon")
     assert out.returncode == 2
@@ -266,6 +282,7 @@ def test_cli_bad_flag_is_one_line():
 
 
 # ---- queue sizes ----------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("queue, want", [
     (2000, 2000 * MTU_BYTES),
     ("100 packets", 100 * MTU_BYTES),
@@ -282,6 +299,7 @@ def test_queue_packets_and_bytes(queue, want):
     assert parse_scenario(with_link(0, queue=queue)).wan[0].queue_bytes == want
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("delay_ms, rate_mbit, jitter_ms", [
     (20, 100, 0), (50, 1000, 0), (80, 50, 10), (0, 10, 0), (1, 0.5, 0), (200, 10000, 100)])
 def test_default_queue_at_least_bdp(delay_ms, rate_mbit, jitter_ms):
@@ -293,6 +311,7 @@ def test_default_queue_at_least_bdp(delay_ms, rate_mbit, jitter_ms):
     assert link.queue_bytes >= MIN_QUEUE_PACKETS * MTU_BYTES, link
 
 
+@pytest.mark.unit
 def test_explicit_queue_may_be_below_bdp():
     link = parse_scenario(with_link(0, delay_ms=50, rate_mbit=1000, queue=10)).wan[0]
     assert link.queue_bytes == 10 * MTU_BYTES < link.bdp_bytes
@@ -303,6 +322,7 @@ def three_dc_plan():
     return make_plan(load_scenario(REPO_ROOT / "topologies" / "three_dc.yaml").emulated())
 
 
+@pytest.mark.unit
 def test_plan_three_dc_names_and_addresses():
     plan = three_dc_plan()
     assert [(h.name, h.dc, h.ip, h.intf) for h in plan.hosts] == [
@@ -332,6 +352,7 @@ def test_plan_three_dc_names_and_addresses():
     ]
 
 
+@pytest.mark.unit
 def test_plan_three_dc_routes_are_direct():
     routes = {(r.gateway, r.dst): (r.via, r.intf) for r in three_dc_plan().routes}
     assert routes == {
@@ -359,6 +380,7 @@ def dcs(*names: str) -> list[dict]:
     return [{"name": n, "hosts": 1} for n in names]
 
 
+@pytest.mark.unit
 def test_plan_line_routes_via_the_middle():
     data = {"name": "line", "dcs": dcs("a", "b", "c"),
             "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 10},
@@ -379,6 +401,7 @@ TRIANGLE = {"name": "tri", "dcs": dcs("a", "b", "c"),   # a-c (15 ms) is slower 
                     {"between": ["a", "c"], "delay_ms": 15, "rate_mbit": 10}]}
 
 
+@pytest.mark.unit
 def test_plan_takes_lower_total_delay_not_lower_first_hop():
     # a->d has no link: via b is 10+10 = 20 ms; via c the first hop is shorter (5), total 35.
     routes = routes_of(DIAMOND)
@@ -388,6 +411,7 @@ def test_plan_takes_lower_total_delay_not_lower_first_hop():
     assert routes[("c-gw", "d")] == "d-gw"       # c-d is a configured link: it carries c<->d
 
 
+@pytest.mark.unit
 def test_plan_shortest_delay_routing_is_explicit():
     routes = routes_of(DIAMOND, routing="shortest-delay")
     assert routes[("c-gw", "d")] == "a-gw"       # 5+10+10 = 25 < 30 direct (three hops)
@@ -395,6 +419,7 @@ def test_plan_shortest_delay_routing_is_explicit():
     assert routes_of(TRIANGLE, routing="shortest-delay")[("a-gw", "c")] == "b-gw"
 
 
+@pytest.mark.unit
 def test_plan_configured_link_carries_its_pair_even_when_slower_than_a_detour():
     routes = routes_of(TRIANGLE)
     assert routes[("a-gw", "c")] == "c-gw" and routes[("c-gw", "a")] == "a-gw"
@@ -403,6 +428,7 @@ def test_plan_configured_link_carries_its_pair_even_when_slower_than_a_detour():
     assert paths[("a", "c")].dcs == ("a", "c") and paths[("a", "c")].delay_ms == 15
 
 
+@pytest.mark.unit
 def test_paths_follow_each_gateways_own_next_hop():
     """A pair without a link takes a multi-hop path, and the DCs on the way forward it along
     their own routes (no loops, every hop a configured link), for every pair of a bigger mesh."""
@@ -427,6 +453,7 @@ def test_paths_follow_each_gateways_own_next_hop():
     assert paths[("a", "e")].dcs == ("a", "c", "e")   # c-e is c's own link to e (40)
 
 
+@pytest.mark.unit
 def test_shipped_triangle_keeps_its_slow_direct_link():
     sc = load_scenario(REPO_ROOT / "topologies" / "triangle.yaml")
     direct = {(p.src, p.dst): p.dcs for p in dc_paths(sc)}
@@ -435,6 +462,7 @@ def test_shipped_triangle_keeps_its_slow_direct_link():
     assert detour[("east", "europe")] == ("east", "west", "europe")
 
 
+@pytest.mark.unit
 def test_routing_field_is_checked():
     with pytest.raises(ScenarioError, match="^routing: 'fastest' is not one of direct, "
                                             "shortest-delay; use one of"):
@@ -448,6 +476,7 @@ def all_interface_names(plan) -> list[str]:
     return names
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.stem)
 def test_interface_names_fit_ifnamsiz_shipped(path):
     names = all_interface_names(make_plan(load_scenario(path).emulated()))
@@ -455,6 +484,7 @@ def test_interface_names_fit_ifnamsiz_shipped(path):
     assert len(names) == len(set(names))
 
 
+@pytest.mark.unit
 def test_interface_names_fit_ifnamsiz_longest_dc_names():
     data = {"name": "big", "dcs": [{"name": f"dcnam{c}", "hosts": 99} for c in "abc"],
             "wan": [{"between": ["dcnama", "dcnamb"], "delay_ms": 1, "rate_mbit": 1},
@@ -471,11 +501,13 @@ def star_with(n_links: int) -> dict:
             "wan": [{"between": ["hubdcx", s], "delay_ms": 1, "rate_mbit": 1} for s in spokes]}
 
 
+@pytest.mark.unit
 def test_interface_names_fit_ifnamsiz_hub_with_99_links():
     names = all_interface_names(make_plan(parse_scenario(star_with(99)).emulated()))
     assert max(map(len, names)) <= IFNAMSIZ, [n for n in names if len(n) > IFNAMSIZ]
 
 
+@pytest.mark.unit
 def test_hub_with_100_links_is_refused():
     with pytest.raises(ScenarioError) as exc:
         parse_scenario(star_with(100))
@@ -483,6 +515,7 @@ def test_hub_with_100_links_is_refused():
 
 
 # ---- shaping plan ---------------------------------------------------------------------------
+@pytest.mark.unit
 def test_plan_link_htb_tree_with_bfifo():
     ops = shaping.plan_link("x-gw-eth1", 20, 150_000)
     assert [(op.command, op.kind, op.intf) for op in ops] == [
@@ -498,6 +531,7 @@ def test_plan_link_htb_tree_with_bfifo():
     assert leaf.params == {"parent": shaping.CLASS_HANDLE, "limit": 150_000}
 
 
+@pytest.mark.unit
 def test_plan_link_netem_leaf():
     ops = shaping.plan_link("x-gw-eth1", 100, 3_000_000,
                             netem={"delay_ms": 20, "jitter_ms": 2.5, "loss_pct": 1.5})
@@ -508,11 +542,13 @@ def test_plan_link_netem_leaf():
     assert ops[1].params["rate"] == "100000000bit"
 
 
+@pytest.mark.unit
 def test_plan_link_netem_limit_floor():
     (*_, leaf) = shaping.plan_link("i", 1, 15_000, netem={"delay_ms": 1})
     assert leaf.params["limit"] == 1000 and leaf.params["jitter"] == 0 and leaf.params["loss"] == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("rate_mbit", [0.5, 20, 100, 1000, 10000])
 def test_burst_is_1ms_at_the_rate_and_at_least_two_frames(rate_mbit):
     burst = shaping.burst_bytes(rate_mbit * 1e6)
@@ -520,6 +556,7 @@ def test_burst_is_1ms_at_the_rate_and_at_least_two_frames(rate_mbit):
     assert abs(burst - max(3000, rate_mbit * 1e6 / 8 / 1000)) <= 1
 
 
+@pytest.mark.unit
 def test_plan_link_fractional_rate():
     ops = shaping.plan_link("i", 0.5, 150_000)
     assert ops[1].params["rate"] == "500000bit"
@@ -527,6 +564,7 @@ def test_plan_link_fractional_rate():
 
 
 # ---- delay line specs -----------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("spec", [
     QueueSpec(num=1, delay_ms=20),
     QueueSpec(num=7, delay_ms=12.5, jitter_ms=2.25, loss_pct=0.1, maxlen=2666),
@@ -538,11 +576,13 @@ def test_queuespec_roundtrip(spec):
     assert text.count(":") == 4
 
 
+@pytest.mark.unit
 def test_queuespec_format_text():
     assert QueueSpec(num=3, delay_ms=20.0, jitter_ms=0.0, loss_pct=0.5, maxlen=1024).format() == \
         "3:20:0:0.5:1024"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text", ["1:20:0:0", "1:20:0:0:10:9", "x:20:0:0:10", "1:a:0:0:10", ""])
 def test_queuespec_parse_rejects(text):
     with pytest.raises(ValueError):
@@ -568,6 +608,7 @@ PING_NONE = """PING 10.2.0.1 (10.2.0.1) 56(84) bytes of data.
 """
 
 
+@pytest.mark.unit
 def test_parse_ping_summary():
     r = ping.parse_ping(PING_OK)
     assert (r.sent, r.received) == (4, 3)
@@ -576,16 +617,19 @@ def test_parse_ping_summary():
     assert r.loss_pct == pytest.approx(25.0)
 
 
+@pytest.mark.unit
 def test_parse_ping_no_replies():
     with pytest.raises(ValueError, match="no replies"):
         ping.parse_ping(PING_NONE)
 
 
+@pytest.mark.unit
 def test_parse_ping_garbage():
     with pytest.raises(ValueError):
         ping.parse_ping("ping: connect: Network is unreachable\n")
 
 
+@pytest.mark.unit
 def test_ping_argv():
     assert ping.ping_argv("10.1.0.2", 5, 0.05) == ["ping", "-n", "-c", "5", "-i", "0.05", "10.1.0.2"]
 
@@ -608,6 +652,7 @@ def iperf_doc(server_intervals: list[dict], **extra) -> dict:
     return doc
 
 
+@pytest.mark.unit
 def test_parse_iperf_steady_goodput_from_server_intervals():
     ivs = [interval(0, 1, 5_000_000), interval(1, 1, 2_500_000), interval(2, 1, 2_400_000),
            interval(3, 1, 2_200_000), interval(4, 0.2, 900_000)]   # the tail is < 0.5 s: left out
@@ -620,6 +665,7 @@ def test_parse_iperf_steady_goodput_from_server_intervals():
     assert r.intervals_mbit == (40.0, 20.0, 19.2, 17.6, 36.0)
 
 
+@pytest.mark.unit
 def test_parse_iperf_skips_omitted_intervals():
     ivs = [interval(0, 1, 9_000_000, omitted=True), interval(2, 1, 1_000_000),
            interval(3, 1, 3_000_000)]
@@ -628,12 +674,14 @@ def test_parse_iperf_skips_omitted_intervals():
     assert r.intervals_mbit == (8.0, 24.0)
 
 
+@pytest.mark.unit
 def test_parse_iperf_steady_from():
     ivs = [interval(0, 1, 1_000_000), interval(1, 1, 2_000_000), interval(2, 1, 3_000_000)]
     assert iperf.parse_iperf(json.dumps(iperf_doc(ivs)), steady_from_s=1.0).received_mbit == \
         pytest.approx(20.0)
 
 
+@pytest.mark.unit
 def test_steady_cut_leaves_two_whole_intervals():
     # client_argv's -t is seconds + 1 s omitted; the receiver's clock restarts after the omit,
     # so its intervals run to seconds + 1: the cut leaves two whole ones, never slow start's.
@@ -642,12 +690,14 @@ def test_steady_cut_leaves_two_whole_intervals():
         assert seconds + 1 - cut >= 2
 
 
+@pytest.mark.unit
 def test_parse_iperf_error_key():
     with pytest.raises(iperf.IperfError, match="unable to connect"):
         iperf.parse_iperf(json.dumps({"start": {}, "intervals": [], "end": {},
                                       "error": "unable to connect to server: Connection refused"}))
 
 
+@pytest.mark.unit
 def test_parse_iperf_server_error_key():
     doc = iperf_doc([interval(2, 1, 1)])
     doc["server_output_json"] = {"error": "the client has terminated"}
@@ -655,11 +705,13 @@ def test_parse_iperf_server_error_key():
         iperf.parse_iperf(json.dumps(doc))
 
 
+@pytest.mark.unit
 def test_parse_iperf_no_json():
     with pytest.raises(iperf.IperfError, match="no JSON"):
         iperf.parse_iperf("iperf3: error - unable to connect\n")
 
 
+@pytest.mark.unit
 def test_parse_iperf_too_short():
     # What a late interval timer leaves: nothing whole past the cut. The error lists them.
     ivs = [interval(0, 1, 1), interval(1, 1.6, 1), interval(2.6, 0.4, 1)]
@@ -669,6 +721,7 @@ def test_parse_iperf_too_short():
         iperf.parse_iperf(json.dumps(iperf_doc(ivs)))
 
 
+@pytest.mark.unit
 def test_iperf_client_argv():
     argv = iperf.client_argv("10.2.0.1", 5202, seconds=2, streams=4, rate_mbit=40)
     assert argv[:4] == ["iperf3", "-c", "10.2.0.1", "-p"]
@@ -678,11 +731,13 @@ def test_iperf_client_argv():
     assert iperf.server_argv(5202) == ["iperf3", "-s", "-1", "-J", "-p", "5202"]
 
 
+@pytest.mark.unit
 def test_listening_unknown_pid():
     assert iperf.listening(2**22 + 12345, 5201) is False
 
 
 # ---- time_scale, congestion_control -----------------------------------------------------------
+@pytest.mark.unit
 def test_time_scale_dilates_delays_and_rates_but_not_bytes():
     data = dict(TRIANGLE, time_scale=10)
     data["dcs"] = [dict(d, rate_mbit=1000) for d in data["dcs"]]
@@ -704,6 +759,7 @@ def test_time_scale_dilates_delays_and_rates_but_not_bytes():
         parse_scenario(dict(TRIANGLE, time_scale=0.5))
 
 
+@pytest.mark.unit
 def test_metrics_in_real_time_divide_times_and_multiply_rates():
     from geodc.rules.figures import in_real_time
 
@@ -720,17 +776,20 @@ def test_metrics_in_real_time_divide_times_and_multiply_rates():
     assert out["time_scale"] == 10.0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("cc", ["cubic", "reno", "bbr"])
 def test_congestion_control_field(cc):
     assert parse_scenario(dict(TRIANGLE, congestion_control=cc)).congestion_control == cc
     assert parse_scenario(TRIANGLE).congestion_control == "cubic"   # the Linux default
 
 
+@pytest.mark.unit
 def test_congestion_control_field_refuses_unknown():
     with pytest.raises(ScenarioError, match="^congestion_control: 'vegas' is not one of"):
         parse_scenario(dict(TRIANGLE, congestion_control="vegas"))
 
 
+@pytest.mark.unit
 def test_launch_dilates_holds_and_passes_congestion_control(tmp_path):
     from geodc.spec.training import TrainConfig
     from geodc.run.launch import HostInfo, plan_workers
@@ -748,6 +807,7 @@ def test_launch_dilates_holds_and_passes_congestion_control(tmp_path):
         assert (a.congestion_control, b.congestion_control) == (None, "bbr")
 
 
+@pytest.mark.unit
 def test_host_sysctls_real_server_buffers_at_every_scale_and_dilated_rto_min():
     from geodc.emulation.network import host_tcp_sysctls
 
@@ -758,6 +818,7 @@ def test_host_sysctls_real_server_buffers_at_every_scale_and_dilated_rto_min():
     assert host_tcp_sysctls(100.0, TimeScale(10.0))["net.ipv4.tcp_rto_min_us"] == "2000000"
 
 
+@pytest.mark.unit
 def test_bottleneck_is_the_lowest_rate_on_the_routed_path():
     from geodc.plans.systems import arrival_bounds_hold, host_path_rate_mbit as bottleneck_mbit
     data = {"name": "line", "dcs": [{"name": "a", "hosts": 1, "rate_mbit": 1000},

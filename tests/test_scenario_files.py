@@ -87,6 +87,7 @@ def alias_bomb() -> str:
     return "name: [\n  " + ",\n  ".join(items) + "]\n"
 
 
+@pytest.mark.loopback
 def test_alias_bomb_is_refused_in_little_memory(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb())
@@ -95,6 +96,7 @@ def test_alias_bomb_is_refused_in_little_memory(tmp_path):
     assert seconds < 15 and rss < 300, (seconds, rss)
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("special", ["/dev/zero", "zero.json", "fifo.json", "dir.json"])
 def test_profile_file_must_be_a_regular_file(tmp_path, special):
     (tmp_path / "zero.json").symlink_to("/dev/zero")
@@ -108,6 +110,7 @@ def test_profile_file_must_be_a_regular_file(tmp_path, special):
     assert seconds < 15 and rss < 300, (seconds, rss)
 
 
+@pytest.mark.loopback
 def test_profile_file_outside_the_profile_folder_is_refused(tmp_path):
     from geodc.spec.profiles import PROFILE_DIR
     outside = tmp_path / "h200-transformer.json"   # a valid profile, copied out of the folder
@@ -118,6 +121,7 @@ def test_profile_file_outside_the_profile_folder_is_refused(tmp_path):
         assert_one_line(rc, lines, "training.profile.file:")
 
 
+@pytest.mark.unit
 def test_recorded_scenarios_read_back_the_same(tmp_path):
     from geodc.spec.yamlfile import dump_yaml, load_yaml
     doc = {"name": "1e2", "description": "0o17", "dcs": [{"name": "no", "hosts": 2}],
@@ -127,6 +131,7 @@ def test_recorded_scenarios_read_back_the_same(tmp_path):
     assert list(load_yaml(write(tmp_path, dump_yaml(doc), "b.yaml"), "fix")) == list(doc)
 
 
+@pytest.mark.loopback
 def test_scenario_from_stdin_fifo_is_refused_not_waited_on(tmp_path):
     read, write = os.pipe()          # held open: a reader of /dev/stdin would wait
     try:
@@ -137,6 +142,7 @@ def test_scenario_from_stdin_fifo_is_refused_not_waited_on(tmp_path):
     assert_one_line(rc, lines, "is not a regular file")
 
 
+@pytest.mark.unit
 def test_a_huge_value_gives_a_short_line_quickly():
     doc = copy.deepcopy(BASE)
     doc["systems"] = ["baseline"] * 300_000
@@ -147,6 +153,7 @@ def test_a_huge_value_gives_a_short_line_quickly():
     assert str(err.value).startswith("systems: 300000 entries")
 
 
+@pytest.mark.unit
 def test_a_file_over_the_size_cap_is_refused(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text(TWO_DC + "description: x\n" + "# padding\n" * 200_000)
@@ -164,6 +171,7 @@ def with_value(where: tuple, value) -> dict:
     return doc
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("value", [10**5000, -10**5000, 2**64], ids=["10^5000", "-10^5000", "2^64"])
 @pytest.mark.parametrize("where", [("dcs", 0, "hosts"), ("wan", 0, "delay_ms"),
                                    ("wan", 0, "queue"), ("connections",)])
@@ -179,6 +187,7 @@ def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
     return path
 
 
+@pytest.mark.unit
 def test_duplicate_key_names_the_key_and_line(tmp_path):
     text = TWO_DC.replace("\nwan:", "\nwan: []\nwan:", 1)
     line = text.split("\n").index("wan:") + 1
@@ -187,6 +196,7 @@ def test_duplicate_key_names_the_key_and_line(tmp_path):
     assert f"line {line}: key 'wan' appears twice" in str(err.value)
 
 
+@pytest.mark.unit
 def test_yaml_1_2_scalars(tmp_path):
     """`no` is a string (YAML 1.1: false), `1e2` a number (YAML 1.1: a string)."""
     text = ("name: t\ndcs: [{name: no, hosts: 1}, {name: on, hosts: 1}]\n"
@@ -196,6 +206,7 @@ def test_yaml_1_2_scalars(tmp_path):
     assert sc.wan[0].delay_ms == 100.0 and sc.wan[0].rate_mbit == 100.0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", sorted((REPO / "topologies").rglob("*.yaml")),
                          ids=lambda p: p.name)
 def test_shipped_scenarios_read_as_they_did_under_pyyaml(path):
@@ -206,11 +217,13 @@ def test_shipped_scenarios_read_as_they_did_under_pyyaml(path):
     assert repr(load_yaml(path, "")) == repr(old)
 
 
+@pytest.mark.unit
 def test_deep_nesting_is_one_line(tmp_path):
     with pytest.raises(ScenarioError, match="line 1: nested deeper than 20 levels"):
         load_scenario(write(tmp_path, "name: " + "[" * 5000 + "]" * 5000 + "\n"))
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("kind", ["binary", "directory", "nul"])
 def test_binary_file_and_directory_exit_2(tmp_path, kind):
     path = tmp_path / "s.yaml"
@@ -227,6 +240,7 @@ def test_binary_file_and_directory_exit_2(tmp_path, kind):
     assert "Error:" not in lines[0]
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("command", [["run", "topologies/two_dc.yaml"],
                                      ["reproduce", "results"]])
 def test_out_naming_a_file_exits_2_before_any_work(tmp_path, command):
@@ -237,6 +251,7 @@ def test_out_naming_a_file_exits_2_before_any_work(tmp_path, command):
     assert out.read_text() == "mine"
 
 
+@pytest.mark.loopback
 def test_validate_checks_every_file_and_names_it(tmp_path):
     bad_a = write(tmp_path, TWO_DC.replace("hosts: 2", "hosts: 0", 1), "bad_a.yaml")
     bad_b = write(tmp_path, TWO_DC.replace("delay_ms:", "delay_msec:", 1), "bad_b.yaml")
@@ -251,6 +266,7 @@ def test_validate_checks_every_file_and_names_it(tmp_path):
     assert "topologies/three_dc.yaml: ok" in proc.stdout
 
 
+@pytest.mark.unit
 def test_unknown_field_suggests_the_nearest():
     doc = copy.deepcopy(BASE)
     doc["wan"][0]["delay_msec"] = doc["wan"][0].pop("delay_ms")
@@ -263,6 +279,7 @@ def test_unknown_field_suggests_the_nearest():
         parse_scenario(doc)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("key, message", [
     ("wan." + "9" * 5000 + ".delay_ms", "is past the 1 entries"),
     ("wan.delay_mss", "did you mean delay_ms?")])
@@ -273,6 +290,7 @@ def test_sweep_paths_are_checked_in_one_short_line(key, message):
     assert message in str(err.value) and len(str(err.value)) <= MAX_LINE_CHARS
 
 
+@pytest.mark.loopback
 def test_poisson_load_is_bounded(tmp_path):
     """A load that would draw 10^13 requests is one line, in little time and memory."""
     text = (REPO / "topologies" / "atlas_bubbletea.yaml").read_text().replace(
@@ -285,6 +303,7 @@ def test_poisson_load_is_bounded(tmp_path):
         assert seconds < 20 and rss < 300
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("queue", [3_000_000, "2000MB", "1500000 packets"])
 def test_queue_is_bounded(queue):
     doc = copy.deepcopy(BASE)
@@ -295,6 +314,7 @@ def test_queue_is_bounded(queue):
     assert parse_scenario(doc).wan[0].queue_bytes <= MAX_QUEUE_BYTES
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("field, value", [("iterations", 10**9), ("micro_batches", 10**6),
                                           ("replicas", 10**7), ("lr", float("inf")),
                                           ("seed", 2**64)])
@@ -306,6 +326,7 @@ def test_training_counts_are_bounded(field, value):
         TrainConfig.from_dict(d)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("section, entry, field", [
     ("faults", {"kind": "rate_trace", "link": ["a", "b"], "at_s": 0}, "faults[0]"),
     ("cross_traffic", {"from": "a", "to": "b", "kind": "udp", "stop_s": 5000},
@@ -344,6 +365,7 @@ def check_loads(load) -> None:
         assert text and "\n" not in text and len(text) <= MAX_LINE_CHARS, text[:400]
 
 
+@pytest.mark.unit
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(FIELDS), VALUES)
 def test_any_value_in_any_field_is_one_short_line(where, value):
@@ -358,6 +380,7 @@ FRAGMENTS = st.sampled_from([
     "\ufeff", "\x85", "#", "%YAML 1.1\n", "%TAG ! tag:x,2000:\n"])
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(FRAGMENTS, max_size=40).map("".join) | st.binary(max_size=200))
 def test_any_file_is_a_scenario_or_one_short_line(tmp_path_factory, data):

@@ -13,6 +13,8 @@ from geodc.plans.systems import window_bytes
 from geodc.spec.systems import SYSTEMS
 from geodc.spec.training import TrainConfig
 
+pytestmark = pytest.mark.unit
+
 WINDOW_100 = 62914 * 0.73     # bytes one connection advertises at scale 100
 
 

@@ -39,6 +39,7 @@ def with_sweep(sweep: dict) -> dict:
     return dict(json.loads(json.dumps(BASE)), sweep=sweep)
 
 
+@pytest.mark.unit
 def test_expansion_is_the_product_in_order():
     doc = with_sweep({"wan.delay_ms": [5, 20], "training.micro_batches": [2, 4, 8]})
     doc["wan"].append({"between": ["ea", "we"], "delay_ms": 1, "rate_mbit": 1})
@@ -55,6 +56,7 @@ def test_expansion_is_the_product_in_order():
     assert expand(BASE)[0].doc == BASE                                  # no sweep: one point
 
 
+@pytest.mark.unit
 def test_labels_stay_distinct_when_cut():
     """Labels are cut to 120 characters (folder and file names); points whose values differ
     only past the cut still get distinct labels (each starts with its own index)."""
@@ -66,6 +68,7 @@ def test_labels_stay_distinct_when_cut():
     assert all(len(x) == 120 and x.startswith(f"p{i:02d}-") for i, x in enumerate(labels))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("sweep,field", [
     ({"wan.delay_msec": [1]}, "sweep.wan.delay_msec"),       # a typo is not a new field
     ({"training.replicas": 2}, "sweep.training.replicas"),   # not a list
@@ -80,6 +83,7 @@ def test_bad_sweeps_name_the_field(sweep, field):
     assert str(exc.value).startswith(field + ":"), exc.value
 
 
+@pytest.mark.unit
 def test_every_point_is_checked_as_run_would():
     points = expand(with_sweep({"training.replicas": [2, 4]}))   # 4 x 2 stages > 4 hosts
     with pytest.raises(ScenarioError, match=r"sweep point 1 .*replicas"):
@@ -181,6 +185,7 @@ def run_main(*args: str) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.loopback
 def test_reproduce_refuses_other_schemas_and_incomplete_folders(tmp_path):
     old = _fake_run(tmp_path / "old-run", None)
     rc, _, err = run_main("reproduce", str(old), "--out", str(tmp_path / "o"))
@@ -197,6 +202,7 @@ def test_reproduce_refuses_other_schemas_and_incomplete_folders(tmp_path):
     assert rc == 2 and "incomplete" in err, err
 
 
+@pytest.mark.loopback
 def test_reproduce_tables_from_a_run_folder(tmp_path):
     run = _fake_run(tmp_path / "atlas_paper-run", 1)
     shutil.copy(REPO / "topologies" / "atlas_paper.yaml", run / "scenario.resolved.yaml")

@@ -12,6 +12,8 @@ from geodc.spec.scenario import RCV_WINDOW_FRACTION, parse_scenario, scaled_tcp_
 from geodc.plans.systems import auto_connections, connections_for, path_rate_mbit, path_rtt_ms, window_bytes
 from geodc.spec.systems import SYSTEMS, System, get_system
 
+pytestmark = pytest.mark.unit
+
 
 def two(delay_ms: float = 20, rate_mbit: float = 100, **top) -> dict:
     return {"name": "t", "scale": 100,

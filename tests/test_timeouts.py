@@ -13,6 +13,8 @@ from geodc.spec.scenario import load_scenario
 from geodc.spec.systems import get_system
 from geodc.plans.timeouts import DEFAULT_PEER_S, DEFAULT_RUN_S, MIN_RUN_S, timeouts_for
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -71,6 +71,7 @@ def check_start_latency(spans: list[dict], exact: bool) -> int:
 
 
 
+@pytest.mark.unit
 def test_predictor_is_min_of_last_three_iterations():
     p = BubblePredictor(["F0", "F1", "B0", "B1"], history=3)
     assert p.ops == ["F0", "F1", "B0", "B1", "OPT"] and p.n_ops == 5
@@ -86,6 +87,7 @@ def test_predictor_is_min_of_last_three_iterations():
         BubblePredictor(["F0"], history=0)
 
 
+@pytest.mark.unit
 def test_predictor_none_without_history():
     p = BubblePredictor(["F0", "B0"])
     assert all(p.predict_ns(k) is None for k in range(3))
@@ -104,6 +106,7 @@ def test_predictor_none_without_history():
         p.observe(0, -1, 1)
 
 
+@pytest.mark.unit
 def test_predictor_next_op_reaches_opt_then_wraps():
     p = BubblePredictor(["F0", "F1", "B0", "B1"])
     assert p.next_op(3, 0) == (3, 1)
@@ -283,6 +286,7 @@ def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
         assert b["end_min_ns"] <= recv[(b["host"], name, it, mb)]["t_arrived_ns"]
 
 
+@pytest.mark.loopback
 def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     cfg = profile_cfg()
     result, controller = run(tmp_path, share=True, hog=True, inbound_rate=lambda a, b: 50.0)
@@ -365,6 +369,7 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.loopback
 def test_output_notices_between_hosts_of_one_dc(tmp_path):
     """Both stages in one DC: the maker of each message tells the controller when the op making
     it started, and the waiting host's notices carry that op's hold (made_ns)."""
@@ -374,6 +379,7 @@ def test_output_notices_between_hosts_of_one_dc(tmp_path):
     check_bounds(result, controller, 80.0, same_dc=True)
 
 
+@pytest.mark.loopback
 def test_without_gpu_share_nothing_changes(tmp_path):
     result, controller = run(tmp_path, share=False)
     spans = read_jsonl(result.spans_path)
@@ -388,6 +394,7 @@ def test_without_gpu_share_nothing_changes(tmp_path):
     assert check_start_latency(spans, exact=True) > 0
 
 
+@pytest.mark.unit
 def test_plan_checks_gpu_share(tmp_path):
     cfg = profile_cfg()
     specs = plan_workers(cfg, HOSTS, tmp_path, gpu_share=lambda h: None if h == "dc0h0" else

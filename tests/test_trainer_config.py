@@ -6,6 +6,8 @@ from geodc.spec.errors import ScenarioError
 from geodc.hostproc.gpt import GPTConfig
 from geodc.spec.training import TrainConfig, validate_against_hosts
 
+pytestmark = pytest.mark.unit
+
 
 def base(**over) -> dict:
     d = {"model": {"n_layer": 4, "n_embd": 64, "n_head": 4, "seq_len": 32, "vocab_size": 256},

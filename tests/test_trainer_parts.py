@@ -27,6 +27,7 @@ def free_port() -> int:
 
 # -- stage split ------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_split_layers_is_contiguous_and_even():
     assert split_layers(5, 2) == [(0, 1, 2), (3, 4)]
     assert split_layers(4, 4) == [(0,), (1,), (2,), (3,)]
@@ -42,6 +43,7 @@ def test_split_layers_is_contiguous_and_even():
     assert plans[1].module_names() == ["h.2", "h.3", "ln_f", "lm_head"]
 
 
+@pytest.mark.unit
 def test_chained_stages_equal_the_whole_model():
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=64)
@@ -56,6 +58,7 @@ def test_chained_stages_equal_the_whole_model():
     assert n_stage_params == full.num_params()   # every parameter on exactly one stage
 
 
+@pytest.mark.unit
 def test_data_is_deterministic_and_learnable():
     a, b = MarkovTokens(64, 7), MarkovTokens(64, 7)
     xa, ya = a.micro_batch(3, 5, 4, 32)
@@ -74,6 +77,7 @@ def test_data_is_deterministic_and_learnable():
 
 # -- transport --------------------------------------------------------------------------------
 
+@pytest.mark.loopback
 def test_transport_round_trip_padding_and_late_listener():
     port = free_port()
     sent = []
@@ -110,6 +114,7 @@ def test_transport_round_trip_padding_and_late_listener():
     assert all(r.t_enqueue_ns <= r.t_start_ns <= r.t_end_ns for r in sent)
 
 
+@pytest.mark.loopback
 def test_transport_deadlines_name_the_peer():
     port = free_port()
     with pytest.raises(TimeoutError, match="s1r0"):
@@ -144,6 +149,7 @@ def _raw_hello(port: int, hello: str) -> socket.socket:
     return sock
 
 
+@pytest.mark.loopback
 def test_unknown_dtype_in_a_header_reaches_recv():
     from geodc.hostproc.trainer.transport import HEADER, MAGIC
     port = free_port()
@@ -168,6 +174,7 @@ def test_unknown_dtype_in_a_header_reaches_recv():
         lst.close()
 
 
+@pytest.mark.loopback
 def test_listener_skips_stray_connections_until_its_peer_comes():
     port = free_port()
     lst = Listener("127.0.0.1", port)
@@ -228,6 +235,7 @@ def fake_run(f_ms=10, b_ms=20, P=2, M=4, iterations=3):
     return spans, losses, plan
 
 
+@pytest.mark.unit
 def test_metrics_on_a_perfect_gpipe_timeline():
     spans, losses, plan = fake_run()
     m = metrics_from_records(spans, losses, plan)
@@ -252,6 +260,7 @@ def test_metrics_on_a_perfect_gpipe_timeline():
     json.dumps(m)
 
 
+@pytest.mark.unit
 def test_metrics_count_compute_overruns():
     """An op whose real compute (compute_ns) outlasted its profile hold is counted, with its
     excess; warm-up and ops without a hold are not."""
@@ -275,6 +284,7 @@ def test_metrics_count_compute_overruns():
     assert real["total_ms"] == pytest.approx(1.75) and real["start_latency_max_ms"] == 2.5
 
 
+@pytest.mark.unit
 def test_optimizer_step_estimate():
     from geodc.spec.training import ProfileConfig
     from geodc.spec.profiles import find_block
@@ -289,6 +299,7 @@ def test_optimizer_step_estimate():
     assert costs[0].optimizer_ms > 0
 
 
+@pytest.mark.unit
 def test_metrics_in_measured_mode_count_the_model_tokens():
     spans, losses, plan = fake_run(iterations=4)
     del plan["config"]["profile"]
@@ -300,6 +311,7 @@ def test_metrics_in_measured_mode_count_the_model_tokens():
         pytest.approx(4 * 2 * 16 / m["iteration_time_s"])
 
 
+@pytest.mark.unit
 def test_metrics_with_two_iterations_average_both():
     spans, losses, plan = fake_run(iterations=2)
     m = metrics_from_records(spans, losses, plan)
@@ -307,6 +319,7 @@ def test_metrics_with_two_iterations_average_both():
     assert m["iteration_time_s"] == pytest.approx((0.155 + 0.150) / 2)
 
 
+@pytest.mark.unit
 def test_timeline_plot_writes_png(tmp_path):
     from geodc.analysis.timeline_plot import plot_timeline
     spans, _, _ = fake_run()
@@ -314,6 +327,7 @@ def test_timeline_plot_writes_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
 
 
+@pytest.mark.loopback
 def test_measure_profile_cpu_smoke():
     from geodc.hostproc.trainer.measure_profile import main
     from geodc.spec.profiles import PROFILE_DIR
@@ -344,6 +358,7 @@ def test_measure_profile_cpu_smoke():
         out.unlink(missing_ok=True)
 
 
+@pytest.mark.unit
 def test_shipped_profiles_match_their_provenance():
     import hashlib
     import re
@@ -355,6 +370,7 @@ def test_shipped_profiles_match_their_provenance():
         assert hashlib.sha256((PROFILE_DIR / name).read_bytes()).hexdigest() == sha, name
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("cc", ["reno", "cubic", "bbr"])
 def test_transport_sockets_run_the_chosen_congestion_control(cc):
     """Both ends of a stage-to-stage connection run the congestion control asked for, as the
@@ -385,11 +401,13 @@ def test_transport_sockets_run_the_chosen_congestion_control(cc):
         listener.close()
 
 
+@pytest.mark.loopback
 def test_transport_refuses_an_unknown_congestion_control():
     with pytest.raises(OSError, match="cannot use TCP congestion control 'nosuchcc'"):
         Listener("127.0.0.1", 0, congestion_control="nosuchcc")
 
 
+@pytest.mark.loopback
 def test_a_failed_send_is_reported_at_once_on_both_sides():
     """A sender thread that fails (here its slot gate raises) ends the channel at once: this
     side's recv names the cause, and the peer's recv sees the connection end, both within

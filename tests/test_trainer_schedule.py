@@ -11,6 +11,8 @@ from geodc.rules.schedule import bubble_fraction, parse_action, schedule_table
 
 simulate = compute_only
 
+pytestmark = pytest.mark.unit
+
 CASES = [(P, M) for P in (1, 2, 3, 4, 8) for M in (1, 2, 4, 5, 8, 16)]
 
 

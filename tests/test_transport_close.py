@@ -1,7 +1,12 @@
 """Channel.close() never cuts a half-sent message silently (geodc/hostproc/trainer/transport.py), on loopback
 with real sockets: a peer that stops reading makes close() raise ConnectionError naming the
 peer, the message, its wire bytes written of its total and the queued messages never sent, and
-still release the sockets and threads; a close after everything was sent stays quiet."""
+still release the sockets and threads; a close after everything was sent stays quiet.
+
+No wall-clock figures here (how close to its timeout close() returns is bench/bench_deadlines.py's,
+with tests/tolerance.py): order and state instead, and bounds load cannot break (close() waits
+at least its timeout for a peer that stops reading). pytest's timeout marks stand for "it does
+not hang"."""
 
 import contextlib
 import re
@@ -13,6 +18,8 @@ import pytest
 import torch
 
 from geodc.hostproc.trainer.transport import HEADER, KIND_ACT, KIND_GRAD, Listener, connect, stripe_plan
+
+pytestmark = pytest.mark.loopback
 
 PEER = "s0r0"            # the connecting side's name (its hello)
 SILENT_PEER = "s1r0"     # the peer that accepts and never reads
@@ -58,6 +65,7 @@ def assert_released(ch) -> None:
     assert not any(t.is_alive() for t in ch._writers)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("k", [1, 3])
 def test_a_peer_that_stops_reading_makes_close_raise(k):
     with silent_peer(k) as ch:
@@ -75,7 +83,7 @@ def test_a_peer_that_stops_reading_makes_close_raise(k):
         assert 0 < sent < total
         assert f"of {k} stripes whole" in text
         assert "0 queued messages never sent" in text
-        assert 1 <= took < 3
+        assert took >= 1                      # it waited its whole timeout before cutting
         assert_released(ch)
         ch.close(timeout_s=1)                 # a second close does nothing
 
@@ -107,10 +115,10 @@ def test_a_message_held_in_its_gate_at_the_deadline_is_reported():
     with silent_peer(1, gate=gate) as ch:
         ch.send(KIND_ACT, 2, 5, torch.ones(4))
         ch.send(KIND_ACT, 2, 6, torch.ones(4))
-        t0 = time.monotonic()
         with pytest.raises(ConnectionError) as exc:
             ch.close(timeout_s=0.3)
-        assert time.monotonic() - t0 < 3      # a sender stuck in its gate is not waited for
+        # a sender stuck in its gate is not waited for: close() is back while it still is
+        assert not hold.is_set() and ch._sender.is_alive()
         text = str(exc.value)
         assert "F5 of iteration 2 (micro-batch 5) had 0 of its " in text
         assert written(text)[1] == wire_bytes(16, 1)
@@ -148,10 +156,10 @@ def test_close_after_everything_was_received_is_quiet(k):
             assert torch.equal(b.recv(KIND_ACT, 0, mb, timeout_s=10).tensor, tensor)
         closer = threading.Thread(target=b.close, args=(5,))   # each close waits for the
         closer.start()                                        # other's half-close
-        t0 = time.monotonic()
         a.close(timeout_s=5)                                  # raises nothing
+        # back because the peer's half-close came (every reader saw it end), not its timeout
+        assert not any(t.is_alive() for t in a._readers)
         closer.join(10)
-        assert time.monotonic() - t0 < 2
         assert a._inflight is None and a._unsent == 0
         assert_released(a)
 

@@ -98,12 +98,14 @@ def attacks() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.loopback
 def test_a_16_gib_header_is_refused_without_taking_memory(attacks):
     got = attacks["16gib"]
     assert got["cause"] == "FrameError" and "over this channel's cap" in got["error"], got
     assert got["hwm_delta"] < 32 << 20, got
 
 
+@pytest.mark.loopback
 def test_a_header_the_worker_does_not_expect_is_refused_naming_what_it_expects(attacks):
     got = attacks["expected"]
     assert got["cause"] == "FrameError", got
@@ -112,6 +114,7 @@ def test_a_header_the_worker_does_not_expect_is_refused_naming_what_it_expects(a
     assert got["hwm_delta"] < 32 << 20, got
 
 
+@pytest.mark.loopback
 def test_partial_messages_hold_only_what_has_arrived(attacks):
     got = attacks["partial"]
     assert got["error"] is not None and "no F0 of iteration 0" in got["error"], got  # waiting
@@ -151,6 +154,7 @@ UNEXPECTED = {
 }
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("name", UNEXPECTED)
 def test_a_message_the_channel_does_not_expect_is_refused(name):
     data, match = UNEXPECTED[name]
@@ -167,6 +171,7 @@ def test_a_message_the_channel_does_not_expect_is_refused(name):
         lst.close()
 
 
+@pytest.mark.loopback
 def test_more_messages_than_a_run_can_have_unread_are_refused():
     lst, ch, (peer,) = raw_channel()            # M = 2: at most 2M + 2 = 6 held
     try:
@@ -183,6 +188,7 @@ def test_more_messages_than_a_run_can_have_unread_are_refused():
 
 # -- hellos -----------------------------------------------------------------------------------
 
+@pytest.mark.loopback
 def test_a_trickling_hello_does_not_keep_the_real_peer_out():
     lst = Listener("127.0.0.1", 0)
     addr = lst.sock.getsockname()
@@ -205,10 +211,8 @@ def test_a_trickling_hello_does_not_keep_the_real_peer_out():
     peer = threading.Thread(target=lambda: got.update(ch=connect(
         *addr, hello=PEER, peer="s1r0", timeout_s=5)))
     peer.start()
-    t0 = time.monotonic()
     try:
         ch = lst.accept(PEER, timeout_s=4)
-        took = time.monotonic() - t0
         peer.join(5)
         ch.close(timeout_s=1)
         got["ch"].close(timeout_s=1)
@@ -217,9 +221,12 @@ def test_a_trickling_hello_does_not_keep_the_real_peer_out():
         t.join(5)
         slow.close()
         lst.close()
-    assert took < 3.5, f"the real peer waited {took:.1f} s behind a trickling hello"
+    # accept()'s 4 s is less than the trickler's HELLO_TIMEOUT_S: had the real peer waited
+    # behind the trickling hello, accept would have timed out instead
+    assert transport.HELLO_TIMEOUT_S > 4 and ch is not None
 
 
+@pytest.mark.loopback
 def test_a_flood_of_silent_connections_does_not_keep_the_real_peer_out():
     lst = Listener("127.0.0.1", 0)
     addr = lst.sock.getsockname()
@@ -241,6 +248,7 @@ def test_a_flood_of_silent_connections_does_not_keep_the_real_peer_out():
         lst.close()
 
 
+@pytest.mark.loopback
 def test_a_hello_is_dropped_at_its_deadline(monkeypatch):
     monkeypatch.setattr(transport, "HELLO_TIMEOUT_S", 0.3)
     lst = Listener("127.0.0.1", 0)
@@ -256,6 +264,7 @@ def test_a_hello_is_dropped_at_its_deadline(monkeypatch):
         lst.close()
 
 
+@pytest.mark.unit
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=80) | st.builds(
     lambda i, k, n, rest: struct.pack("!4sHHH", MAGIC, i, k, n) + rest,
@@ -284,6 +293,7 @@ FIELDS = st.fixed_dictionaries({
     "index": st.integers(0, 65535), "count": st.integers(0, 65535)})
 
 
+@pytest.mark.loopback
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(FIELDS.map(lambda f: header(**f)) | st.binary(max_size=100), min_size=1,
                 max_size=3), st.binary(max_size=200), st.booleans())
@@ -337,6 +347,7 @@ time.sleep(30)
 """
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("what", ["gloo store", "slot sink"])
 def test_servers_listen_on_the_address_their_peer_uses(what):
     port = free_port()
@@ -354,6 +365,7 @@ def test_servers_listen_on_the_address_their_peer_uses(what):
         proc.wait(10)
 
 
+@pytest.mark.unit
 def test_each_worker_expects_what_its_neighbours_send(tmp_path):
     from geodc.spec.training import TrainConfig
     from geodc.run.launch import HostInfo, plan_workers

@@ -108,6 +108,7 @@ def cases():
 
 # -- the stripe rule --------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_stripe_plan_tiles_the_message():
     for total in (0, 1, MIN_STRIPE_BYTES - 1, MIN_STRIPE_BYTES, 2 * MIN_STRIPE_BYTES - 1,
                   2 * MIN_STRIPE_BYTES, 5 * MIN_STRIPE_BYTES + 3, 33_554_432 // 100, 10**7):
@@ -124,6 +125,7 @@ def test_stripe_plan_tiles_the_message():
 
 # -- round trips ------------------------------------------------------------------------------
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("k", range(1, 9))
 def test_striped_round_trip_is_exact(k):
     sent = []
@@ -153,6 +155,7 @@ def test_striped_round_trip_is_exact(k):
     assert all(r1.t_end_ns <= r2.t_start_ns for r1, r2 in zip(sent, sent[1:]))
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_stripes_arriving_shuffled_on_any_connection(k):
     rng = random.Random(k)
@@ -175,6 +178,7 @@ def test_stripes_arriving_shuffled_on_any_connection(k):
             t.join(5)
 
 
+@pytest.mark.loopback
 def test_arrival_is_seen_at_the_first_stripe_header_once_per_message():
     """`arrival()` and `on_arrival` (BubbleTea's arrival bound): nothing before any byte; at the
     first stripe's header, one call with the message's whole size, however many stripes; the
@@ -221,6 +225,7 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("how", ["reset", "closed mid-frame", "closed between frames"])
 def test_a_lost_connection_fails_recv_at_once(how):
     tensor = torch.arange(100_000, dtype=torch.float32)        # 400 kB: 4 stripes on K=4
@@ -242,6 +247,7 @@ def test_a_lost_connection_fails_recv_at_once(how):
         assert PEER in str(exc.value)
 
 
+@pytest.mark.loopback
 def test_the_peer_closing_between_messages_is_reported_as_closed():
     with channel_pair(3) as (a, b):
         big = torch.randn(200_000)
@@ -292,6 +298,7 @@ BAD = {
 }
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("name", BAD)
 def test_a_bad_header_is_an_error_without_a_big_allocation(name):
     k, writes, match = BAD[name]
@@ -312,6 +319,7 @@ def test_a_bad_header_is_an_error_without_a_big_allocation(name):
 
 # -- the gate ---------------------------------------------------------------------------------
 
+@pytest.mark.loopback
 def test_the_gate_wraps_every_stripe_of_each_message():
     k = 3
     calls = []      # (wire_bytes, t_enter, t_exit)
@@ -384,6 +392,7 @@ def test_the_gate_wraps_every_stripe_of_each_message():
     assert all(c1[2] <= c2[1] for c1, c2 in zip(calls, calls[1:]))   # one message at a time
 
 
+@pytest.mark.loopback
 def test_a_failing_gate_fails_the_channel():
     def gate(wire_bytes):
         raise RuntimeError("no slot")
@@ -406,6 +415,7 @@ def test_a_failing_gate_fails_the_channel():
 
 # -- hellos -----------------------------------------------------------------------------------
 
+@pytest.mark.loopback
 def test_hello_checks_index_and_k():
     lst = Listener("127.0.0.1", 0)
     port = lst.sock.getsockname()[1]
@@ -441,6 +451,7 @@ def test_hello_checks_index_and_k():
         lst.close()
 
 
+@pytest.mark.loopback
 def test_connect_with_another_k_is_refused_by_name():
     lst = Listener("127.0.0.1", 0)
     port = lst.sock.getsockname()[1]
@@ -457,6 +468,7 @@ def test_connect_with_another_k_is_refused_by_name():
 
 # -- K per boundary in the launcher's plan ------------------------------------------------------
 
+@pytest.mark.unit
 def test_plan_workers_sets_k_per_boundary(tmp_path):
     from geodc.spec.training import TrainConfig
     from geodc.run.launch import HostInfo, plan_workers

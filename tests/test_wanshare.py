@@ -44,6 +44,7 @@ SINK_PORT = 9000
 
 
 # ---- pure -----------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_rates_add_up_to_the_link():
     r = wanshare.plan_rates(100_000_000, 3)
     assert r.control_bps == 5_000_000 and r.floor_bps == 100_000
@@ -53,6 +54,7 @@ def test_rates_add_up_to_the_link():
         wanshare.plan_rates(100_000_000, 400, floor_bps=1_000_000)   # floors leave nothing
 
 
+@pytest.mark.unit
 def test_plan_temporal_tree():
     ops = wanshare.plan_temporal("x-gw-eth1", 100, 250_000, {0: ["10.1.0.1"], 3: ["10.1.0.2", "10.1.0.3"]},
                                  active=3)
@@ -72,12 +74,14 @@ def test_plan_temporal_tree():
         wanshare.plan_temporal("x", 100, 1, {0: ["10.1.0.1"], 1: ["10.1.0.1"]})
 
 
+@pytest.mark.unit
 def test_link_layer_bytes():
     assert wanshare.link_layer_bytes(1448) == 1514
     assert wanshare.link_layer_bytes(10 * 1448) == 15140
     assert wanshare.link_layer_bytes(1) == 2
 
 
+@pytest.mark.unit
 def test_plan_cursor_follows_the_order_when_everyone_waits():
     c = PlanCursor([1, 0])
     got = []
@@ -87,6 +91,7 @@ def test_plan_cursor_follows_the_order_when_everyone_waits():
     assert got == [1, 0, 1, 0, 1, 0]
 
 
+@pytest.mark.unit
 def test_plan_cursor_lets_a_ready_transfer_go_first():
     c = PlanCursor([0, 1])
     assert c.preferred() == 0
@@ -100,6 +105,7 @@ def test_plan_cursor_lets_a_ready_transfer_go_first():
     assert fifo.preferred() is None and fifo.choose([5, 2]) == 0
 
 
+@pytest.mark.unit
 def test_spec_round_trip_and_validation(tmp_path):
     spec = ArbiterSpec(listen_ip="10.1.0.254", port=7700, log_path=str(tmp_path / "a.jsonl"),
                        links=[LinkSpec(link="sa->sb", intf="sa-gw-eth1", rate_mbit=100,
@@ -112,6 +118,7 @@ def test_spec_round_trip_and_validation(tmp_path):
         ArbiterSpec.from_json(json.dumps(bad))
 
 
+@pytest.mark.unit
 def test_specs_for_network(tmp_path):
     plan = make_plan(load_scenario(write_scenario(tmp_path, WS)).emulated())
     specs = arbiter.specs_for_network(plan, PIPELINES, ORDER, port=PORT, log_dir=tmp_path)
@@ -192,6 +199,7 @@ def _reply(sock: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.loopback
 def test_a_granted_client_that_goes_silent_loses_its_slot(fake_arbiter):
     """Granted, then neither sending nor closing: at the slot's deadline (bytes / rate x
     SLOT_MARGIN + stall_s) the slot ends, the silent client gets ERR, the next is granted."""
@@ -200,18 +208,21 @@ def test_a_granted_client_that_goes_silent_loses_its_slot(fake_arbiter):
     silent.sendall(b"REQ sa->sb 0 5000\n")
     assert silent.recv(100).startswith(b"GRANT ")
     waiter = SlotClient("127.0.0.1", port, "sa->sb", 1, timeout_s=3)
-    t0 = time.monotonic()
     with waiter.gate(100):
-        took = time.monotonic() - t0
         share.sent[1] += 200
-    assert arb.spec.stall_s * 0.8 <= took < arb.spec.stall_s + 1.5, took
     assert _reply(silent).startswith(b"ERR slot 1 passed its deadline")
     waiter.close()
     silent.close()
     time.sleep(0.1)
-    assert [s["reason"] for s in arbiter.read_log(arb.spec.log_path)] == ["deadline", "bytes"]
+    first, second = slots = arbiter.read_log(arb.spec.log_path)
+    assert [s["reason"] for s in slots] == ["deadline", "bytes"], slots
+    # by the arbiter's own records: the waiter was granted once the silent slot had ended, and
+    # that not before its deadline (about stall_s; how close to it is bench_deadlines' figure)
+    assert second["t_grant"] >= first["t_end"], slots
+    assert first["t_end"] - first["t_grant"] >= arb.spec.stall_s * 1e9, slots
 
 
+@pytest.mark.loopback
 def test_a_granted_client_still_sending_keeps_its_slot_past_the_deadline(fake_arbiter):
     """A slow client (its class moves a little every 0.1 s, as on a faulted or lossy link)
     keeps its slot past the deadline: it is not cut off mid-message, the next waits."""
@@ -228,21 +239,24 @@ def test_a_granted_client_still_sending_keeps_its_slot_past_the_deadline(fake_ar
     threading.Thread(target=trickle, daemon=True).start()
     threading.Timer(4 * arb.spec.stall_s, lambda: share.sent.__setitem__(0, 10**6)).start()
     waiter = SlotClient("127.0.0.1", port, "sa->sb", 1, timeout_s=5)
-    t0 = time.monotonic()
     with waiter.gate(100):
-        took = time.monotonic() - t0
         share.sent[1] += 200
     stop.set()
-    assert took >= 3 * arb.spec.stall_s, took      # the deadline (about stall_s) passed by
     slow.settimeout(0.2)
     with pytest.raises(socket.timeout):
         slow.recv(100)                              # no ERR: it was never cut off
     waiter.close()
     slow.close()
     time.sleep(0.1)
-    assert [s["reason"] for s in arbiter.read_log(arb.spec.log_path)] == ["bytes", "bytes"]
+    first, second = slots = arbiter.read_log(arb.spec.log_path)
+    assert [s["reason"] for s in slots] == ["bytes", "bytes"], slots
+    # by the arbiter's own records: the slow slot lasted past its deadline (about stall_s) to
+    # the timer's 4 x stall_s, and only then was the waiter granted
+    assert first["t_end"] - first["t_grant"] >= 3 * arb.spec.stall_s * 1e9, slots
+    assert second["t_grant"] >= first["t_end"], slots
 
 
+@pytest.mark.loopback
 def test_who_may_ask_and_how_many(tmp_path):
     """A connection from an address that is no sending host of the pipelines is refused, so is
     a REQ for another host's pipeline, and connections past MAX_CONNS."""
@@ -272,6 +286,7 @@ def test_who_may_ask_and_how_many(tmp_path):
         assert stop()
 
 
+@pytest.mark.loopback
 def test_the_arbiter_serves_file_descriptors_past_1024(tmp_path):
     """select.select() refuses a descriptor >= 1024 (FD_SETSIZE), which would end the loop;
     here the arbiter's listener and clients all get numbers past 1024."""
@@ -303,6 +318,7 @@ def test_the_arbiter_serves_file_descriptors_past_1024(tmp_path):
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.loopback
 def test_arbiter_protocol_without_root(fake_arbiter):
     arb, share, port = fake_arbiter
     a = SlotClient("127.0.0.1", port, "sa->sb", 0, timeout_s=5)

@@ -1,0 +1,90 @@
+"""pyproject.toml's pins are requirements.txt's: the runtime dependencies and the dev extra name
+the direct dependencies, requirements.txt is the full lock scripts/setup.sh installs, and the
+two never drift apart. The environment running the tests holds what requirements.txt pins."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def lock() -> dict[str, str]:
+    """requirements.txt: canonical name -> pinned version; every line an exact pin, once."""
+    pins: dict[str, str] = {}
+    for n, line in enumerate((REPO / "requirements.txt").read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", line)
+        assert m, f"requirements.txt:{n}: {line!r} is not an exact pin (name==version)"
+        name = canonicalize_name(m.group(1))
+        assert name not in pins, f"requirements.txt:{n}: {name} pinned twice"
+        pins[name] = m.group(2)
+    return pins
+
+
+def declared() -> list[tuple[str, str]]:
+    project = PYPROJECT["project"]
+    return ([("dependencies", r) for r in project["dependencies"]]
+            + [(f"optional-dependencies.{extra}", r)
+               for extra, reqs in project["optional-dependencies"].items() for r in reqs])
+
+
+def test_every_pyproject_pin_is_requirements_txts():
+    pins = lock()
+    wrong = []
+    for where, text in declared():
+        req = Requirement(text)
+        spec = list(req.specifier)
+        name = canonicalize_name(req.name)
+        if len(spec) != 1 or spec[0].operator != "==":
+            wrong.append(f"[project] {where}: {text!r} is not an exact pin")
+        elif name not in pins:
+            wrong.append(f"[project] {where}: {text!r} is not in requirements.txt")
+        elif spec[0].version != pins[name]:
+            wrong.append(f"[project] {where}: {text!r}, requirements.txt: {name}=={pins[name]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_runtime_and_dev_are_split_and_the_tools_are_dev():
+    runtime = {canonicalize_name(Requirement(r).name) for r in PYPROJECT["project"]["dependencies"]}
+    dev = {canonicalize_name(Requirement(r).name)
+           for r in PYPROJECT["project"]["optional-dependencies"]["dev"]}
+    assert not runtime & dev, runtime & dev
+    assert {"pytest", "pytest-timeout", "hypothesis", "ruff", "import-linter", "grimp"} <= dev
+    assert "torch" in runtime and "pytest" not in runtime
+
+
+def test_the_console_script_is_the_cli():
+    target = PYPROJECT["project"]["scripts"]["geodc"]
+    module, _, attr = target.partition(":")
+    main = getattr(importlib.import_module(module), attr)
+    from run_testbed import main as run_testbed_main
+    assert callable(main) and main is run_testbed_main
+
+
+def test_the_environment_holds_what_requirements_txt_pins():
+    """What scripts/setup.sh installed is the lock (a local build label, torch's +cpu, aside)."""
+    wrong = []
+    for name, pinned in lock().items():
+        try:
+            got = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            wrong.append(f"{name}=={pinned}: not installed")
+            continue
+        if Version(got).public != Version(pinned).public:
+            wrong.append(f"{name}=={pinned}: {got} installed")
+    assert not wrong, "run `make setup` (scripts/setup.sh):\n" + "\n".join(wrong)
