@@ -29,6 +29,7 @@ LINK_RE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING_RE = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
 
 
+@pytest.mark.unit
 def test_readme_is_short():
     n = len(README.read_text().splitlines())
     assert n <= MAX_LINES, f"README.md has {n} lines; keep it within {MAX_LINES} (move detail to docs/)"
@@ -68,6 +69,7 @@ def relative_links(path: Path) -> list[str]:
             if not re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", t)]       # no http:, mailto:, ...
 
 
+@pytest.mark.unit
 def test_the_link_check_sees_links_and_anchors():
     assert slug("Measured on a real H200 (`bench/bench_gpu_bubbletea.py`)") == \
         "measured-on-a-real-h200-benchbench_gpu_bubbleteapy"
@@ -78,6 +80,7 @@ def test_the_link_check_sees_links_and_anchors():
     assert "docs/run-flow.svg" in relative_links(README)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_resolve(path):
     bad = []
@@ -155,6 +158,7 @@ def ran(tmp_path_factory) -> dict[str, tuple[int, str]]:
     return results
 
 
+@pytest.mark.unit
 def test_quickstart_needs_no_root():
     commands = quickstart_commands()
     assert commands, "the quick start lists no commands"
@@ -167,11 +171,13 @@ def test_quickstart_needs_no_root():
             assert "--no-figures" in command, "reproduce without --no-figures needs matplotlib"
 
 
+@pytest.mark.loopback
 def test_quickstart_commands_exit_0(ran):
     failed = {c: out[-2000:] for c, (rc, out) in ran.items() if rc != 0}
     assert not failed, "\n\n".join(f"$ {c}\n{out}" for c, out in failed.items())
 
 
+@pytest.mark.loopback
 def test_quickstart_prints_what_the_readme_shows(ran):
     shown = shown_outputs()
     assert shown, "the quick-start output block shows nothing"
@@ -184,6 +190,7 @@ def test_quickstart_prints_what_the_readme_shows(ran):
                              + "\n".join(missing) + "\n--- it printed:\n" + ran[command][1])
 
 
+@pytest.mark.loopback
 def test_reproduce_in_the_quickstart_gives_the_reference_tables(ran):
     """The quick start's reproduce rebuilds exactly the tables the README shows."""
     command = next(c for c in quickstart_commands() if " reproduce " in c)

@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.unit
 from hypothesis import given
 from hypothesis import strategies as st
 
