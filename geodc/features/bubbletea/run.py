@@ -155,7 +155,7 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
                                    requests_path=str(req_path), prefill_servers=prefills,
                                    decode_servers=decoders, bubbletea=cfg.to_dict(),
                                    compute=train_cfg.compute, time_scale=scenario.time_scale,
-                                   connect_timeout_s=60.0 * scenario.time_scale,
+                                   connect_timeout_s=scenario.dilation.emulated_span(60.0),
                                    notice_priority=PRIORITY["notice"] if net.realtime else None)
             path = base / "specs" / f"controller-{dc}.json"
             cspec.write(path)

@@ -315,7 +315,7 @@ def _set_rate(ipr: IPRoute, index: int, temporal: bool, rate_mbit: float) -> Non
     message without rate tables (shaping.change_class_msg; with the queue full, each extra
     netlink dump here cost 5-20 ms, and pyroute2's rate tables more). A temporal tree's
     rates belong to its slot arbiter (another process re-plans them at every switch), so a rate
-    fault there is refused (geodc.run.systemrun refuses it before the run)."""
+    fault there is refused (geodc.features.faults.plan.check refuses it before the run)."""
     if temporal:
         raise RuntimeError("rate faults are not applied to a temporal-sharing tree")
     shaping.set_rate(ipr, index, rate_mbit)
