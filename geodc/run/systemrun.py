@@ -86,16 +86,10 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
             stack.callback(features.stop)   # whatever happens, before the network goes down
             features.start(plans, RunContext(job=job, net=net, sys_dir=sys_dir,
                                              progress=progress, clock=Clock(ts)))
-            setup = WorkerSetup(
-                scale=scenario.scale, time_scale=ts,
-                connect_timeout_s=ts.emulated_span(limits.peer_s),   # also gloo's timeout
-                congestion_control=scenario.congestion_control,
-                io_priority=PRIORITY["worker_io"] if net.realtime else None,
-                connections={LinkDir(a, b): connections_for(scenario, system, a, b)
-                             for a in placement.dcs_used() for b in placement.dcs_used()})
             try:
-                run = launch(job.cfg, hosts, sys_dir, net, setup, features.handles,
-                             timeout_s=ts.emulated_span(limits.run_s), progress=progress)
+                run = launch(job.cfg, hosts, sys_dir, net, _worker_setup(job, limits, net),
+                             features.handles, timeout_s=ts.emulated_span(limits.run_s),
+                             progress=progress)
             except BaseException:
                 stopped_s = features.clock_reading()
                 raise
@@ -112,11 +106,23 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise RunIncomplete(why, partial) from exc
-    metrics = _metrics(scenario, job, sys_dir, run, features, wan_links, prediction, limits,
-                       record=record, cpu=cpu_before.usage(CpuTimes.now()),
+    metrics = _metrics(job, sys_dir, run, features, wan_links, prediction, limits,
+                       record=record, cpu_before=cpu_before,
                        congestion_control=net.congestion_control, timings_s=net.timings_s)
     write_json(sys_dir / "metrics.json", metrics)   # this system's block, kept if a later fails
     return metrics
+
+
+def _worker_setup(job: SystemJob, limits: Any, net: Network) -> WorkerSetup:
+    """How the system's workers are set up on this network (geodc.plans.workers)."""
+    ts, dcs = job.scenario.dilation, job.placement.dcs_used()
+    return WorkerSetup(
+        scale=job.scenario.scale, time_scale=ts,
+        connect_timeout_s=ts.emulated_span(limits.peer_s),   # also gloo's timeout
+        congestion_control=job.scenario.congestion_control,
+        io_priority=PRIORITY["worker_io"] if net.realtime else None,
+        connections={LinkDir(a, b): connections_for(job.scenario, job.system, a, b)
+                     for a in dcs for b in dcs})
 
 
 def _write_partial(sys_dir: Path, system: str, cfg: "TrainConfig", why: str,
@@ -136,8 +142,8 @@ def _write_partial(sys_dir: Path, system: str, cfg: "TrainConfig", why: str,
     return partial
 
 
-def _metrics(scenario: "Scenario", job: SystemJob, sys_dir: Path, run: Any, features: Running,
-             wan_links: dict, prediction: Any, limits: Any, *, record: dict, cpu: dict,
+def _metrics(job: SystemJob, sys_dir: Path, run: Any, features: Running, wan_links: dict,
+             prediction: Any, limits: Any, *, record: dict, cpu_before: CpuTimes,
              congestion_control: dict, timings_s: dict) -> dict:
     """A complete run's metrics block: the trainers' figures, the WAN's, every feature's."""
     from geodc.host.spans import read_jsonl
@@ -145,7 +151,8 @@ def _metrics(scenario: "Scenario", job: SystemJob, sys_dir: Path, run: Any, feat
     from geodc.analysis.metrics import congestion_control_in_use
     from geodc.analysis.timeline_plot import plot_timeline, timeline_extras
 
-    system, placement, T = job.system, job.placement, scenario.time_scale
+    scenario, system, placement = job.scenario, job.system, job.placement
+    T = scenario.time_scale
     spans = list(read_jsonl(run.spans_path))   # read once: the metrics and the links' use
     blocks = features.results(partial=False, spans=spans)
     metrics = metrics_from_records(spans, list(read_jsonl(run.loss_path)),
@@ -169,7 +176,8 @@ def _metrics(scenario: "Scenario", job: SystemJob, sys_dir: Path, run: Any, feat
                      for a, b in sorted({p for row in placement.boundaries() for p in row})
                      if a != b for d in both(a, b)},
         slot_plan=[],    # (temporal sharing's block, where it runs)
-        wan_links=wan_links, network=record, allreduce=ar, cpu=cpu,
+        wan_links=wan_links, network=record, allreduce=ar,
+        cpu=cpu_before.usage(CpuTimes.now()),
         congestion_control=dict(congestion_control,
                                 in_use=congestion_control_in_use(run.spans_path)),
         transport_io_realtime=sorted({x for r in spans if r["name"] == "SETUP"
