@@ -276,3 +276,43 @@ def test_without_a_clocked_feature_no_stop_time_and_a_failing_stop_still_ends_in
                                "results temporal", "results bubbletea"]
     doc = json.loads((sys_dir / "metrics.json").read_text())
     assert doc["stopped_s"] is None and "faults" not in doc and "cross_traffic" not in doc
+
+
+def test_every_feature_plans_purely_in_order_and_shows_its_plan(tmp_path):
+    """plan_all: each feature's plan where the system and the scenario switch it on, in the
+    registry's order, as JSON; none where they do not."""
+    from dataclasses import replace
+
+    from geodc.features.base import SystemJob
+    from geodc.features.registry import plan_all
+    from geodc.plans.placement import place_for_system
+    from geodc.spec.scenario import parse_scenario
+    from geodc.spec.systems import get_system
+    from geodc.spec.training import TrainConfig
+    sc = small_scenario(tmp_path)
+    doc = dict(sc.raw, dcs=[{"name": "ea", "hosts": 1, "decode_hosts": 1},
+                            {"name": "we", "hosts": 1, "decode_hosts": 1}],
+               bubbletea={"load": {"poisson_per_s": 60, "lengths": "conv", "window_s": 60},
+                          "model": {"n_layer": 1, "n_embd": 32, "n_head": 2,
+                                    "vocab_size": 64, "context": 48}})
+    sc = parse_scenario(doc)
+    cfg = TrainConfig.from_dict(sc.training)
+
+    def plans(name: str, scenario=sc):
+        system = get_system(name)
+        placement = place_for_system(scenario, cfg, system)
+        job = SystemJob(scenario=scenario, cfg=replace(cfg, placement=placement.hosts,
+                                                       placement_dcs=None),
+                        placement=placement, system=system)
+        return [(f.name, p) for f, p in plan_all(job)]
+
+    every = plans("atlas+bubbletea")
+    assert [n for n, _ in every] == ["temporal", "bubbletea", "cross", "faults"]
+    shown = {n: json.loads(json.dumps(p.to_dict())) for n, p in every}
+    assert shown["temporal"]["sharing"] == "temporal"
+    assert shown["bubbletea"]["arrival_bound"] == "off: delay faults"
+    assert shown["cross"]["flows"] == ["cross_traffic[0] (ea->we udp 5 Mbit/s, 0-3 s)"]
+    assert shown["faults"]["sample_links"] == [["ea", "we"]]
+    assert [n for n, _ in plans("baseline")] == ["cross", "faults"]
+    bare = parse_scenario({k: v for k, v in doc.items() if k not in ("faults", "cross_traffic")})
+    assert plans("baseline", bare) == []

@@ -18,8 +18,9 @@ FeatureHandle:
                             run stopped early (no spans; a block that still means something then,
                             or None); else spans are the trainers' merged records
 
-Each folder: plan.py (pure), run.py (the handle), metrics.py (its summary lines), feature.py
-(the Feature, tying them together: the only module that imports both plan and run). The
+Each folder: plan.py (pure), run.py (the handle, which makes its metrics block), metrics.py
+(its lines in a run's summary, where it has its own), feature.py (the Feature, tying them
+together: the only module that imports both plan and run). The
 features never import each other; what two of them share lives here (the Clock) or below
 (spec, plans, host). The list of features and their start and stop orders is
 geodc.features.registry.
