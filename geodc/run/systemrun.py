@@ -83,7 +83,10 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                      if h.role == "train"]
             net.wan_stats()  # start this system's interval of WAN packet counts
             cpu_before = CpuTimes.now()
-            stack.callback(features.stop)   # whatever happens, before the network goes down
+            # Whatever happens, every started feature stops before the network goes down, in
+            # today's order (cross-traffic, faults, temporal, BubbleTea: not the reverse of
+            # the start order, so not one stack entry each; geodc.features.registry says why)
+            stack.callback(features.stop)
             features.start(plans, RunContext(job=job, net=net, sys_dir=sys_dir,
                                              progress=progress, clock=Clock(ts)))
             try:
