@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from geodc.emulation.procs import LocalSpawner  # noqa: E402
 from geodc.spec.training import TrainConfig  # noqa: E402
-from geodc.run.launch import HostInfo, launch
+from geodc.run.launch import HostInfo, WorkerSetup, launch
 from geodc.emulation.procs import free_base_port  # noqa: E402
 from geodc.analysis.metrics import compute_metrics  # noqa: E402
 
@@ -49,8 +49,8 @@ def run_case(schedule: str, P: int, M: int, iterations: int, scale: float, root:
     spawner = LocalSpawner()
     run_dir = root / f"{schedule}-P{P}-M{M}"
     try:
-        launch(cfg, hosts, run_dir, spawner, scale=scale, base_port=free_base_port(P * D + P),
-               timeout_s=300)
+        launch(cfg, hosts, run_dir, spawner,
+               WorkerSetup(scale=scale, base_port=free_base_port(P * D + P)), timeout_s=300)
     finally:
         spawner.stop_all()
     m = compute_metrics(run_dir)

@@ -278,26 +278,36 @@ def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
 @pytest.mark.unit
 def test_notices_parse_by_kind_and_refuse_malformed_ones():
     from geodc.host.notices import parse_notice
-    b = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9, "iteration": 3, "op": 2,
-                      "gaps_ns": [9, 4], "awaits": [1, 3, 0], "pending": True, "wire_ns": 7,
-                      "made_ns": 6, "spread_ns": 2})
+    b = parse_notice({"kind": "bubble", "host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9,
+                      "iteration": 3, "op": 2, "gaps_ns": [9, 4], "awaits": [1, 3, 0],
+                      "pending": True, "wire_ns": 7, "made_ns": 6, "spread_ns": 2})
     assert (b.kind, b.t_idle_ns, b.t_pred_end_ns, b.gaps_ns, b.awaits) == \
         ("bubble", 5, 9, [4, 9], (1, 3, 0))
     assert (b.pending, b.wire_ns, b.made_ns, b.spread_ns, b.end_min_ns) == (True, 7, 6, 2, None)
-    old = parse_notice({"host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9})   # no bound fields
+    old = parse_notice({"kind": "bubble", "host": "h1", "t_idle_ns": 5,
+                        "t_pred_end_ns": 9})   # no bound fields
     assert (old.awaits, old.pending, old.wire_ns, old.made_ns) == (None, False, None, None)
-    assert parse_notice({"host": "h1", "busy_ns": 12}).kind == "busy"
-    a = parse_notice({"host": "h1", "t_idle_ns": 5, "end_min_ns": 30, "end_max_ns": 33})
+    assert parse_notice({"kind": "busy", "host": "h1", "busy_ns": 12}).kind == "busy"
+    a = parse_notice({"kind": "arrival", "host": "h1", "t_idle_ns": 5, "end_min_ns": 30,
+                      "end_max_ns": 33})
     assert (a.kind, a.t_idle_ns, a.end_min_ns, a.end_max_ns) == ("arrival", 5, 30, 33)
-    o = parse_notice({"host": "h1", "awaits": [2, 3, 1], "end_min_ns": 40})
+    o = parse_notice({"kind": "output", "host": "h1", "awaits": [2, 3, 1], "end_min_ns": 40})
     assert (o.kind, o.awaits, o.end_min_ns) == ("output", (2, 3, 1), 40)
-    assert parse_notice({"host": "h1", "busy_ns": 3, "awaits": "junk"}).kind == "busy"
-    for bad in ({}, {"host": 3, "busy_ns": 1}, {"host": "h1", "end_min_ns": 4},
-                {"host": "h1", "awaits": [1, 2], "end_min_ns": 4},
-                {"host": "h1", "awaits": "123", "end_min_ns": 4},
-                {"host": "h1", "t_idle_ns": 1, "t_pred_end_ns": 2, "maker": [1, 2, 3]},
-                {"host": "h1", "t_idle_ns": "x", "t_pred_end_ns": 2},
-                {"host": "h1", "t_idle_ns": float("inf"), "t_pred_end_ns": 2}):
+    # a kind reads only its own fields
+    assert parse_notice({"kind": "busy", "host": "h1", "busy_ns": 3, "awaits": "junk"}).kind == \
+        "busy"
+    for bad in ({}, {"kind": "busy", "host": 3, "busy_ns": 1},
+                {"kind": "output", "host": "h1", "end_min_ns": 4},
+                {"kind": "arrival", "host": "h1", "end_min_ns": 4},
+                {"kind": "output", "host": "h1", "awaits": [1, 2], "end_min_ns": 4},
+                {"kind": "output", "host": "h1", "awaits": "123", "end_min_ns": 4},
+                {"kind": "bubble", "host": "h1", "t_idle_ns": 1, "t_pred_end_ns": 2,
+                 "maker": [1, 2, 3]},
+                {"kind": "bubble", "host": "h1", "t_idle_ns": "x", "t_pred_end_ns": 2},
+                {"kind": "bubble", "host": "h1", "t_idle_ns": float("inf"), "t_pred_end_ns": 2},
+                {"host": "h1", "busy_ns": 1},                        # no kind
+                {"kind": "idle", "host": "h1", "busy_ns": 1},        # an unknown kind
+                {"kind": ["busy"], "host": "h1", "busy_ns": 1}):
         with pytest.raises((KeyError, TypeError, ValueError, OverflowError)):
             parse_notice(bad)
 
@@ -376,9 +386,9 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
         assert margin == 8 * MS                         # wall clock: not x time_scale
         with ctl.cv:
             # the neighbour began the op making B1 of iteration 3 before a-h1 went idle
-            ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 1],
+            ctl._on_notice(parse_notice({"kind": "output", "host": "a-h1", "awaits": [2, 3, 1],
                                          "end_min_ns": 90 * MS}))
-            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 10 * MS,
+            ctl._on_notice(parse_notice({"kind": "bubble", "host": "a-h1", "t_idle_ns": 10 * MS,
                                          "t_pred_end_ns": 40 * MS, "awaits": [2, 3, 1],
                                          "pending": True, "wire_ns": 1 * MS,
                                          "made_ns": 50 * MS, "spread_ns": 3 * MS}))
@@ -386,35 +396,35 @@ def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
             assert b.made and b.end_min_ns == 90 * MS and ctl.pending_bounds["a-h1"] == {}
             assert b.end_max_ns == 93 * MS       # made at 90: expected in by 90 + 3
             assert ctl.end_of(b, 20 * MS) == 91 * MS - margin     # made at 90, then 1 of wire
-            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 10 * MS,
+            ctl._on_notice(parse_notice({"kind": "arrival", "host": "a-h1", "t_idle_ns": 10 * MS,
                                          "end_min_ns": 95 * MS, "end_max_ns": 97 * MS}))
             assert not b.pending and b.end_max_ns == 97 * MS   # its first byte came
             assert ctl.end_of(b, 93 * MS) == 95 * MS - margin
             # the next bubble: its output notice comes while it is open
-            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 200 * MS,
+            ctl._on_notice(parse_notice({"kind": "bubble", "host": "a-h1", "t_idle_ns": 200 * MS,
                                          "t_pred_end_ns": 230 * MS, "awaits": [2, 3, 2],
                                          "pending": True, "wire_ns": 1 * MS,
                                          "made_ns": 50 * MS}))
             b2 = ctl.bubbles["a-h1"]
             assert b.closed and b2 is not b and not b2.made
             assert ctl.end_of(b2, 210 * MS) == 261 * MS - margin   # not made yet: rolling
-            ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 9],
+            ctl._on_notice(parse_notice({"kind": "output", "host": "a-h1", "awaits": [2, 3, 9],
                                          "end_min_ns": 300 * MS}))  # another message's: kept
             assert b2.end_min_ns is None and (2, 3, 9) in ctl.pending_bounds["a-h1"]
-            ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 2],
+            ctl._on_notice(parse_notice({"kind": "output", "host": "a-h1", "awaits": [2, 3, 2],
                                          "end_min_ns": 250 * MS}))
             assert b2.made and ctl.end_of(b2, 215 * MS) == 251 * MS - margin
             assert b2.end_max_ns is None         # no history of spreads: no estimate
-            ctl._on_notice(parse_notice({"host": "a-h1", "busy_ns": 252 * MS}))
+            ctl._on_notice(parse_notice({"kind": "busy", "host": "a-h1", "busy_ns": 252 * MS}))
             assert b2.closed and ctl.bubbles["a-h1"] is None
             # stale output notices (two iterations back) go when a bubble is announced
-            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 400 * MS,
+            ctl._on_notice(parse_notice({"kind": "bubble", "host": "a-h1", "t_idle_ns": 400 * MS,
                                          "t_pred_end_ns": 430 * MS, "iteration": 5}))
             assert (2, 3, 9) not in ctl.pending_bounds["a-h1"]
         off = make_controller(tmp_path, arrival_bound=False)
         try:
             with off.cv:
-                off._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 0,
+                off._on_notice(parse_notice({"kind": "bubble", "host": "a-h1", "t_idle_ns": 0,
                                              "t_pred_end_ns": 30 * MS, "pending": True,
                                              "wire_ns": 50 * MS}))
                 assert off.end_of(off.bubbles["a-h1"], 0) == 30 * MS   # the prediction only
@@ -474,14 +484,15 @@ def test_hostile_notices_are_refused_and_the_agent_lives_on(tmp_path):
             stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             stranger.bind(("127.0.0.2", 0))
             now = time.time_ns()
-            udp.sendto(json.dumps({"host": "a-h1", "t_idle_ns": now, "t_pred_end_ns": 10**30,
-                                   "seq": 7}).encode(), addr)
+            udp.sendto(json.dumps({"kind": "bubble", "host": "a-h1", "t_idle_ns": now,
+                                   "t_pred_end_ns": 10**30, "seq": 7}).encode(), addr)
             time.sleep(0.3)                      # an OverflowError here would kill the agent
-            for raw in (json.dumps({"host": "a-h1", "busy_ns": now, "seq": 10**18}).encode(),
-                        b'{"host": "a-h1", "busy_ns": 1' + b"0" * 5000 + b"}",
-                        json.dumps({"host": "h" * 2000, "busy_ns": now}).encode()):
+            for raw in (json.dumps({"kind": "busy", "host": "a-h1", "busy_ns": now,
+                                    "seq": 10**18}).encode(),
+                        b'{"kind": "busy", "host": "a-h1", "busy_ns": 1' + b"0" * 5000 + b"}",
+                        json.dumps({"kind": "busy", "host": "h" * 2000, "busy_ns": now}).encode()):
                 udp.sendto(raw, addr)
-            good = {"host": "a-h1", "t_idle_ns": time.time_ns(),
+            good = {"kind": "bubble", "host": "a-h1", "t_idle_ns": time.time_ns(),
                     "t_pred_end_ns": time.time_ns() + 5 * 10**9, "seq": 0}
             stranger.sendto(json.dumps(good).encode(), addr)
             time.sleep(0.1)
@@ -513,7 +524,8 @@ def test_a_controller_thread_that_dies_marks_its_host_down(tmp_path):
         assert ctl.dead_hosts == {"a-h1"} and "OverflowError" in ctl.died[0]
         from geodc.host.notices import parse_notice
         with ctl.cv:
-            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 0, "t_pred_end_ns": MS}))
+            ctl._on_notice(parse_notice({"kind": "bubble", "host": "a-h1", "t_idle_ns": 0,
+                                         "t_pred_end_ns": MS}))
         assert ctl.bubbles["a-h1"].reason == "host_down"
     finally:
         close_controller(ctl)
@@ -551,15 +563,16 @@ def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp
     try:
         with ctl.cv:
             # a-h1 waits for B1 of iteration 3, made by a-h2's op 4 (hold 50), 1 ms of wire
-            ctl._on_notice(parse_notice({"host": "a-h1", "t_idle_ns": 0, "t_pred_end_ns": 30 * MS,
-                                         "awaits": [2, 3, 1], "pending": True, "wire_ns": MS,
-                                         "made_ns": 50 * MS, "maker": ["a-h2", 3, 4]}))
+            ctl._on_notice(parse_notice({"kind": "bubble", "host": "a-h1", "t_idle_ns": 0,
+                                         "t_pred_end_ns": 30 * MS, "awaits": [2, 3, 1],
+                                         "pending": True, "wire_ns": MS, "made_ns": 50 * MS,
+                                         "maker": ["a-h2", 3, 4]}))
             b1 = ctl.bubbles["a-h1"]
             assert b1.maker == ("a-h2", 3, 4)
             assert ctl.end_of(b1, 10 * MS) == 61 * MS - m        # a-h2 not idle: from now
             # a-h2 sits in the bubble before op 4 of iteration 3, waiting for a WAN message
             # of 60 ms of wire; its prediction (200) is not a bound and is not chained
-            ctl._on_notice(parse_notice({"host": "a-h2", "t_idle_ns": 5 * MS,
+            ctl._on_notice(parse_notice({"kind": "bubble", "host": "a-h2", "t_idle_ns": 5 * MS,
                                          "t_pred_end_ns": 200 * MS, "iteration": 3, "op": 4,
                                          "awaits": [2, 3, 1], "pending": True,
                                          "wire_ns": 60 * MS}))
@@ -570,12 +583,12 @@ def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp
             assert ctl.end_of(b1, 10 * MS) == 61 * MS - m
             ctl.bubbles["a-h2"].op = 4
             # a-h2's message arrives (first byte at 40: in at 100): a-h2 starts >= 100 - m
-            ctl._on_notice(parse_notice({"host": "a-h2", "t_idle_ns": 5 * MS,
+            ctl._on_notice(parse_notice({"kind": "arrival", "host": "a-h2", "t_idle_ns": 5 * MS,
                                          "end_min_ns": 100 * MS}))
             assert ctl.end_of(b1, 50 * MS) == 100 * MS - m + 51 * MS - m
             # a-h2 starts op 4 at 101: its output notice; no more chaining
-            ctl._on_notice(parse_notice({"host": "a-h2", "busy_ns": 101 * MS}))
-            ctl._on_notice(parse_notice({"host": "a-h1", "awaits": [2, 3, 1],
+            ctl._on_notice(parse_notice({"kind": "busy", "host": "a-h2", "busy_ns": 101 * MS}))
+            ctl._on_notice(parse_notice({"kind": "output", "host": "a-h1", "awaits": [2, 3, 1],
                                          "end_min_ns": 151 * MS}))
             assert ctl.end_of(b1, 110 * MS) == 152 * MS - m
     finally:

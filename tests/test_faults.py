@@ -101,13 +101,14 @@ def test_recorded_figures_are_in_configured_units_with_time_scale():
     (configured) figures, and a restore the link's."""
     from types import SimpleNamespace
 
+    from geodc.features.base import Clock
     from geodc.features.faults.run import FaultRunner
     from geodc.plans.topo import make_plan
     sc = parse_scenario(dict(BASE, time_scale=10, faults=[
         {"kind": "delay", "link": ["a", "b"], "at_s": 1, "delay_ms": 40, "jitter_ms": 2,
          "for_s": 1}]))
     net = SimpleNamespace(plan=make_plan(sc.emulated()), backend="delayline")
-    runner = FaultRunner(net, sc.faults, time_scale=10)
+    runner = FaultRunner(net, sc.faults, Clock(sc.dilation))
     sent = []
     runner._set_figures = lambda w, figures: (sent.append(figures), (1.0, None))[1]
     records = []

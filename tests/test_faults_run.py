@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -223,3 +224,37 @@ def test_a_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path, p
     from geodc.analysis.reproduce import reproduce
     text, _ = reproduce([str(next(out.iterdir()))], tmp_path / "tables")
     assert f"stopped after {part['iterations_done']} of 60 iterations" in text, text
+
+
+def test_a_crash_beside_cross_traffic_keeps_each_features_partial_block(tmp_path):
+    """A trainer killed while a tenant's flow runs: the partial results keep every feature's
+    block (geodc.run.systemrun's one partial path): the faults' (the crash, the wire's samples
+    of the tenant's link) and cross-traffic's (its flow cut short, with what it got so far),
+    both on the run's one clock."""
+    import yaml
+    faults = [{"kind": "crash", "process": "trainer", "host": "west-h1", "at_s": 4}]
+    path = training(tmp_path, "crashx", faults, iterations=60)
+    doc = yaml.safe_load(path.read_text())
+    doc["cross_traffic"] = [{"from": "east", "to": "west", "kind": "udp", "rate_mbit": 10,
+                             "start_s": 1, "stop_s": 30}]
+    path.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "results"
+    proc = run_cli(path, out)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: stopped after the scenario's fault faults[0] (crash "
+                                  "trainer on west-h1 at 4 s)"), proc.stderr
+    part = metrics_of(out)["systems"]["baseline"]
+    assert part["complete"] is False and list(part)[-3:] == ["cross_traffic", "faults",
+                                                            "stopped_s"], list(part)
+    (udp,) = part["cross_traffic"]
+    assert udp["cut_short"] and 1.0 <= udp["started_s"] < 1.5, udp
+    assert udp["intervals_mbit"] and udp["received_bytes"] > 0, udp
+    crash = part["faults"]["events"][0]
+    assert crash["kind"] == "crash" and crash["applied_s"] >= 4.0, crash
+    assert 0 < part["stopped_s"] - crash["applied_s"] < 5, (part["stopped_s"], crash)
+    # the one clock: the tenant's intervals end at the failure (cross-traffic stops first), the
+    # wire's samples of its link reach it
+    assert max(t for t, _ in udp["intervals_mbit"]) < part["stopped_s"] + 3, udp
+    samples = part["faults"]["wire_mbit"]["east->west"]
+    assert samples and samples[-1][0] > part["stopped_s"] - 1, samples[-3:]
+    assert Path(part["faults"]["plot_png"]).stat().st_size > 10_000

@@ -27,13 +27,13 @@ from tests.test_wanshare import start_fake_arbiter
 
 KEYS = ["type", "id", "prompt", "target_tokens", "max_new_tokens", "decode", "ip", "port",
         "not_after_ns", "t_arrival_ns", "chunk", "start", "end", "payload_bytes", "pad_bytes",
-        "shape", "dtype", "prompt_len", "first_token", "host", "busy_ns", "t_idle_ns",
+        "shape", "dtype", "prompt_len", "first_token", "kind", "host", "busy_ns", "t_idle_ns",
         "t_pred_end_ns", "iteration", "op", "gaps_ns", "awaits", "pending", "wire_ns",
         "made_ns", "maker", "spread_ns", "end_min_ns", "end_max_ns", "seq"]
 HUGE_INT = st.integers(4301, 4400).map(lambda n: "9" * n)
 SCALAR = (st.sampled_from(["null", "true", "false", "1e999", "-1e999", "-0", "0.5", "NaN",
                            "Infinity", '"prefill"', '"kv"', '"float32"', '"127.0.0.1"',
-                           '"a-h1"'])
+                           '"a-h1"', '"bubble"', '"busy"', '"arrival"', '"output"'])
           | st.integers(-2**70, 2**70).map(str) | HUGE_INT | st.text(max_size=20).map(json.dumps))
 JSON_TEXT = st.recursive(
     SCALAR,

@@ -792,14 +792,16 @@ def test_congestion_control_field_refuses_unknown():
 @pytest.mark.unit
 def test_launch_dilates_holds_and_passes_congestion_control(tmp_path):
     from geodc.spec.training import TrainConfig
-    from geodc.run.launch import HostInfo, plan_workers
+    from geodc.run.launch import HostInfo, WorkerSetup, plan_workers
+    from geodc.spec.timescale import TimeScale
 
     sc = load_scenario(REPO_ROOT / "topologies" / "two_dc.yaml")
     cfg = TrainConfig.from_dict(sc.training)
     hosts = [HostInfo(name=n, ip=f"10.0.0.{i}", dc=n.split("-")[0])
              for i, n in enumerate(sc.host_names(), 1)]
-    one = plan_workers(cfg, hosts, tmp_path, scale=100)
-    ten = plan_workers(cfg, hosts, tmp_path, scale=100, time_scale=10, congestion_control="bbr")
+    one = plan_workers(cfg, hosts, tmp_path, WorkerSetup(scale=100))
+    ten = plan_workers(cfg, hosts, tmp_path, WorkerSetup(scale=100, time_scale=TimeScale(10),
+                                                         congestion_control="bbr"))
     for a, b in zip(one, ten):
         assert b.hold_forward_ms == pytest.approx(10 * a.hold_forward_ms) and a.hold_forward_ms > 0
         assert b.hold_backward_ms == pytest.approx(10 * a.hold_backward_ms)

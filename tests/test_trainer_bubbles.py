@@ -12,7 +12,9 @@
   of the op making each message; all checked against the run's spans;
 - every compute span's late_ns (the worker's start latency) is how long after the op was ready
   (its input's last byte in, the previous op or all-reduce over) the worker got to it;
-- without gpu_share the run has no lock, no notices, no new spans.
+- every datagram parses as the notice kind it says (geodc/host/notices.py: the one definition
+  the worker sends and the controller reads);
+- without the GpuShareExtras the run has no lock, no notices, no new spans.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from geodc.spec.training import TrainConfig
 from geodc.host.spans import read_jsonl
 from geodc.rules.spans import COMPUTE_SPANS
 from geodc.host.gpulock import GpuLock
-from geodc.run.launch import HostInfo, TrainRun, launch, plan_workers
+from geodc.host.extras import GpuShareExtras, Inbound, NoticeAddress
+from geodc.host.notices import (ArrivalNotice, BubbleNotice, BusyNotice, OutputNotice,
+                                parse_notice)
+from geodc.plans.workers import WorkerSlot
+from geodc.run.launch import HostInfo, TrainRun, WorkerSetup, launch, plan_workers
 from geodc.emulation.procs import free_base_port
 from geodc.rules.schedule import schedule_table
 from geodc.hostproc.trainer.worker import wire_ns
@@ -143,6 +149,7 @@ class Controller:
         self.port = self.sock.getsockname()[1]
         self.hog = hog
         self.notices: list[dict] = []
+        self.parsed: list = []
         self.busy: list[dict] = []
         self.bounds: list[dict] = []
         self.hogged: list[tuple[int, int]] = []      # (acquired ns, released ns)
@@ -159,10 +166,13 @@ class Controller:
                     return
                 continue
             notice = json.loads(data)
-            if "busy_ns" in notice:          # training took the GPU again
+            typed = parse_notice(notice)     # as the controller reads it: the kind it says
+            assert type(typed) is KINDS[notice["kind"]], notice
+            self.parsed.append(typed)
+            if isinstance(typed, BusyNotice):    # training took the GPU again
                 self.busy.append(notice)
                 continue
-            if "t_pred_end_ns" not in notice:   # an arrival or output notice (bounds)
+            if not isinstance(typed, BubbleNotice):   # an arrival or output notice (bounds)
                 self.bounds.append(notice)
                 continue
             self.notices.append(notice)
@@ -180,20 +190,38 @@ class Controller:
         self.sock.close()
 
 
+KINDS = {"bubble": BubbleNotice, "busy": BusyNotice, "arrival": ArrivalNotice,
+         "output": OutputNotice}
+
+
+class Share:
+    """BubbleTea's part of each worker's spec, as geodc.features.bubbletea.run's handle gives
+    it: the host's lock, the controller's address and, with rate_mbit, the arrival bound's
+    Inbound of each neighbour (the lowest rate on the way: here one for every pair)."""
+
+    def __init__(self, lock_path: dict[str, Path], port: int, rate_mbit: float | None) -> None:
+        self.lock_path, self.port, self.rate_mbit = lock_path, port, rate_mbit
+
+    def worker_extras(self, slot: WorkerSlot) -> GpuShareExtras:
+        inbound = {key: Inbound(rate_mbit=self.rate_mbit, bytes=nb.message_bytes,
+                                hold_ms=nb.make_hold_ms, same_dc=nb.dc == slot.dc)
+                   for key, nb in (("prev", slot.prev), ("next", slot.next))
+                   if nb is not None and self.rate_mbit is not None}
+        return GpuShareExtras(lock_path=str(self.lock_path[slot.host]),
+                              notify=NoticeAddress(ip="127.0.0.1", port=self.port),
+                              inbound_prev=inbound.get("prev"), inbound_next=inbound.get("next"))
+
+
 def run(tmp_path: Path, share: bool, hog: bool = False, hosts: list[HostInfo] = HOSTS,
-        inbound_rate=None) -> tuple[TrainRun, Controller]:
+        rate_mbit: float | None = None) -> tuple[TrainRun, Controller]:
     lock_path = {h.name: tmp_path / "gpu" / f"{h.name}.lock" for h in hosts}
     controller = Controller(GpuLock(lock_path[HOG_HOST]) if hog else None)
-
-    def gpu_share(host: str) -> dict:
-        return {"gpu_lock_path": str(lock_path[host]),
-                "bubble_notify": {"ip": "127.0.0.1", "port": controller.port}}
-
     spawner = LocalSpawner()
     try:
-        result = launch(profile_cfg(), hosts, tmp_path / "run", spawner, scale=100,
-                        base_port=free_base_port(4), timeout_s=60,
-                        gpu_share=gpu_share if share else None, inbound_rate=inbound_rate)
+        result = launch(profile_cfg(), hosts, tmp_path / "run", spawner,
+                        WorkerSetup(scale=100, base_port=free_base_port(4)),
+                        [Share(lock_path, controller.port, rate_mbit)] if share else [],
+                        timeout_s=60)
     finally:
         spawner.stop_all()
         controller.close()
@@ -241,8 +269,9 @@ def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
             continue
         code = 1 if op[0] == "F" else 2
         assert n["awaits"] == [code, n["iteration"], int(op[1:])], n
-        inbound = specs[n["host"]].inbound_prev if code == 1 else specs[n["host"]].inbound_next
-        assert inbound["rate_mbit"] == rate_mbit and inbound["same_dc"] == same_dc
+        extras = specs[n["host"]].extra(GpuShareExtras)
+        inbound = extras.inbound_prev if code == 1 else extras.inbound_next
+        assert inbound.rate_mbit == rate_mbit and inbound.same_dc == same_dc
         r = recv[(n["host"], op[0], n["iteration"], int(op[1:]))]
         # a message already in when the op before ended: that op starts at once, no notice
         assert r["t_arrived_ns"] >= n["t_idle_ns"], (n, r)
@@ -251,7 +280,7 @@ def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
             assert n["wire_ns"] == wire, (n, r)
             assert ("made_ns" in n) == ("maker" in n) == same_dc
             if same_dc:
-                assert n["made_ns"] == int(inbound["hold_ms"] * 1e6) > 0
+                assert n["made_ns"] == int(inbound.hold_ms * 1e6) > 0
                 maker = [s for s in result.specs if s.host != n["host"]][0]
                 assert n["maker"] == [maker.host, n["iteration"],
                                       rows[maker.stage].index(op)], n
@@ -259,8 +288,8 @@ def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
             pending[(n["host"], n["t_idle_ns"])] = r
         elif "end_min_ns" in n:       # begun: first byte + wire time
             assert n["end_min_ns"] == r["t_first_ns"] + wire, (n, r)
-    arrivals = [b for b in controller.bounds if "t_idle_ns" in b]
-    outputs = [b for b in controller.bounds if "awaits" in b]
+    arrivals = [b for b in controller.bounds if b["kind"] == "arrival"]
+    outputs = [b for b in controller.bounds if b["kind"] == "output"]
     assert len(arrivals) + len(outputs) == len(controller.bounds)
     # one arrival notice per pending bubble, at its message's first byte
     assert sorted((b["host"], b["t_idle_ns"]) for b in arrivals) == sorted(pending), arrivals
@@ -289,24 +318,26 @@ def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
 @pytest.mark.loopback
 def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     cfg = profile_cfg()
-    result, controller = run(tmp_path, share=True, hog=True, inbound_rate=lambda a, b: 50.0)
+    result, controller = run(tmp_path, share=True, hog=True, rate_mbit=50.0)
     spans = read_jsonl(result.spans_path)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
     ops = {h.name: [*rows[s], "OPT"] for s, h in enumerate(HOSTS)}
     compute = [r for r in spans if r["name"] in COMPUTE_SPANS]
     ends = {(r["host"], r["t_end_ns"]) for r in compute}
     plan = json.loads(result.plan_path.read_text())
-    assert [w["gpu_lock_path"] for w in plan["workers"]] == \
+    shares = [next(e for e in w["extras"] if e["kind"] == "gpu_share") for w in plan["workers"]]
+    assert [e["lock_path"] for e in shares] == \
         [str(tmp_path / "gpu" / f"{h.name}.lock") for h in HOSTS]
-    assert all(w["bubble_notify"] == {"ip": "127.0.0.1", "port": controller.port,
-                                      "allreduce": False} for w in plan["workers"])
+    assert all(e["notify"] == {"ip": "127.0.0.1", "port": controller.port,
+                               "allreduce": False} for e in shares)
 
     # (a) notices: fields, sane values, one IDLE span each, starting where a compute op ended
     notices = controller.notices
     assert notices, "no bubble notices"
     starts = {(r["host"], r["t_start_ns"]) for r in compute}
     for n in controller.busy:                                    # one per compute op, at its start
-        assert set(n) == {"host", "busy_ns", "seq"} and (n["host"], n["busy_ns"]) in starts, n
+        assert set(n) == {"kind", "host", "busy_ns", "seq"} and n["kind"] == "busy", n
+        assert (n["host"], n["busy_ns"]) in starts, n
     for h in HOSTS:        # every datagram numbered, none lost on loopback (two DCs: each
         # host's datagrams are about itself; an output notice would name its neighbour)
         seqs = sorted(n["seq"] for n in controller.notices + controller.busy + controller.bounds
@@ -314,9 +345,10 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
         assert seqs == list(range(len(seqs))), (h.name, seqs[:10])
     assert len(controller.busy) == len(compute)
     for n in notices:
-        assert {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns", "seq"} \
-            <= set(n) <= {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns",
-                          "seq", "awaits",
+        assert {"kind", "host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns",
+                "seq"} \
+            <= set(n) <= {"kind", "host", "t_idle_ns", "t_pred_end_ns", "iteration", "op",
+                          "gaps_ns", "seq", "awaits",
                 "pending", "wire_ns", "made_ns", "maker", "spread_ns", "end_min_ns",
                 "end_max_ns"}, n
         gaps = n["gaps_ns"]                                      # learned gaps, ascending
@@ -374,35 +406,51 @@ def test_output_notices_between_hosts_of_one_dc(tmp_path):
     """Both stages in one DC: the maker of each message tells the controller when the op making
     it started, and the waiting host's notices carry that op's hold (made_ns)."""
     hosts = [HostInfo(name=h.name, ip=h.ip, dc="dc0") for h in HOSTS]
-    result, controller = run(tmp_path, share=True, hosts=hosts, inbound_rate=lambda a, b: 80.0)
+    result, controller = run(tmp_path, share=True, hosts=hosts, rate_mbit=80.0)
     assert controller.notices and [n for n in controller.notices if n.get("pending")]
     check_bounds(result, controller, 80.0, same_dc=True)
 
 
 @pytest.mark.loopback
-def test_without_gpu_share_nothing_changes(tmp_path):
+def test_without_gpu_share_extras_nothing_changes(tmp_path):
     result, controller = run(tmp_path, share=False)
     spans = read_jsonl(result.spans_path)
     assert not [r for r in spans if r["name"] in ("GPU_WAIT", "IDLE")]
     assert controller.notices == []
     assert not (tmp_path / "gpu").exists()
-    assert all(s.gpu_lock_path is None and s.bubble_notify is None for s in result.specs)
+    assert all(s.extra(GpuShareExtras) is None and s.extras == () for s in result.specs)
     plan = json.loads(result.plan_path.read_text())
-    assert all(w["gpu_lock_path"] is None and w["bubble_notify"] is None
-               for w in plan["workers"])
+    assert all(w["extras"] == [] for w in plan["workers"])
     assert sum(r["name"] == "F" for r in spans) == 6 * 4 * 2
     assert check_start_latency(spans, exact=True) > 0
 
 
 @pytest.mark.unit
-def test_plan_checks_gpu_share(tmp_path):
+def test_plan_gives_each_worker_its_typed_extras(tmp_path):
+    """A feature sees each worker as a WorkerSlot (its neighbours' message bytes and the holds
+    of the ops making them, what BubbleTea's Inbound is made of) and gives it typed extras,
+    checked where they are made."""
     cfg = profile_cfg()
-    specs = plan_workers(cfg, HOSTS, tmp_path, gpu_share=lambda h: None if h == "dc0h0" else
-                         {"gpu_lock_path": "/x/gpu/dc1h1.lock", "bubble_notify": None})
-    assert [(s.gpu_lock_path, s.bubble_notify) for s in specs] == \
-        [(None, None), ("/x/gpu/dc1h1.lock", None)]
-    with pytest.raises(ValueError, match="gpu_lock_path"):
-        plan_workers(cfg, HOSTS, tmp_path, gpu_share=lambda h: {"bubble_notify": None})
-    with pytest.raises(ValueError, match="bubble_notify"):
-        plan_workers(cfg, HOSTS, tmp_path, gpu_share=lambda h: {
-            "gpu_lock_path": "/x.lock", "bubble_notify": {"ip": "127.0.0.1"}})
+    slots: list[WorkerSlot] = []
+
+    class OnlyDc1:
+        def worker_extras(self, slot: WorkerSlot) -> GpuShareExtras | None:
+            slots.append(slot)
+            return None if slot.host == "dc0h0" else GpuShareExtras(lock_path="/x/gpu/dc1h1.lock")
+
+    specs = plan_workers(cfg, HOSTS, tmp_path, WorkerSetup(scale=100), [OnlyDc1()])
+    assert [s.extra(GpuShareExtras) for s in specs] == \
+        [None, GpuShareExtras(lock_path="/x/gpu/dc1h1.lock")]
+    s0, s1 = slots
+    assert (s0.prev, s0.next.host, s1.prev.host, s1.next) == (None, "dc1h1", "dc0h0", None)
+    assert s1.prev.message_bytes == specs[0].pad_bytes > 0     # what stage 0 sends stage 1
+    assert s1.prev.make_hold_ms == specs[0].hold_forward_ms > 0
+    assert s0.next.make_hold_ms == specs[1].hold_backward_ms > 0
+    with pytest.raises(ValueError, match="lock_path"):
+        GpuShareExtras(lock_path="")
+    with pytest.raises(TypeError):                      # an address needs its port
+        NoticeAddress(ip="127.0.0.1")
+    with pytest.raises(ValueError, match="notify"):     # a dict is not an address
+        GpuShareExtras(lock_path="/x.lock", notify={"ip": "127.0.0.1", "port": 9})
+    with pytest.raises(ValueError, match="kind twice"):
+        plan_workers(cfg, HOSTS, tmp_path, WorkerSetup(scale=100), [OnlyDc1(), OnlyDc1()])

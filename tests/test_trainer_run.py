@@ -16,7 +16,7 @@ import pytest
 from geodc.spec.errors import TestbedError
 from geodc.emulation.procs import LocalSpawner
 from geodc.spec.training import TrainConfig
-from geodc.run.launch import HostInfo, launch, plan_workers
+from geodc.run.launch import HostInfo, WorkerSetup, launch, plan_workers
 from geodc.emulation.procs import free_base_port
 from geodc.analysis.metrics import compute_metrics
 from geodc.hostproc.trainer.reference import reference_losses
@@ -41,8 +41,8 @@ def pp_dp_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ppdp")
     spawner = LocalSpawner()
     try:
-        run = launch(cfg, loopback_hosts(4), run_dir, spawner, base_port=free_base_port(8),
-                     timeout_s=90)
+        run = launch(cfg, loopback_hosts(4), run_dir, spawner,
+                     WorkerSetup(base_port=free_base_port(8)), timeout_s=90)
     finally:
         spawner.stop_all()
     return cfg, run
@@ -109,7 +109,7 @@ def gpipe_profile_run(tmp_path_factory):
     spawner = LocalSpawner()
     try:
         run = launch(cfg, loopback_hosts(2), tmp_path_factory.mktemp("gpipe"), spawner,
-                     scale=100, base_port=free_base_port(4), timeout_s=60)
+                     WorkerSetup(scale=100, base_port=free_base_port(4)), timeout_s=60)
     finally:
         spawner.stop_all()
     spans = [json.loads(line) for line in run.spans_path.read_text().splitlines()]
@@ -179,8 +179,8 @@ def test_failed_worker_stops_the_run_with_its_log(tmp_path):
     spawner = LocalSpawner()
     try:
         with pytest.raises(TestbedError) as err:
-            launch(cfg, hosts, tmp_path, spawner, base_port=free_base_port(4), timeout_s=60,
-                   connect_timeout_s=30)
+            launch(cfg, hosts, tmp_path, spawner,
+                   WorkerSetup(base_port=free_base_port(4), connect_timeout_s=30), timeout_s=60)
         # the launcher stopped the healthy worker too (it would wait 30 s to connect)
         assert len(spawner.procs) == 2 and all(p.poll() is not None for p in spawner.procs)
     finally:
@@ -197,7 +197,7 @@ def test_plan_places_stages_dc_by_dc_and_assigns_ports(tmp_path):
              HostInfo(name="w1", ip="10.1.0.1", dc="west"),
              HostInfo(name="e2", ip="10.0.0.2", dc="east"),
              HostInfo(name="w2", ip="10.1.0.2", dc="west")]
-    specs = plan_workers(cfg, hosts, tmp_path, base_port=5000)
+    specs = plan_workers(cfg, hosts, tmp_path, WorkerSetup(base_port=5000))
     assert [(s.stage, s.replica, s.host) for s in specs] == \
         [(0, 0, "e1"), (0, 1, "e2"), (1, 0, "w1"), (1, 1, "w2")]
     s0r1, s1r1 = specs[1], specs[3]

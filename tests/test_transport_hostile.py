@@ -368,7 +368,7 @@ def test_servers_listen_on_the_address_their_peer_uses(what):
 @pytest.mark.unit
 def test_each_worker_expects_what_its_neighbours_send(tmp_path):
     from geodc.spec.training import TrainConfig
-    from geodc.run.launch import HostInfo, plan_workers
+    from geodc.run.launch import HostInfo, WorkerSetup, plan_workers
     from geodc.hostproc.trainer.worker import StageWorker
     model = {"n_layer": 3, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
     cfg = TrainConfig.from_dict({
@@ -377,7 +377,7 @@ def test_each_worker_expects_what_its_neighbours_send(tmp_path):
         "profile": {"file": "h200-transformer.json", "width": 4096, "seq": 2048,
                     "micro_batch": 1, "n_layer": 32}})
     hosts = [HostInfo(name=f"h{i}", ip="127.0.0.1", dc="a") for i in range(3)]
-    specs = plan_workers(cfg, hosts, tmp_path, scale=100)
+    specs = plan_workers(cfg, hosts, tmp_path, WorkerSetup(scale=100))
     middle = StageWorker(specs[1])
     payload = 2 * 16 * 32 * 4
     for kind, peer, sender in ((KIND_ACT, specs[1].prev, specs[0]),

@@ -471,16 +471,19 @@ def test_connect_with_another_k_is_refused_by_name():
 @pytest.mark.unit
 def test_plan_workers_sets_k_per_boundary(tmp_path):
     from geodc.spec.training import TrainConfig
-    from geodc.run.launch import HostInfo, plan_workers
+    from geodc.run.launch import HostInfo, WorkerSetup, plan_workers
+    from geodc.spec.links import LinkDir
     cfg = TrainConfig.from_dict({"model": {"n_layer": 3, "n_embd": 32, "n_head": 2,
                                            "seq_len": 16, "vocab_size": 64},
                                  "stages": 3, "micro_batches": 2})
     hosts = [HostInfo(name="a-h1", ip="10.1.0.1", dc="a"), HostInfo(name="a-h2", ip="10.1.0.2",
                                                                    dc="a"),
              HostInfo(name="b-h1", ip="10.2.0.1", dc="b")]
-    specs = plan_workers(cfg, hosts, tmp_path, connections=lambda s, d: 1 if s == d else 4)
+    k = {LinkDir(s, d): 1 if s == d else 4 for s in "ab" for d in "ab"}
+    specs = plan_workers(cfg, hosts, tmp_path, WorkerSetup(connections=k))
     assert [(s.connections_prev, s.connections_next) for s in specs] == [(1, 1), (1, 4), (4, 1)]
     default = plan_workers(cfg, hosts, tmp_path)
     assert all((s.connections_prev, s.connections_next) == (1, 1) for s in default)
     with pytest.raises(ValueError, match="connections"):
-        plan_workers(cfg, hosts, tmp_path, connections=lambda s, d: 0)
+        plan_workers(cfg, hosts, tmp_path,
+                     WorkerSetup(connections={LinkDir(s, d): 0 for s in "ab" for d in "ab"}))

@@ -8,13 +8,13 @@ import math
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.unit
 from hypothesis import given
 from hypothesis import strategies as st
 
 from geodc.spec.links import LinkDir, both, hops
 from geodc.spec.timescale import TimeScale
+
+pytestmark = pytest.mark.unit
 
 factors = st.floats(min_value=1.0, max_value=100.0, allow_nan=False)
 values = st.floats(min_value=0.0, max_value=1e12, allow_nan=False, allow_infinity=False)

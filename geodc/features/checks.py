@@ -8,6 +8,7 @@ import json
 from typing import TYPE_CHECKING
 
 from geodc.features.bubbletea import plan as bubbletea
+from geodc.features.faults.plan import check as check_faults
 from geodc.spec.errors import ScenarioError
 from geodc.plans.placement import place_for_system
 from geodc.spec.scenario import Scenario, load_scenario, parse_scenario
@@ -57,17 +58,6 @@ def check_run(scenario: Scenario, *, systems: list[str] | None = None,
     if len(set(systems)) != len(systems):
         raise ScenarioError(field, f"{','.join(systems)} names a system twice", "name each once")
     return scenario, cfg, systems
-
-
-def check_faults(scenario: Scenario, system) -> None:
-    """A rate fault cannot hold under temporal WAN sharing: its slot arbiter re-plans the
-    link's rates at every switch (geodc.features.faults.run)."""
-    rate_faults = [f.label for f in scenario.faults if f.kind == "rate"]
-    if system.temporal and rate_faults:
-        raise ScenarioError(rate_faults[0], f"{system.name} shares the WAN in time: its slot "
-                            "arbiter re-plans the link's rates at every switch, so a rate fault "
-                            "cannot hold there", "drop the rate faults or run a system without "
-                            "temporal sharing")
 
 
 def check_points(points: list[Point], *, systems: list[str] | None = None,

@@ -1,43 +1,119 @@
-"""A bubble on one training host as BubbleTea's controller sees it, and the notices that make
-and change it. Pure: no sockets, no clock (geodc/hostproc/prefill/controller.py gives `now`).
+"""BubbleTea's notices, the one definition of the worker -> controller protocol, and a bubble on
+one training host as the controller sees it. Pure: no sockets, no clock (the sender is
+geodc/hostproc/trainer/worker.py, the receiver geodc/hostproc/prefill/controller.py, which gives
+`now`; docs/bubbletea/design.md says why it is so).
 
-One job: what a bubble's end is, from what the worker announced and what has been heard since
-(docs/bubbletea/design.md: notices; the controller's docstring: the arrival bound).
+The protocol. A training worker whose host's GPU is shared with a prefill server (its spec's
+GpuShareExtras with a notice address, geodc/host/extras.py) sends its DC's controller one UDP
+datagram per notice: a JSON object {"kind": ..., the kind's fields, "seq": n} (`encode_notice`),
+at most MAX_NOTICE_BYTES. seq numbers a worker's datagrams 0, 1, ...; the controller counts the
+numbers it never sees (notices lost, here or on the way: the arrival bound holds only if none
+that would lower it is lost). A send error is ignored: a dead controller never stops training.
+Every time is a time_ns() of the sender's machine, every duration ns. The kinds (one frozen
+dataclass each, sent and parsed as that type):
 
-- `Notice` / `parse_notice`: one worker datagram (every field type- and range-checked; its
-  times against now by `Notice.out_of_window`), by kind: "bubble" (the GPU is idle from
-  t_idle_ns until about t_pred_end_ns, the worker's learned prediction; with the arrival-bound
-  fields when its next op waits for a message), "busy" (it took the GPU again), "arrival" (the
-  awaited message began to arrive) and "output" (a same-DC neighbour began the op that makes
-  it).
-- `Bubble.end_ns(now, margin)`: the end admission uses: the learned prediction, cut to a begun
-  message's expected end where sooner, or the arrival bound where later. The bound is a lower
-  bound on when training takes the GPU: the message's bytes need their wire time at the lowest
-  rate on their way, after the op that makes them (its profile hold); margin covers the
-  notices' latency. It holds only if no notice that would lower it is lost, and only where
-  bytes cannot come faster than the configured rates (no jitter, no delay or rate faults:
-  geodc.plans.systems.arrival_bounds_hold).
-- `Bubble.extend`: extend_bubbles' next longer learned gap.
+- "bubble" (BubbleNotice), after a compute op, when the learned gap before the next op
+  (geodc/rules/bubbles.py) is >= MIN_NOTICE_MS and the message that op awaits (if any) is not
+  already in (then it starts at once): the GPU is idle from t_idle_ns (the op's end) until about
+  t_pred_end_ns (the prediction); iteration and op (index in the row, then OPT) of the next op;
+  gaps_ns, the learned gaps before it, ascending. The gap before OPT that holds the all-reduce
+  (D > 1) only with the address's `allreduce`. The worker logs an IDLE span for each. When the
+  next op waits for a neighbour's message, the arrival bound's fields: awaits ([kind,
+  iteration, micro-batch] of that message). Not begun to arrive: pending (true), wire_ns (its
+  least wire time, bytes x 8 / the lowest rate on its way: GpuShareExtras' Inbound) and, when
+  the neighbour making it is in this DC, made_ns (that op's profile hold), maker ([its host,
+  iteration, op index in its row]) and spread_ns (the longest first-to-last-byte time of the
+  last messages of that kind: once made, it is expected in within this). Begun: end_min_ns
+  (first byte + wire time) and end_max_ns (first byte + the longest first-to-last-byte time of
+  the last SPREAD_HISTORY messages of its kind: an estimate from the channel's own history, not
+  a bound).
+- "busy" (BusyNotice), at each acquisition of the GPU lock: busy_ns, the bubble is over.
+- "arrival" (ArrivalNotice), from the channel's reader thread at the first byte of the message
+  a pending bubble awaits (geodc.hostproc.trainer.transport's on_arrival): the bubble of
+  t_idle_ns lasts until no sooner than end_min_ns (first byte + wire time), expected by
+  end_max_ns.
+- "output" (OutputNotice), when a worker starts an op whose output goes to a neighbour in its
+  own DC (the same controller): host, that neighbour; awaits, the message; end_min_ns, the op's
+  start + its profile hold (the message is not in before). Not sent across DCs: the other DC's
+  controller would hear it one WAN delay late.
+The bounds come from the configured links and the profile, not from predictions.
+
+`parse_notice` reads one datagram's object as its kind's type: every field the kind has is
+type- and range-checked (times and durations ints in 0..MAX_NS, indices 0..MAX_INDEX, host
+names 1..MAX_HOST_CHARS characters, gaps_ns at most MAX_GAPS), fields the kind does not have are
+ignored, and a missing or unknown kind is refused; whether its times are near now is the
+reader's check (`out_of_window`).
+
+The bubble: `Bubble.end_ns(now, margin)` is the end admission uses: the learned prediction, cut
+to a begun message's expected end where sooner, or the arrival bound where later. The bound is
+a lower bound on when training takes the GPU: the message's bytes need their wire time at the
+lowest rate on their way, after the op that makes them (its profile hold); margin covers the
+notices' latency. It holds only if no notice that would lower it is lost, and only where bytes
+cannot come faster than the configured rates (no jitter, no delay or rate faults:
+geodc.plans.systems.arrival_bounds_hold). `Bubble.extend`: extend_bubbles' next longer learned
+gap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, fields
+from functools import cache
+from typing import Callable, ClassVar, Literal
+
+MAX_NOTICE_BYTES = 2048    # a datagram the controller reads
+MAX_NS = 2**63 - 1         # every time and duration of a notice: an int64 of ns, >= 0
+MAX_INDEX = 2**31 - 1      # iterations, op indices, awaits' parts
+MAX_HOST_CHARS = 64
+MAX_GAPS = 64              # gaps_ns entries
+
+
+@cache
+def _names(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(kind))
+
+
+class _Wire:
+    """What every kind shares: its JSON object, and the window check of its times."""
+
+    __slots__ = ()
+    TIMES: ClassVar[tuple[str, ...]] = ()        # times: within the window of now
+    DURATIONS: ClassVar[tuple[str, ...]] = ()    # durations: shorter than the window
+
+    def to_wire(self) -> dict:
+        """The notice's JSON object (no seq: encode_notice adds it): its kind first, then every
+        field that is set (None and a false pending are left out). Field by field, not
+        dataclasses.asdict: a worker sends these on its critical path (asdict's deep copy took
+        ten times as long)."""
+        return {k: v for k in _names(type(self))
+                if (v := getattr(self, k)) is not None and v is not False}
+
+    def out_of_window(self, now_ns: int, window_ns: int) -> str | None:
+        """The first field that is not within window_ns of now (a time) or longer than
+        window_ns (a duration), or None: a notice from a running worker never is."""
+        for key in self.TIMES:
+            value = getattr(self, key)
+            if value is not None and abs(value - now_ns) > window_ns:
+                return key
+        for key in self.DURATIONS:
+            value = getattr(self, key)
+            if value is not None and value > window_ns:
+                return key
+        if any(g > window_ns for g in getattr(self, "gaps_ns", ())):
+            return "gaps_ns"
+        return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Notice:
-    """One datagram from a training worker (geodc/hostproc/trainer/worker.py): kind "bubble" (the GPU is idle
-    from t_idle_ns until about t_pred_end_ns), "busy" (t_ns: it took the GPU again), "arrival"
-    (the message the bubble from t_idle_ns awaits began to arrive: it is in no sooner than
-    end_min_ns) or "output" (a neighbour in this DC began the op that makes the message
-    `awaits`, which host then awaits: not in before end_min_ns)."""
+class BubbleNotice(_Wire):
+    """The GPU is idle from t_idle_ns until about t_pred_end_ns (module docstring)."""
 
-    kind: str
+    TIMES: ClassVar[tuple[str, ...]] = ("t_idle_ns", "t_pred_end_ns", "end_min_ns", "end_max_ns")
+    DURATIONS: ClassVar[tuple[str, ...]] = ("wire_ns", "made_ns", "spread_ns")
+    kind: Literal["bubble"] = field(default="bubble", init=False)
     host: str
-    t_ns: int = 0
-    t_idle_ns: int = 0
-    t_pred_end_ns: int = 0
+    t_idle_ns: int
+    t_pred_end_ns: int
     iteration: int | None = None
     op: int | None = None
     gaps_ns: list[int] = field(default_factory=list)
@@ -50,28 +126,48 @@ class Notice:
     end_min_ns: int | None = None
     end_max_ns: int | None = None
 
-    def out_of_window(self, now_ns: int, window_ns: int) -> str | None:
-        """The first field that is not within window_ns of now (a time) or longer than
-        window_ns (a duration), or None: a notice from a running worker never is."""
-        kind_times = {"busy": ("t_ns",), "bubble": ("t_idle_ns", "t_pred_end_ns"),
-                      "arrival": ("t_idle_ns",), "output": ()}[self.kind]
-        for key in kind_times + ("end_min_ns", "end_max_ns"):
-            value = getattr(self, key)
-            if value is not None and abs(value - now_ns) > window_ns:
-                return key
-        for key in ("wire_ns", "made_ns", "spread_ns"):
-            value = getattr(self, key)
-            if value is not None and value > window_ns:
-                return key
-        if any(g > window_ns for g in self.gaps_ns):
-            return "gaps_ns"
-        return None
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BusyNotice(_Wire):
+    """Training took the GPU again at busy_ns: the bubble is over."""
+
+    TIMES: ClassVar[tuple[str, ...]] = ("busy_ns",)
+    kind: Literal["busy"] = field(default="busy", init=False)
+    host: str
+    busy_ns: int
 
 
-MAX_NS = 2**63 - 1         # every time and duration of a notice: an int64 of ns, >= 0
-MAX_INDEX = 2**31 - 1      # iterations, op indices, awaits' parts
-MAX_HOST_CHARS = 64
-MAX_GAPS = 64              # gaps_ns entries
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ArrivalNotice(_Wire):
+    """The message the bubble from t_idle_ns awaits began to arrive: it is in no sooner than
+    end_min_ns, expected by end_max_ns."""
+
+    TIMES: ClassVar[tuple[str, ...]] = ("t_idle_ns", "end_min_ns", "end_max_ns")
+    kind: Literal["arrival"] = field(default="arrival", init=False)
+    host: str
+    t_idle_ns: int
+    end_min_ns: int
+    end_max_ns: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutputNotice(_Wire):
+    """A neighbour in this DC began the op that makes the message host awaits: it is not in
+    before end_min_ns."""
+
+    TIMES: ClassVar[tuple[str, ...]] = ("end_min_ns",)
+    kind: Literal["output"] = field(default="output", init=False)
+    host: str
+    awaits: tuple[int, int, int]
+    end_min_ns: int
+
+
+Notice = BubbleNotice | BusyNotice | ArrivalNotice | OutputNotice
+
+
+def encode_notice(notice: Notice, seq: int) -> bytes:
+    """One datagram: the notice's JSON object, numbered."""
+    return json.dumps(dict(notice.to_wire(), seq=seq)).encode()
 
 
 def _int(value: object, what: str, hi: int = MAX_NS) -> int:
@@ -104,37 +200,59 @@ def _gaps(value: object) -> list[int]:
     return sorted(_int(g, "gaps_ns[]") for g in value)
 
 
+def _awaits(value: object) -> tuple[int, int, int]:
+    return tuple(_int(x, "awaits[]", MAX_INDEX) for x in _triple(value, "awaits"))
+
+
+def _maker(value: object) -> tuple[str, int, int]:
+    host, it, op = _triple(value, "maker")
+    return (_host(host, "maker host"), _int(it, "maker iteration", MAX_INDEX),
+            _int(op, "maker op", MAX_INDEX))
+
+
+def _bubble(n: dict, host: str) -> BubbleNotice:
+    return BubbleNotice(host=host, t_idle_ns=_int(n["t_idle_ns"], "t_idle_ns"),
+                        t_pred_end_ns=_int(n["t_pred_end_ns"], "t_pred_end_ns"),
+                        iteration=_opt_int(n, "iteration", MAX_INDEX),
+                        op=_opt_int(n, "op", MAX_INDEX), gaps_ns=_gaps(n.get("gaps_ns", [])),
+                        awaits=None if n.get("awaits") is None else _awaits(n["awaits"]),
+                        pending=n.get("pending", False) is True,
+                        wire_ns=_opt_int(n, "wire_ns"), made_ns=_opt_int(n, "made_ns"),
+                        maker=None if n.get("maker") is None else _maker(n["maker"]),
+                        spread_ns=_opt_int(n, "spread_ns"),
+                        end_min_ns=_opt_int(n, "end_min_ns"),
+                        end_max_ns=_opt_int(n, "end_max_ns"))
+
+
+def _busy(n: dict, host: str) -> BusyNotice:
+    return BusyNotice(host=host, busy_ns=_int(n["busy_ns"], "busy_ns"))
+
+
+def _arrival(n: dict, host: str) -> ArrivalNotice:
+    return ArrivalNotice(host=host, t_idle_ns=_int(n["t_idle_ns"], "t_idle_ns"),
+                         end_min_ns=_int(n["end_min_ns"], "end_min_ns"),
+                         end_max_ns=_opt_int(n, "end_max_ns"))
+
+
+def _output(n: dict, host: str) -> OutputNotice:
+    return OutputNotice(host=host, awaits=_awaits(n["awaits"]),
+                        end_min_ns=_int(n["end_min_ns"], "end_min_ns"))
+
+
+PARSERS: dict[str, Callable[[dict, str], Notice]] = {
+    "bubble": _bubble, "busy": _busy, "arrival": _arrival, "output": _output}
+
+
 def parse_notice(n: dict) -> Notice:
-    """A notice from its JSON object; KeyError, TypeError or ValueError if malformed: every
-    integer an int in its range (times and durations 0..MAX_NS, indices 0..MAX_INDEX), host
-    names at most MAX_HOST_CHARS, gaps_ns at most MAX_GAPS. Whether its times are near now is
-    the reader's check (Notice.out_of_window)."""
-    host = _host(n["host"], "host")
-    if "busy_ns" in n:
-        return Notice(kind="busy", host=host, t_ns=_int(n["busy_ns"], "busy_ns"))
-    awaits = None if n.get("awaits") is None else \
-        tuple(_int(x, "awaits[]", MAX_INDEX) for x in _triple(n["awaits"], "awaits"))
-    maker = None
-    if n.get("maker") is not None:
-        host_m, it_m, op_m = _triple(n["maker"], "maker")
-        maker = (_host(host_m, "maker host"), _int(it_m, "maker iteration", MAX_INDEX),
-                 _int(op_m, "maker op", MAX_INDEX))
-    if "t_pred_end_ns" in n:
-        return Notice(kind="bubble", host=host, t_idle_ns=_int(n["t_idle_ns"], "t_idle_ns"),
-                      t_pred_end_ns=_int(n["t_pred_end_ns"], "t_pred_end_ns"),
-                      iteration=_opt_int(n, "iteration", MAX_INDEX),
-                      op=_opt_int(n, "op", MAX_INDEX), gaps_ns=_gaps(n.get("gaps_ns", [])),
-                      awaits=awaits, pending=n.get("pending", False) is True,
-                      wire_ns=_opt_int(n, "wire_ns"), made_ns=_opt_int(n, "made_ns"),
-                      maker=maker, spread_ns=_opt_int(n, "spread_ns"),
-                      end_min_ns=_opt_int(n, "end_min_ns"), end_max_ns=_opt_int(n, "end_max_ns"))
-    end_min = _int(n["end_min_ns"], "end_min_ns")
-    if "t_idle_ns" in n:
-        return Notice(kind="arrival", host=host, t_idle_ns=_int(n["t_idle_ns"], "t_idle_ns"),
-                      end_min_ns=end_min, end_max_ns=_opt_int(n, "end_max_ns"))
-    if awaits is None:
-        raise KeyError("awaits")
-    return Notice(kind="output", host=host, awaits=awaits, end_min_ns=end_min)
+    """A notice from its JSON object, as its kind's type (module docstring: what is checked);
+    KeyError, TypeError or ValueError (one line) if malformed or of an unknown kind."""
+    kind = n["kind"]
+    if not isinstance(kind, str):
+        raise TypeError("kind must be a string")
+    if kind not in PARSERS:
+        raise ValueError(f"unknown notice kind {kind[:MAX_HOST_CHARS]!r}: one of "
+                         f"{', '.join(PARSERS)}")
+    return PARSERS[kind](n, _host(n["host"], "host"))
 
 
 @dataclass

@@ -5,14 +5,11 @@ finds its peers only here: `next` is the listener of stage s+1 replica d (ip, po
 to; `listen_port` is where it accepts stage s-1 replica d (bound to its own `ip`); `dp_master_*`
 is the TCPStore of its stage's data-parallel group (the stage's replica 0). `connections_next`
 and `connections_prev` are the K (TCP connections each message is striped over) of those two
-channels; both ends of a channel get the same K. `gpu_lock_path` (geodc/host/gpulock.py) is the
-host's GPU lock the worker holds for every F, B and OPT when the host's GPU is shared with a
-prefill server (BubbleTea), and `bubble_notify` the UDP address of the DC's controller the worker
-announces its predicted bubbles to (geodc/rules/bubbles.py); both None in a plain training run.
-`prev.pad_bytes` / `next.pad_bytes` are what those neighbours pad their messages to: with the
-model config they give the one shape and size a channel accepts (geodc/hostproc/trainer/worker.py).
-`inbound_prev` / `inbound_next` say how fast a message from that neighbour can arrive at most
-(profile mode: its padded bytes and the lowest rate on its way).
+channels; both ends of a channel get the same K. `prev.pad_bytes` / `next.pad_bytes` are what
+those neighbours pad their messages to: with the model config they give the one shape and size a
+channel accepts (geodc/hostproc/trainer/worker.py). `extras` are what the run's features add, one
+typed object per feature (geodc/host/extras.py: temporal sharing's gates, BubbleTea's GPU
+share); the worker asks `spec.extra(GateExtras)`, None when that feature is off.
 """
 
 from __future__ import annotations
@@ -20,6 +17,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
+
+from geodc.host.extras import WorkerExtras, extras_from_dict
+
+E = TypeVar("E", bound=WorkerExtras)
 
 
 class SpecFile:
@@ -29,8 +31,11 @@ class SpecFile:
 
     __slots__ = ()
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        return json.dumps(self.to_dict(), indent=1)
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,23 +88,20 @@ class WorkerSpec(SpecFile):
     congestion_control: str | None = None   # TCP_CONGESTION of the stage-to-stage sockets
     connections_next: int = 1        # K: TCP connections of the channel to `next`
     connections_prev: int = 1        # K: TCP connections of the channel from `prev`
-    # Temporal WAN sharing: the arbiter to ask before each message to next / prev, or None.
-    # {"ip": arbiter address, "port": int, "link": "a->b", "pipeline": replica index}
-    gate_next: dict | None = None
-    gate_prev: dict | None = None
     io_priority: int | None = None   # SCHED_FIFO of the channels' I/O threads (None: normal)
-    # BubbleTea: the host's GPU lock file (None: no lock, no bubble notices) and the DC
-    # controller's UDP address for bubble notices ({"ip": str, "port": int}, or None).
-    gpu_lock_path: str | None = None
-    bubble_notify: dict | None = None
-    # How a message from prev / next comes (profile mode, BubbleTea; else None): {"rate_mbit":
-    # the lowest rate on its way as the network shapes it (None: unshaped), "bytes": the
-    # neighbour's padded message bytes, "hold_ms": the hold of the neighbour's op that makes it
-    # (F of prev, B of next), "same_dc": whether the neighbour is in this DC}. A message of N
-    # bytes takes at least N * 8 / rate after its first byte, and comes no sooner than hold_ms
-    # after its op starts: lower bounds on the bubble that waits for it (geodc/hostproc/trainer/worker.py).
-    inbound_prev: dict | None = None
-    inbound_next: dict | None = None
+    extras: tuple[WorkerExtras, ...] = ()   # the features' (geodc/host/extras.py), one per kind
+
+    def __post_init__(self) -> None:
+        kinds = [e.KIND for e in self.extras]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"worker {self.name}: extras {kinds} name a kind twice")
+
+    def extra(self, kind: type[E]) -> E | None:
+        """This worker's extras of that type (a feature's part), or None: that feature is off."""
+        return next((e for e in self.extras if type(e) is kind), None)
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), extras=[e.to_dict() for e in self.extras])
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkerSpec:
@@ -107,4 +109,5 @@ class WorkerSpec(SpecFile):
         for key in ("prev", "next"):
             if d.get(key) is not None:
                 d[key] = Peer(**d[key])
+        d["extras"] = tuple(extras_from_dict(e) for e in d.get("extras", ()))
         return cls(**d)

@@ -1,2 +1,3 @@
-"""Pure plans made from a scenario: systems, routing, placement, topology, timeouts.
+"""Pure plans made from a scenario: systems, routing, placement, topology, timeouts, the
+training workers (their specs, with the features' typed extras).
 """

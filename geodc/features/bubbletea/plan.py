@@ -5,14 +5,42 @@ predictor and `plan` read it). Pure.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from geodc.plans.systems import arrival_bounds_hold
 from geodc.spec.errors import ScenarioError
 
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
     from geodc.spec.bubbletea import BubbleTeaConfig
     from geodc.spec.scenario import Scenario
+    from geodc.spec.systems import System
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BubbleTeaPlan:
+    """The feature's plan (geodc.features.bubbletea.feature) for one +bubbletea system: its
+    settings, and whether the arrival bound is used: "on", "off" (not asked for) or "off: why"
+    (asked for, but bytes can come faster than the configured rates: why_not)."""
+
+    name: ClassVar[str] = "bubbletea"
+    config: "BubbleTeaConfig"
+    arrival: str
+    why_not: str | None
+
+    def to_dict(self) -> dict:
+        return {"settings": self.config.to_dict(), "arrival_bound": self.arrival}
+
+
+def plan(scenario: "Scenario", placement: "Placement", system: "System") -> BubbleTeaPlan | None:
+    """The plan of a +bubbletea system (checked: check), or None for any other."""
+    if not system.fill_bubbles:
+        return None
+    cfg = check(scenario, placement, system.name)
+    why_not = arrival_bounds_hold(scenario)
+    arrival = "off" if not cfg.arrival_bound else "on" if why_not is None else f"off: {why_not}"
+    return BubbleTeaPlan(config=cfg, arrival=arrival, why_not=why_not)
 
 
 def check(scenario: "Scenario", placement: "Placement", system_name: str) -> "BubbleTeaConfig":

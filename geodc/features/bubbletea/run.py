@@ -5,9 +5,11 @@ load (geodc.features.bubbletea.load, from the scenario's `bubbletea:` section) s
 proportion to their training hosts; a decode server on every decode host of those DCs; a
 controller (geodc.hostproc.prefill.controller) on each such DC's first decode host; a prefill server
 (geodc.hostproc.prefill.server) on every training host, sharing the host's GPU lock with the training worker.
-`gpu_share(host)` is what geodc.run.launch gives each worker (its lock, and where to send its
-bubble notices). After training: SIGTERM the controllers (they write what stayed unserved), then
-the servers, and merge every record into <system dir>/prefill_records.jsonl.
+`BubbleTeaHandle` is the feature's run handle (geodc.features.base): its worker_extras give each
+training worker its GpuShareExtras (geodc/host/extras.py: its lock, where to send its notices,
+and with the arrival bound how fast its inputs can come). After training: SIGTERM the
+controllers (they write what stayed unserved), then the servers, and merge every record into
+<system dir>/prefill_records.jsonl; its metrics block is geodc.rules.bubbletea_figures'.
 
 The prefill-side processes run at nice BUBBLETEA_NICE: on a real server the inference stack has
 CPU cores of its own, here it shares 2 cores with the training workers, whose holds and
@@ -26,14 +28,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geodc.host.realtime import PRIORITY
-from geodc.spec.errors import TestbedError
 from geodc.emulation.procs import HostProcess, stop_all
-from geodc.features.bubbletea.plan import check, hosts_by_dc, make_requests
+from geodc.features.base import FeatureHandle, MetricsBlock, RunContext
+from geodc.features.bubbletea.plan import BubbleTeaPlan, check, hosts_by_dc, make_requests
+from geodc.host.extras import GpuShareExtras, Inbound, NoticeAddress
+from geodc.host.realtime import PRIORITY
+from geodc.plans.systems import host_path_rate_mbit
+from geodc.spec.errors import TestbedError
 
 if TYPE_CHECKING:
     from geodc.emulation.network import Network
     from geodc.plans.placement import Placement
+    from geodc.plans.workers import WorkerSlot
     from geodc.spec.scenario import Scenario
     from geodc.spec.training import TrainConfig
 
@@ -49,16 +55,11 @@ REPLY_GRACE_S = 15.0   # a controller waits for its in-flight prefills before it
 class BubbleTeaRun:
     sys_dir: Path
     locks: dict[str, str]                      # training host -> GPU lock path
-    notify: dict[str, dict]                    # training host -> controller notice address
+    notify: dict[str, NoticeAddress]           # training host -> controller notice address
     load: dict[str, Any]
     controllers: list[HostProcess] = field(default_factory=list)
     servers: list[HostProcess] = field(default_factory=list)
     record_paths: list[Path] = field(default_factory=list)
-
-    def gpu_share(self, host: str) -> dict | None:
-        if host not in self.locks:
-            return None
-        return {"gpu_lock_path": self.locks[host], "bubble_notify": self.notify.get(host)}
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) each kind of prefill-side process has used so far, summed:
@@ -142,8 +143,8 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
                                                              str(path)],
                                              sys_dir / "logs" / f"{name}-prefill.log", env))
                 run.locks[name] = lock
-                run.notify[name] = {"ip": ctl_host.ip, "port": NOTICE_PORT,
-                                    "allreduce": cfg.fill_allreduce}
+                run.notify[name] = NoticeAddress(ip=ctl_host.ip, port=NOTICE_PORT,
+                                                 allreduce=cfg.fill_allreduce)
                 prefills.append(Endpoint(host=name, ip=h.ip, port=PREFILL_PORT))
             req_path = base / f"requests-{dc}.json"
             req_path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,7 +155,7 @@ def start(net: "Network", scenario: "Scenario", train_cfg: "TrainConfig",
                                    requests_path=str(req_path), prefill_servers=prefills,
                                    decode_servers=decoders, bubbletea=cfg.to_dict(),
                                    compute=train_cfg.compute, time_scale=scenario.time_scale,
-                                   connect_timeout_s=60.0 * scenario.time_scale,
+                                   connect_timeout_s=scenario.dilation.emulated_span(60.0),
                                    notice_priority=PRIORITY["notice"] if net.realtime else None)
             path = base / "specs" / f"controller-{dc}.json"
             cspec.write(path)
@@ -195,3 +196,69 @@ def _wait_ready(run: BubbleTeaRun) -> None:
                                f"{READY_TIMEOUT_S:.0f} s: "
                                + ", ".join(p.describe() for p in pending))
         time.sleep(0.05)
+
+
+class BubbleTeaHandle(FeatureHandle):
+    """BubbleTea's prefill side of one +bubbletea system's run."""
+
+    name = "bubbletea"
+
+    def __init__(self, plan: BubbleTeaPlan, ctx: RunContext) -> None:
+        job = ctx.job
+        self.plan = plan
+        self.time_scale = ctx.clock.time_scale
+        self.emulated = job.scenario.emulated()   # the rates the network shapes
+        self.crashed: list[str] = []
+        self.cpu_s: dict[str, float] = {}
+        self.run = start(ctx.net, job.scenario, job.cfg, job.placement, ctx.sys_dir,
+                         job.system.name)
+        if plan.arrival not in ("on", "off"):
+            ctx.progress(f"bubbletea: no arrival bound ({plan.why_not}: bytes can come "
+                         f"faster than the configured rates)")
+        load = self.run.load
+        ctx.progress(f"bubbletea: {load['kept']} requests over "
+                     f"{', '.join(f'{dc} {len(r)}' for dc, r in load['per_dc'].items())}"
+                     f" ({load['refused']} refused, {load['truncated']} "
+                     f"truncated to {load['context_tokens']} tokens)")
+
+    def worker_extras(self, slot: "WorkerSlot") -> GpuShareExtras | None:
+        """The host's GPU lock and notice address; with the arrival bound, how fast a message
+        from each neighbour can come (profile mode: the lowest rate on its way as the network
+        shapes it, its bytes, the hold of the op making it)."""
+        if slot.host not in self.run.locks:
+            return None
+        inbound: dict[str, Inbound] = {}
+        for key, nb in (("prev", slot.prev), ("next", slot.next)):
+            if self.plan.arrival != "on" or nb is None or nb.message_bytes is None:
+                continue
+            rate = host_path_rate_mbit(self.emulated, nb.dc, slot.dc)
+            inbound[key] = Inbound(rate_mbit=None if rate is None else float(rate),
+                                   bytes=nb.message_bytes, hold_ms=nb.make_hold_ms,
+                                   same_dc=nb.dc == slot.dc)
+        return GpuShareExtras(lock_path=self.run.locks[slot.host],
+                              notify=self.run.notify.get(slot.host),
+                              inbound_prev=inbound.get("prev"), inbound_next=inbound.get("next"))
+
+    def stop(self) -> None:
+        """What died during training and the CPU time used, read first; then the processes."""
+        self.crashed = self.run.crashed()
+        self.cpu_s = self.run.cpu_seconds()
+        self.run.stop()
+
+    def results(self, *, partial: bool, spans=()) -> MetricsBlock | None:
+        """The bubbletea block (geodc.rules.bubbletea_figures) from the trainers' spans and
+        every prefill-side record, which the timeline and the trace draw too; None for a run
+        that stopped early."""
+        if partial:
+            return None
+        from geodc.host.spans import read_jsonl
+        from geodc.rules.bubbletea_figures import bubbletea_metrics
+        records = list(read_jsonl(self.run.merge_records()))
+        block = bubbletea_metrics(spans, records, time_scale=self.time_scale.factor,
+                                  load={k: v for k, v in self.run.load.items() if k != "per_dc"},
+                                  crashed=self.crashed)
+        block["cpu_s"] = self.cpu_s
+        block["arrival_bound"] = self.plan.arrival
+        filled = block["iterations"]    # draw one the prefills could fill
+        return MetricsBlock(key="bubbletea", value=block, spans=records,
+                            iteration=filled[len(filled) // 2])

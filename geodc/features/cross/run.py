@@ -1,11 +1,13 @@
 """Cross-traffic's run: the scenario's `cross_traffic:` flows (geodc.spec.cross) run with iperf3
 between tenant hosts, started and stopped on the configured schedule, and their goodput.
 
-Times are seconds after the trainers are started, in the configured system's time (x time_scale
-on the wall clock, as faults' are). A TCP entry is one iperf3 client with `flows` parallel
+Times are seconds after the run's clock's t = 0 (geodc.features.base.Clock: when the trainers
+are started, the faults' t = 0 too), in the configured system's time (x time_scale on the wall
+clock, as faults' are). A TCP entry is one iperf3 client with `flows` parallel
 streams; a UDP one sends at rate_mbit (iperf3 -u -b), a UDP trace one client per step, back to
 back. Goodput is what the tenant's receiver got (iperf3's server intervals). Training that ends
-before stop_s cuts the cross-traffic short; its results say so.
+before stop_s cuts the cross-traffic short; its results say so. `CrossHandle` is the feature's
+run handle (geodc.features.base): the receivers up at start, the schedule from t = 0.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from geodc.features.base import Clock, FeatureHandle, MetricsBlock, RunContext
 from geodc.spec.cross import CrossFlow, Segment, tenant_host
 from geodc.spec.errors import TestbedError
 
 if TYPE_CHECKING:
     from geodc.emulation.network import Network
     from geodc.emulation.procs import HostProcess
+    from geodc.features.cross.plan import CrossPlan
 
 BASE_PORT = 5300
 UDP_PAYLOAD_BYTES = 1400        # one datagram per packet at MTU 1500
@@ -42,20 +46,21 @@ class _Running:
 
 
 class CrossTraffic:
-    """`prepare()` (the receivers up), `start(mono0)` (the schedule from t = 0), `stop()` when
-    training ends (cuts what still runs), then `results()`."""
+    """`prepare()` (the receivers up), `start()` (the schedule from the clock's t = 0),
+    `stop()` when training ends (cuts what still runs), then `results()`."""
 
     def __init__(self, net: "Network", flows: tuple[CrossFlow, ...], logs: Path,
-                 time_scale: float = 1.0, congestion_control: str | None = None) -> None:
+                 clock: Clock | None = None, congestion_control: str | None = None) -> None:
+        """clock: the run's (its own if None)."""
         self.net = net
         self.flows = flows
         self.logs = logs
-        self.T = time_scale
+        self.clock = clock if clock is not None else Clock()
+        self.ts = self.clock.time_scale
         self.cc = congestion_control
         self.running: list[_Running] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._mono0 = 0.0
 
     def prepare(self) -> "CrossTraffic":
         """Start every receiver (iperf3 -s) and wait until each listens."""
@@ -64,7 +69,7 @@ class CrossTraffic:
         for flow in self.flows:
             for seg in flow.segments:
                 server = self.net.spawn(tenant_host(flow.dst), iperf.server_argv(port)
-                                        + ["-i", f"{INTERVAL_S * self.T:g}"],
+                                        + ["-i", f"{self.ts.emulated_span(INTERVAL_S):g}"],
                                         self.logs / f"cross-{flow.label}-{port}-server.log")
                 self.running.append(_Running(flow=flow, segment=seg, port=port, server=server))
                 port += 1
@@ -77,32 +82,33 @@ class CrossTraffic:
                 time.sleep(0.02)
         return self
 
-    def start(self, mono0: float | None = None) -> "CrossTraffic":
-        """Run the schedule from t = 0 at time.monotonic() mono0 (the faults' t = 0; now if
-        None). prepare() first."""
-        self._mono0 = time.monotonic() if mono0 is None else mono0
+    def start(self) -> "CrossTraffic":
+        """Run the schedule from the clock's t = 0 (now, if it has not started). prepare()
+        first."""
+        if not self.clock.started:
+            self.clock.start()
         self._thread = threading.Thread(target=self._schedule, name="cross-traffic", daemon=True)
         self._thread.start()
         return self
 
     def _schedule(self) -> None:
         for r in sorted(self.running, key=lambda r: r.segment.start_s):
-            wait = r.segment.start_s * self.T - (time.monotonic() - self._mono0)
+            wait = self.ts.emulated_span(r.segment.start_s) - self.clock.elapsed()
             if self._stop.wait(max(0.0, wait)):
                 return
-            r.started_s = (time.monotonic() - self._mono0) / self.T
+            r.started_s = self.clock.now_s()
             r.client = self.net.spawn(tenant_host(r.flow.src), self._client_argv(r),
                                       self.logs / f"cross-{r.flow.label}-{r.port}-client.log")
 
     def _client_argv(self, r: _Running) -> list[str]:
         ip = self.net.host_ip(tenant_host(r.flow.dst))
-        seconds = (r.segment.stop_s - r.segment.start_s) * self.T
+        seconds = self.ts.emulated_span(r.segment.stop_s - r.segment.start_s)
         argv = ["iperf3", "-c", ip, "-p", str(r.port), "-t", f"{seconds:.3f}", "-J",
-                "-i", f"{INTERVAL_S * self.T:g}"]
+                "-i", f"{self.ts.emulated_span(INTERVAL_S):g}"]
         if r.flow.kind == "tcp":
             argv += ["-P", str(r.flow.flows), "-C", r.flow.congestion_control or self.cc or "cubic"]
         else:
-            rate_bps = r.segment.rate_mbit * 1e6 / self.T
+            rate_bps = self.ts.emulated_rate(r.segment.rate_mbit * 1e6)
             argv += ["-u", "-b", f"{rate_bps:.0f}", "-l", str(UDP_PAYLOAD_BYTES)]
         return argv
 
@@ -151,10 +157,11 @@ class CrossTraffic:
                     continue
                 for iv in doc.get("intervals", []):   # the receiver's, each INTERVAL_S
                     s = iv["sum"]
-                    t = r.started_s + s["start"] / self.T
-                    intervals.append([round(t, 3), round(s["bits_per_second"] * self.T / 1e6, 3)])
+                    t = r.started_s + self.ts.real_span(s["start"])
+                    intervals.append([round(t, 3),
+                                      round(self.ts.real_rate(s["bits_per_second"]) / 1e6, 3)])
                     received += int(s.get("bytes", 0))
-                    ran_s += float(s.get("seconds", 0.0)) / self.T
+                    ran_s += self.ts.real_span(float(s.get("seconds", 0.0)))
                 end = doc.get("end", {})
                 udp = end.get("sum") or {}          # UDP: the receiver's loss count
                 lost += int(udp.get("lost_packets", 0) or 0)
@@ -192,3 +199,26 @@ def _json_doc(text: str) -> dict | None:
         return json.loads(text[text.index("{"):])
     except ValueError:
         return None
+
+
+class CrossHandle(FeatureHandle):
+    """The tenants' flows of one system's run, on the run's clock."""
+
+    name = "cross"
+    clocked = True
+
+    def __init__(self, plan: "CrossPlan", ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.cross = CrossTraffic(ctx.net, plan.flows, ctx.sys_dir / "logs", ctx.clock,
+                                  plan.congestion_control).prepare()   # receivers before t = 0
+
+    def begin(self) -> None:
+        self.cross.start()
+        self.ctx.progress(f"cross-traffic: {len(self.cross.flows)} tenants")
+
+    def stop(self) -> None:
+        self.cross.stop()
+
+    def results(self, *, partial: bool, spans=()) -> MetricsBlock:
+        """Each flow's goodput (also for a run that stopped early: what it got so far)."""
+        return MetricsBlock(key="cross_traffic", value=self.cross.results())

@@ -20,8 +20,13 @@ How each fault is applied (both directions of the link):
 - crash: SIGKILL to the named process; "took effect" is when it was seen dead.
 A fault with for_s is followed by a restore event (the link's configured figures).
 
-Times: t = 0 when start() is called (just before the trainers are spawned); every time in the
-results is in the configured system's time (wall seconds / time_scale), as the faults are.
+Times: t = 0 is the run's clock's (geodc.features.base.Clock: just before the trainers are
+spawned, the same t = 0 as cross-traffic's); every time in the results is in the configured
+system's time (wall seconds / time_scale), as the faults are.
+
+`FaultsHandle` is the feature's run handle (geodc.features.base): the runner's sockets opened
+at start, its threads at t = 0, its results (and the faults applied before a failure: `blame`)
+once the network is down.
 """
 
 from __future__ import annotations
@@ -36,14 +41,16 @@ from typing import TYPE_CHECKING, Any
 
 from pyroute2 import IPRoute
 
-from geodc.host.realtime import PRIORITY, set_fifo
 from geodc.emulation import shaping, wanshare
+from geodc.features.base import Clock, FeatureHandle, MetricsBlock, RunContext
+from geodc.host.realtime import PRIORITY, set_fifo
 from geodc.spec.errors import TestbedError
 from geodc.spec.faults import Event, Fault, events_of
 
 if TYPE_CHECKING:
     from geodc.emulation.network import Network
     from geodc.emulation.procs import HostProcess
+    from geodc.features.faults.plan import FaultsPlan
     from geodc.plans.topo import WanPlan
 
 SAMPLE_S = 0.05
@@ -54,14 +61,18 @@ PROCESS_MARKERS = {"trainer": "geodc.hostproc.trainer.worker", "prefill": "geodc
 
 
 class FaultRunner:
-    """`runner.start()` before training, `runner.stop()` after it (also on failure), then
-    `runner.results()` once the network is down (the delay lines' final reports are in)."""
+    """`runner.open()` before training and `runner.begin()` at the clock's t = 0 (or both, and
+    t = 0 of a clock not yet started, with `runner.start()`), `runner.stop()` after it (also on
+    failure), then `runner.results()` once the network is down (the delay lines' final reports
+    are in)."""
 
-    def __init__(self, net: "Network", faults: tuple[Fault, ...], time_scale: float = 1.0,
+    def __init__(self, net: "Network", faults: tuple[Fault, ...], clock: Clock | None = None,
                  sample_links: tuple[tuple[str, str], ...] = ()) -> None:
-        """sample_links: more WAN links (as in the wan section) whose wire to sample."""
+        """clock: the run's (its own if None); sample_links: more WAN links (as in the wan
+        section) whose wire to sample."""
         self.net = net
-        self.T = time_scale
+        self.clock = clock if clock is not None else Clock()
+        self.ts = self.clock.time_scale
         self.events = events_of(faults)
         self.records: list[dict[str, Any]] = []
         self.samples: dict[str, list[tuple[float, float]]] = {}   # "a->b": (t_s, Mbit/s)
@@ -72,23 +83,37 @@ class FaultRunner:
         self._sample_iprs: dict[str, IPRoute] = {}  # the sampler's (a socket per thread)
         self._shaped: dict[str, tuple[int, bool]] = {}   # WAN intf -> (ifindex, temporal tree)
         self._seq = 0
-        self.t0 = 0.0             # time.time() at start
-        self.mono0 = 0.0          # time.monotonic() at start: t = 0 for cross-traffic too
+
+    @property
+    def t0(self) -> float:
+        """time.time() at t = 0."""
+        return self.clock.wall0
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "FaultRunner":
+        """open(), t = 0 now if the clock has not started, begin()."""
+        self.open()
+        if not self.clock.started:
+            self.clock.start()
+        self.begin()
+        return self
+
+    def open(self) -> "FaultRunner":
         try:
             self._open()
         except Exception as exc:  # noqa: BLE001 - one clear error, the run stops with it
             self.stop()
             raise TestbedError(f"faults: could not reach the WAN interfaces: "
                                f"{type(exc).__name__}: {exc}") from exc
-        self.t0, self.mono0 = time.time(), time.monotonic()
+        return self
+
+    def begin(self) -> None:
+        """The fault thread and the sampler, from the clock's t = 0 (started)."""
+        assert self.clock.started, "the run's clock has no t = 0 yet"
         for target, name in ((self._apply_all, "faults"), (self._sample, "fault-sampler")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        return self
 
     def _open(self) -> None:
         """Netlink sockets in the gateways (opened here, in the main thread), and each WAN
@@ -125,7 +150,7 @@ class FaultRunner:
             if seq is not None:
                 stamps = [t for t in changes.get(seq, []) if t is not None]
                 rec["took_effect_s"] = (None if not stamps else
-                                        round((min(stamps) - self.t0) / self.T, 4))
+                                        round(self.clock.at_wall(min(stamps)), 4))
                 if not stamps:
                     rec["note"] = "no packet crossed the link while this held"
         return {"events": self.records, "sample_s": SAMPLE_S,
@@ -134,8 +159,8 @@ class FaultRunner:
 
     # ---- the fault thread ---------------------------------------------------------------------
     def now_s(self) -> float:
-        """Configured seconds since start()."""
-        return (time.monotonic() - self.mono0) / self.T
+        """Configured seconds since t = 0."""
+        return self.clock.now_s()
 
     def _apply_all(self) -> None:
         if self.net.realtime:
@@ -143,7 +168,7 @@ class FaultRunner:
             # lines); refused, it runs on at normal priority.
             set_fifo(PRIORITY["fault"])
         for ev in self.events:
-            if self._stop.wait(max(0.0, ev.at_s * self.T - (time.monotonic() - self.mono0))):
+            if self._stop.wait(max(0.0, self.ts.emulated_span(ev.at_s) - self.clock.elapsed())):
                 return
             rec: dict[str, Any] = {"fault": ev.fault.label, "kind": ev.fault.kind,
                                    "restore": ev.restore, "what": ev.describe(),
@@ -155,7 +180,7 @@ class FaultRunner:
             self.records.append(rec)
 
     def _apply(self, ev: Event, rec: dict[str, Any]) -> None:
-        f = ev.fault.scaled(self.T)
+        f = ev.fault.scaled(self.ts.factor)
         if f.kind == "crash":
             self._crash(f, rec)
             return
@@ -169,7 +194,7 @@ class FaultRunner:
             rec["took_effect_s"] = rec["applied_s"]   # the kernel's (read back just below)
             for end in w.ends():
                 _check_rate(self._iprs[end.gateway], end.intf, rate)
-            rec["rate_mbit"] = rate * self.T
+            rec["rate_mbit"] = self.ts.real_rate(rate)
             return
         figures: dict[str, float] = {}
         if f.kind == "delay":
@@ -179,7 +204,7 @@ class FaultRunner:
             figures = {"loss_pct": configured.loss_pct if ev.restore else f.loss_pct}
         elif f.kind == "link_down":
             figures = {"loss_pct": configured.loss_pct if ev.restore else 100.0}
-        rec["figures"] = {k: v / self.T if k in ("delay_ms", "jitter_ms") else v
+        rec["figures"] = {k: self.ts.real_span(v) if k in ("delay_ms", "jitter_ms") else v
                           for k, v in figures.items()}   # configured units, as the fault's
         rec["applied_s"], rec["_seq"] = self._set_figures(w, figures)
 
@@ -217,7 +242,7 @@ class FaultRunner:
                     raise TimeoutError(f"no acknowledgement in {ack} within {ACK_TIMEOUT_S:g} s")
                 time.sleep(0.002)
         # the first direction's change; the other's follows within a millisecond or so
-        return round((min(applied) - self.t0) / self.T, 4), seq
+        return round(self.clock.at_wall(min(applied)), 4), seq
 
     def _crash(self, f: Fault, rec: dict[str, Any]) -> None:
         deadline = time.monotonic() + FIND_PROCESS_S
@@ -262,7 +287,8 @@ class FaultRunner:
                 now = self.now_s()
                 if key in last:
                     t, b = last[key]
-                    mbit = (sent - b) * 8 / 1e6 / max(1e-9, (now - t) * self.T) * self.T
+                    mbit = self.ts.real_rate((sent - b) * 8 / 1e6
+                                             / max(1e-9, self.ts.emulated_span(now - t)))
                     self.samples.setdefault(key, []).append((now, mbit))
                 last[key] = (now, sent)
 
@@ -289,7 +315,7 @@ def _set_rate(ipr: IPRoute, index: int, temporal: bool, rate_mbit: float) -> Non
     message without rate tables (shaping.change_class_msg; with the queue full, each extra
     netlink dump here cost 5-20 ms, and pyroute2's rate tables more). A temporal tree's
     rates belong to its slot arbiter (another process re-plans them at every switch), so a rate
-    fault there is refused (geodc.run.systemrun refuses it before the run)."""
+    fault there is refused (geodc.features.faults.plan.check refuses it before the run)."""
     if temporal:
         raise RuntimeError("rate faults are not applied to a temporal-sharing tree")
     shaping.set_rate(ipr, index, rate_mbit)
@@ -333,14 +359,38 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def after_fault(runner: FaultRunner | None, error: str) -> str:
-    """error, prefixed by the faults applied before it (the likely cause), as one clear lead."""
-    if runner is None or not runner.applied():
-        return error
+def _lead(runner: FaultRunner) -> str | None:
+    """'stopped after the scenario's fault ...' (the last three applied), or None."""
     last = [r for r in runner.applied() if not r["restore"]][-3:]
     if not last:
-        return error
+        return None
     causes = "; ".join(f"{r['what']}, applied at {r['applied_s']:.3f} s" for r in last)
-    return f"stopped after the scenario's fault {causes}: {error}"
+    return f"stopped after the scenario's fault {causes}"
 
 
+class FaultsHandle(FeatureHandle):
+    """The faults (and the wire's samples) of one system's run, on the run's clock."""
+
+    name = "faults"
+    clocked = True
+
+    def __init__(self, plan: "FaultsPlan", ctx: RunContext) -> None:
+        self.runner = FaultRunner(ctx.net, plan.faults, ctx.clock,
+                                  sample_links=plan.sample_links).open()
+        if plan.faults:
+            ctx.progress(f"faults: {len(self.runner.events)} events, the first at "
+                         f"{self.runner.events[0].at_s:g} s")
+
+    def begin(self) -> None:
+        self.runner.begin()
+
+    def stop(self) -> None:
+        self.runner.stop()    # idempotent: its threads are gone before its results are read
+
+    def blame(self) -> str | None:
+        return _lead(self.runner)
+
+    def results(self, *, partial: bool, spans=()) -> MetricsBlock:
+        """The events and the wire's samples, the same for a run that stopped early (the plot
+        is geodc.run.systemrun's: it draws cross-traffic's results too)."""
+        return MetricsBlock(key="faults", value=self.runner.results())

@@ -23,7 +23,7 @@ and (for systems with temporal WAN sharing) the order of the slots they take.
   profile holds; unit forward 1 / backward 2 in measured mode), within a message round-robin over
   the pipelines; pipeline d of a crossing starts d x slot_ms after pipeline 0 (its stagger).
 - Busy fraction: the slots' total per iteration against the compute-only iteration time (the
-  profile's simulated iteration, as geodc.run.launch.compute_only_timeline; unknown in measured mode).
+  profile's simulated iteration, as geodc.plans.workers.compute_only_timeline; unknown in measured mode).
 
 Concurrent systems get the same per-link list with sharing "concurrent" and no slot order.
 """
@@ -31,7 +31,7 @@ Concurrent systems get the same per-link list with sharing "concurrent" and no s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from geodc.plans.routing import dc_paths
 from geodc.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
@@ -229,6 +229,17 @@ def _compute_timeline(cfg: "TrainConfig") -> tuple[dict[tuple[str, int, int], fl
         if op.action != "OPT":
             ends[(op.action[0], op.stage, int(op.action[1:]))] = op.end_ms
     return ends, iteration
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TemporalPlan:
+    """The feature's plan (geodc.features.temporal.feature): a temporal system's slot plan."""
+
+    name: ClassVar[str] = "temporal"
+    slots: SlotPlan
+
+    def to_dict(self) -> dict:
+        return self.slots.to_dict()
 
 
 def plan_slots(scenario: "Scenario", cfg: "TrainConfig", placement: "Placement",

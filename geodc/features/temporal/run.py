@@ -4,8 +4,8 @@ One job: from a system's slot plan (geodc.features.temporal.plan) start one arbi
 egress carries stage-to-stage transfers (geodc.features.temporal.arbiter: it builds the per-pipeline HTB classes
 of geodc.emulation.wanshare and grants one transfer at a time per link direction, in the planned
 order), a headers-only capture on each of those egress interfaces (geodc.hostproc.traffic.capture), and tell
-the launcher where each worker asks (`gate_for`). `finish()` stops them and judges the slots
-against the capture: per link direction the share of each pipeline's bytes that left inside its
+the launcher where each worker asks (`worker_extras`: GateExtras, geodc/host/extras.py). `stop()`
+stops them; `results()` judges the slots against the capture: per link direction the share of each pipeline's bytes that left inside its
 own slots (`slot_adherence`, the lowest pipeline's) and how far the first byte of each slot
 landed from its grant (`switch_error_ms`, the median; `switch_error` has n, p90, max). A
 pipeline's bytes are its transfers: packets from its hosts in the sending DC to its hosts
@@ -13,6 +13,10 @@ beyond, as the HTB filters classify them. `warnings` names every missed target.
 
 A transfer between DCs X and Y is granted by the arbiter of the first link of its routed path
 (X's gateway); later links of a multi-hop path carry it without slots (stated in the README).
+
+`TemporalSharing` is the feature's run handle (geodc.features.base); its metrics block is the
+slot plan's used links (`slot_plan`), with each link direction's judgement merged into the
+system's wan_links and every missed target in its wan_warnings.
 """
 
 from __future__ import annotations
@@ -25,25 +29,32 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geodc.features.temporal.arbiter import DEFAULT_PORT, read_log, specs_for_network, start_arbiters
-from geodc.spec.errors import TestbedError
 from geodc.emulation.procs import HostProcess
+from geodc.features.base import FeatureHandle, MetricsBlock, RunContext
+from geodc.features.temporal.arbiter import DEFAULT_PORT, read_log, specs_for_network, start_arbiters
+from geodc.host.extras import Gate, GateExtras
 from geodc.hostproc.traffic import capture
+from geodc.spec.errors import ScenarioError, TestbedError
+from geodc.spec.links import LinkDir
 
 if TYPE_CHECKING:
     from geodc.emulation.network import Network
     from geodc.plans.placement import Placement
-    from geodc.features.temporal.plan import SlotPlan
+    from geodc.plans.workers import WorkerSlot
+    from geodc.features.temporal.plan import SlotPlan, TemporalPlan
 
 READY_TIMEOUT_S = 10.0
 ADHERENCE_TARGET = 0.95     # share of a pipeline's bytes inside its own slots
 SWITCH_TARGET_MS = 1.0      # median |first byte of a slot on the wire - its grant|
 
 
-class TemporalSharing:
+class TemporalSharing(FeatureHandle):
+    name = "temporal"
+
     def __init__(self, net: "Network", plan: "SlotPlan", placement: "Placement",
                  run_dir: Path) -> None:
         self.net = net
+        self.plan = plan
         self.run_dir = run_dir
         self.links = {f"{lp.src_dc}->{lp.dst_dc}": lp for lp in plan.used_links()}
         pipelines = {d: [row[d] for row in placement.hosts] for d in range(placement.replicas)}
@@ -78,17 +89,24 @@ class TemporalSharing:
                 time.sleep(0.02)
         return self
 
-    def gate_for(self, src_dc: str, dst_dc: str, replica: int) -> dict | None:
+    def gate_for(self, src_dc: str, dst_dc: str, replica: int) -> Gate | None:
         """Where a worker in src_dc asks before each message to dst_dc (None: same DC)."""
         if src_dc == dst_dc:
             return None
         from geodc.plans.systems import path_between
         path = path_between(self.net.scenario, src_dc, dst_dc).dcs
-        link = f"{path[0]}->{path[1]}"
-        if link not in self.links:
+        link = LinkDir(path[0], path[1])
+        if str(link) not in self.links:
             return None
-        spec = self.specs[self.gateway[link]]
-        return {"ip": spec.listen_ip, "port": spec.port, "link": link, "pipeline": replica}
+        spec = self.specs[self.gateway[str(link)]]
+        return Gate(ip=spec.listen_ip, port=spec.port, link=link, pipeline=replica)
+
+    def worker_extras(self, slot: "WorkerSlot") -> GateExtras | None:
+        """The arbiters a worker asks before its messages to prev and next (None: neither
+        crosses a slotted link)."""
+        gates = {key: None if nb is None else self.gate_for(slot.dc, nb.dc, slot.replica)
+                 for key, nb in (("prev", slot.prev), ("next", slot.next))}
+        return None if gates["prev"] is None and gates["next"] is None else GateExtras(**gates)
 
     def stop(self) -> None:
         """Stop the captures, then the arbiters (they put the plain HTB tree back)."""
@@ -97,7 +115,16 @@ class TemporalSharing:
         for proc in self.arbiters.values():
             proc.stop(grace_s=5.0)
 
-    def results(self) -> dict[str, dict]:
+    def results(self, *, partial: bool, spans=()) -> MetricsBlock | None:
+        """After stop(): the used links of the slot plan, each link direction's judgement
+        (judged) and its warnings; None for a run that stopped early (nothing judged)."""
+        if partial:
+            return None
+        links = self.judged()
+        return MetricsBlock(key="slot_plan", value=[lp.to_dict() for lp in self.plan.used_links()],
+                            wan_links=links, warnings=warnings(links))
+
+    def judged(self) -> dict[str, dict]:
         """Per link direction, after stop(): the arbiter's slots judged against the capture.
         A link whose files cannot be read gets {"error": ...} instead of failing the run."""
         out: dict[str, dict] = {}
@@ -204,3 +231,12 @@ def start(net: "Network", plan: "SlotPlan", placement: "Placement",
     except BaseException:
         sharing.stop()   # what started; the network's teardown ends the rest
         raise
+
+
+def start_feature(plan: "TemporalPlan", ctx: RunContext) -> TemporalSharing:
+    """The feature's start (geodc.features.temporal.feature): on the delayline backend only."""
+    if ctx.net.backend != "delayline":
+        # the temporal tree replaces the link's HTB leaf, where netem would hold the delay
+        raise ScenarioError("backend", f"{ctx.job.system.name} (temporal WAN sharing) runs on "
+                            "the delayline backend only", "set backend: delayline")
+    return start(ctx.net, plan.slots, ctx.job.placement, ctx.sys_dir)

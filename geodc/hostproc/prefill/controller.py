@@ -1,13 +1,14 @@
 """BubbleTea's controller for one DC: `python -m geodc.hostproc.prefill.controller --spec FILE`.
 
 One job: put the DC's prefill requests into its training hosts' bubbles. It replays the DC's
-request load (geodc/features/bubbletea/load.py, written to a file by geodc.features.bubbletea.run) and hears each training
-worker's bubble notices (UDP: the GPU is idle from t_idle until about t_pred_end, the worker's
-own prediction learned from its last iterations, geodc/rules/bubbles.py; and "busy" when training
-takes the GPU again). For every bubble it sends the host's prefill server the oldest waiting
-request whose predicted time plus guard fits (geodc/rules/admission.py), then the next one while the
-bubble lasts (with `pipeline`, sent behind the running one, picked for when that one is
-predicted to end). A request waits for a later bubble on any host of the DC until its
+request load (geodc/features/bubbletea/load.py, written to a file by geodc.features.bubbletea.run)
+and hears each training worker's notices (UDP; the protocol, its kinds and fields:
+geodc/host/notices.py): a bubble (the GPU idle from t_idle until about t_pred_end, the worker's
+own prediction learned from its last iterations, geodc/rules/bubbles.py), and "busy" when
+training takes the GPU again. For every bubble it sends the host's prefill server the oldest
+waiting request whose predicted time plus guard fits (geodc/rules/admission.py), then the next
+one while the bubble lasts (with `pipeline`, sent behind the running one, picked for when that
+one is predicted to end). A request waits for a later bubble on any host of the DC until its
 time-to-first-token deadline passes (then it is expired and counted). A bubble that outlasts its
 prediction (no busy notice 1 ms after the predicted end) is closed, or with extend_bubbles
 extended to the next longer gap the worker saw before that op (the gaps are often bimodal: the
@@ -17,27 +18,23 @@ take a chunk of one; that request then stays with its host, and its next chunks 
 that host's bubbles (geodc/rules/admission.py), at most one such request per host.
 
 Arrival bound (`arrival_bound`, on by default): a bubble that waits for a neighbour's message
-lasts at least until that message's last byte is in. While the worker's notice said the message
-had not begun ("pending", with "wire_ns" and, when the neighbour making it is in this DC,
-"made_ns") and no arrival notice has come since, the bubble counts as lasting until now +
-wire_ns (+ made_ns until that neighbour's output notice comes) - margin: it rolls forward.
-The arrival notice (first byte + wire time) and the output notice (the start of the
-neighbour's op + its hold; kept until the bubble it belongs to is announced, at most into the
-next iteration) each give an
-"end_min_ns": the bubble lasts until the latest of them - margin. While the maker (named in
-the notice: host, iteration, op index) has not begun that op and sits in the bubble before it,
-it begins no sooner than that bubble's own bound: bounds chain, one host back (the maker's bound
-without its own maker's; learned predictions do not chain). Never less than the learned prediction, except that once the message has
-begun, a prediction past its expected end ("end_max_ns": first byte + the longest first-to-last
-byte time of that channel's last messages; or, made by a host of this DC, the end of the op
-making it + that time, "spread_ns") is cut to that: the message is nearly in, and a prefill
-admitted past it would make training wait (the admission's guard is the slack).
-margin (`arrival_margin_ms`, wall clock) covers the notices' latency, the reader thread's wait
-for the GIL before it reads the first byte's time, and bytes that arrive together (HTB's
-bucket). Bubbles end later than the learned minimum whenever Atlas's slots come
-in another order; this is how the controller uses that time. The bound holds as long as no
-notice that would lower it is lost: every worker numbers its datagrams, and the controller
-counts the numbers it never saw (SUMMARY's notices_lost). The Bubble logic is geodc/host/notices.py.
+lasts at least until that message's last byte is in. While the bubble notice said the message
+was pending and no arrival notice has come since, the bubble counts as lasting until now +
+wire_ns (+ made_ns until that neighbour's output notice comes) - margin: it rolls forward. The
+arrival and the output notices (the latter kept until the bubble it belongs to is announced, at
+most into the next iteration) each give an end_min_ns: the bubble lasts until the latest of
+them - margin. While the maker (named in the notice) has not begun that op and sits in the
+bubble before it, it begins no sooner than that bubble's own bound: bounds chain, one host back
+(the maker's bound without its own maker's; learned predictions do not chain). Never less than
+the learned prediction, except that once the message has begun, a prediction past its expected
+end (end_max_ns; or, made by a host of this DC, the end of the op making it + spread_ns) is cut
+to that: the message is nearly in, and a prefill admitted past it would make training wait (the
+admission's guard is the slack). margin (`arrival_margin_ms`, wall clock) covers the notices'
+latency, the reader thread's wait for the GIL before it reads the first byte's time, and bytes
+that arrive together (HTB's bucket). Bubbles end later than the learned minimum whenever Atlas's
+slots come in another order; this is how the controller uses that time. The bound holds as long
+as no notice that would lower it is lost: the controller counts the numbers it never saw
+(SUMMARY's notices_lost). The Bubble logic is geodc/host/notices.py.
 
 Notices are refused (ignored, and counted as SUMMARY's notices_refused) unless they come from a
 training host of this DC, parse (geodc/host/notices.py: types and ranges), name a host of this DC,
@@ -66,14 +63,15 @@ from typing import Any
 
 from geodc.host.realtime import demote_on_rttime, set_fifo
 from geodc.rules.admission import Admission, Pending, choose, chunk_hold_ns, make_pending
-from geodc.host.notices import Bubble, Notice, parse_notice
+from geodc.host.notices import (MAX_NOTICE_BYTES, ArrivalNotice, Bubble, BusyNotice, Notice,
+                                OutputNotice, parse_notice)
 from geodc.spec.bubbletea import BubbleTeaConfig
 from geodc.rules.prefill_profile import PrefillProfile
 from geodc.host.records import RecordLog
 from geodc.hostproc.prefill.wire import recv_msg, send_msg
 from geodc.host.specfiles import SpecFile
+from geodc.spec.timescale import TimeScale
 
-MAX_NOTICE_BYTES = 2048
 NOTICE_WINDOW_S = 600.0  # a notice's times within this of now, durations under it (x time_scale)
 MAX_SEQ_JUMP = 100_000   # a notice numbered further past its sender's last one is refused
 MAX_SENDERS = 1024       # notice senders whose numbers are kept
@@ -151,7 +149,8 @@ class Controller:
         self.counts = {k: 0 for k in ("arrived", "served", "late", "expired", "failed",
                                       "unserved", "retried", "notices", "notices_lost",
                                       "notices_refused")}
-        self.window_ns = int(NOTICE_WINDOW_S * spec.time_scale * 1e9)
+        self.ts = TimeScale(spec.time_scale)
+        self.window_ns = int(self.ts.emulated_span(NOTICE_WINDOW_S) * 1e9)
         self.worker_ips = {e.ip for e in spec.prefill_servers}   # notices come from these
         self.died: list[str] = []        # threads of this controller that died (_guarded)
         self.dead_hosts: set[str] = set()   # hosts whose agent died: their bubbles stay empty
@@ -159,14 +158,14 @@ class Controller:
         self.notice_realtime = "off"     # what the notice thread got (notice_priority)
         self._decode_rr = 0
         self.waiting = 0      # host agents waiting for an arrival inside an open bubble
-        self.extend_margin_ns = int(EXTEND_MARGIN_MS * spec.time_scale * 1e6)
+        self.extend_margin_ns = int(self.ts.emulated_span(EXTEND_MARGIN_MS) * 1e6)
         self.arrival_margin_ns = int(self.cfg.arrival_margin_ms * 1e6)   # wall clock
         # per host: output notices that came before the bubble awaiting them, awaits -> end_min
         self.pending_bounds: dict[str, dict[tuple[int, int, int], int]] = {
             e.host: {} for e in spec.prefill_servers}
         # per host: dispatch-to-prefill-start latency (moving average), added to `now` when
         # picking, so that a request picked to fill the bubble still fits when it starts
-        self.latency_ns = {e.host: int(INITIAL_LATENCY_MS * spec.time_scale * 1e6)
+        self.latency_ns = {e.host: int(self.ts.emulated_span(INITIAL_LATENCY_MS) * 1e6)
                            for e in spec.prefill_servers}
         self.requests = json.loads(Path(spec.requests_path).read_text())
         # chunked prefill: the request each host holds a prefix of (geodc/rules/admission.py)
@@ -277,16 +276,16 @@ class Controller:
 
     def _on_notice(self, n: Notice) -> None:   # under self.cv
         host, old = n.host, self.bubbles[n.host]
-        if n.kind == "busy":        # training took the GPU: that bubble is over
-            if old is not None and old.t_idle_ns <= n.t_ns:
+        if isinstance(n, BusyNotice):      # training took the GPU: that bubble is over
+            if old is not None and old.t_idle_ns <= n.busy_ns:
                 self._close(host, old)
             return
-        if n.kind == "arrival":     # the awaited message began to arrive
+        if isinstance(n, ArrivalNotice):   # the awaited message began to arrive
             if old is not None and old.t_idle_ns == n.t_idle_ns:
                 old.arrived(n.end_min_ns, n.end_max_ns)
                 self.cv.notify_all()
             return
-        if n.kind == "output":      # the neighbour began the op whose output this host awaits
+        if isinstance(n, OutputNotice):    # the neighbour began the op whose output this host awaits
             if old is not None and old.awaits == n.awaits:
                 old.made_at(n.end_min_ns)
                 self.cv.notify_all()
@@ -322,7 +321,7 @@ class Controller:
         T = self.spec.time_scale
         deadline_ms = self.cfg.ttft_deadline_ms
         for seq, q in enumerate(self.requests):
-            due = t0 + int(q["arrival_s"] * T * 1e9)
+            due = t0 + int(self.ts.emulated_span(q["arrival_s"]) * 1e9)
             while not self.stop.is_set():
                 left = (due - time.time_ns()) / 1e9
                 if left <= 0:

@@ -17,39 +17,19 @@ ready (its input's last byte in, the previous op or the all-reduce over) this pr
 (its thread woke up, took the GIL back from the I/O threads after a send, ...). A GPU fed by a
 launch queue loses none of that; geodc.rules.figures sums it beside the compute overruns.
 
-Shared GPU (BubbleTea, spec.gpu_lock_path set; docs/bubbletea/design.md): the worker holds the
-host's GpuLock (geodc/host/gpulock.py) for each F, B and OPT: it asks for the lock when the op's
-inputs are ready (t_want), computes once it has it (the span starts there), and releases it when
-the hold ends, before sending the output (network, not GPU); the all-reduce stays outside the
-lock. A wait for the lock (a prefill overran its bubble) is a GPU_WAIT span {op, iteration,
-microbatch} from t_want to the acquisition. Every op's idle gap (t_want minus the end of the
-previous compute op) feeds a BubblePredictor (geodc/rules/bubbles.py); after each op, when the
-predicted gap before the next op is >= MIN_NOTICE_MS, the message that op awaits (if any) is
-not already in (then it starts at once) and spec.bubble_notify is set, one UDP
-datagram {"host", "t_idle_ns", "t_pred_end_ns", "iteration", "op", "gaps_ns"} (gaps_ns: the
-learned gaps before that op, ascending) goes to the DC's controller, and at each acquisition of
-the GPU one {"host", "busy_ns"} (the bubble is over)
-(errors ignored: a dead controller never stops training) and an IDLE span {op} is logged, with
-the next op's iteration and micro-batch. Without gpu_lock_path none of this happens.
-
-Arrival bound (spec.inbound_prev / inbound_next): when the next op waits for a message from a
-neighbour, the bubble lasts at least until that message's last byte is in, and a message of N
-bytes needs at least N * 8 / rate after its first byte (rate: the lowest on its way). So the
-notice of a bubble that waits for a message names it ("awaits": [kind, iteration, micro-batch])
-and, when the message has not begun to arrive, says so ("pending": true) with "wire_ns" (its
-least wire time) and, if the neighbour making it is in this DC, "made_ns" (that op's hold) and
-"maker" ([its host, iteration, op index in its row]) and "spread_ns" (the longest recent
-first-to-last-byte time of that kind: once made, it is expected in within this): the controller
-may count the bubble as lasting until now + made_ns + wire_ns for as long as it hears nothing
-more. When the message has begun: "end_min_ns" (first byte + wire time). When its first
-byte comes later, the channel's reader thread sends {"host", "t_idle_ns", "end_min_ns"} at once
-(geodc.hostproc.trainer.transport's on_arrival). Once a message has begun, both also carry "end_max_ns": first
-byte + the longest first-to-last-byte time of the last SPREAD_HISTORY messages of its kind (an
-estimate from this channel's own history, not a bound: a learned prediction that promised more
-is cut to it). And a worker that starts an op whose output goes to a
-neighbour in its own DC (the same controller) sends {"host": that neighbour, "awaits": [...],
-"end_min_ns": the op's start + its profile hold}. These are bounds from the configured link and
-the profile, not predictions.
+Shared GPU (BubbleTea: the spec's GpuShareExtras, geodc/host/extras.py;
+docs/bubbletea/design.md): the worker holds the host's GpuLock (geodc/host/gpulock.py) for each
+F, B and OPT: it asks for the lock when the op's inputs are ready (t_want), computes once it has
+it (the span starts there), and releases it when the hold ends, before sending the output
+(network, not GPU); the all-reduce stays outside the lock. A wait for the lock (a prefill overran
+its bubble) is a GPU_WAIT span {op, iteration, microbatch} from t_want to the acquisition. Every
+op's idle gap (t_want minus the end of the previous compute op) feeds a BubblePredictor
+(geodc/rules/bubbles.py). With the extras' notice address the worker tells the DC's controller
+about its bubbles: the notices (bubble, busy, arrival, output), when each is sent and what it
+carries are the protocol's, defined once in geodc/host/notices.py and built here as its types;
+each announced bubble is also an IDLE span {op} with the next op's iteration and micro-batch
+(and the notice's wire_ns, end_min_ns). The arrival bound's figures (how fast a message from a
+neighbour can come at most) are the extras' Inbound. Without the extras none of this happens.
 """
 
 from __future__ import annotations
@@ -68,6 +48,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from geodc.host.extras import Gate, GateExtras, GpuShareExtras
+from geodc.host.notices import (ArrivalNotice, BubbleNotice, BusyNotice, Notice, OutputNotice,
+                                encode_notice)
 from geodc.host.realtime import demote_on_rttime
 from geodc.rules.bubbles import OPT, BubblePredictor
 from geodc.spec.training import TrainConfig
@@ -131,13 +114,15 @@ class StageWorker:
         self.dp = self.cfg.replicas > 1
         self.dp_realtime: str | None = None   # what gloo's threads got (init_stage_group)
         self._slot_clients: list[SlotClient] = []
+        self.gates = spec.extra(GateExtras) or GateExtras()   # temporal sharing's
         # Shared GPU (BubbleTea): the host's lock, the bubble predictor, the notice socket.
-        self.gpu = GpuLock(spec.gpu_lock_path) if spec.gpu_lock_path is not None else None
+        self.share = spec.extra(GpuShareExtras)
+        self.gpu = GpuLock(self.share.lock_path) if self.share is not None else None
         self.bubbles = BubblePredictor(self.table_row)
         self._op_end_ns: int | None = None     # end of the last compute op (with self.gpu)
         self._free_ns: int | None = None       # end of the last compute op or all-reduce
         self._notify: socket.socket | None = None
-        if self.gpu is not None and spec.bubble_notify is not None:
+        if self.share is not None and self.share.notify is not None:
             self._notify = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self._notify.setblocking(False)
         # the message the announced bubble waits for, not yet begun: ((kind, it, mb), t_idle_ns,
@@ -171,7 +156,7 @@ class StageWorker:
                                     on_sent=self._on_sent,
                                     congestion_control=self.spec.congestion_control,
                                     connections=self.spec.connections_next,
-                                    gate=self._gate(self.spec.gate_next),
+                                    gate=self._gate(self.gates.next),
                                     io_priority=self.spec.io_priority,
                                     expect=self._expect(KIND_GRAD, nxt))
             if listener is not None:
@@ -179,7 +164,7 @@ class StageWorker:
                 self.prev = listener.accept(self.spec.prev.name, self.spec.connect_timeout_s,
                                             on_sent=self._on_sent,
                                             connections=self.spec.connections_prev,
-                                            gate=self._gate(self.spec.gate_prev),
+                                            gate=self._gate(self.gates.prev),
                                             io_priority=self.spec.io_priority,
                                             expect=self._expect(KIND_ACT, self.spec.prev))
             if self.dp:
@@ -242,12 +227,12 @@ class StageWorker:
         return Expect({kind: Expected(torch.float32, shape, max(payload, peer.pad_bytes))},
                       self.cfg.iterations, self.cfg.micro_batches)
 
-    def _gate(self, where: dict | None):
+    def _gate(self, where: Gate | None):
         """The WAN arbiter's gate for messages in one direction (temporal sharing), or None."""
         if where is None:
             return None
-        client = SlotClient(where["ip"], where["port"], link=where["link"],
-                            pipeline=where["pipeline"], timeout_s=self.spec.recv_timeout_s)
+        client = SlotClient(where.ip, where.port, link=str(where.link),
+                            pipeline=where.pipeline, timeout_s=self.spec.recv_timeout_s)
         self._slot_clients.append(client)
         return client.gate
 
@@ -272,7 +257,7 @@ class StageWorker:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    # -- the shared GPU (no-ops without spec.gpu_lock_path) ------------------------------
+    # -- the shared GPU (no-ops without the GpuShareExtras) ------------------------------
     def _gpu_acquire(self, it: int, mb: int | None, k: int,
                      t_input_ns: int | None = None) -> tuple[int, int]:
         """Op k wants the GPU now (its input, if any, last came in at t_input_ns): take the
@@ -287,20 +272,19 @@ class StageWorker:
             self.bubbles.observe(it, k, t_want - self._op_end_ns)
         waited_ns = self.gpu.acquire()
         t_got = time.time_ns()
-        if self._notify is not None and self.spec.bubble_notify is not None:
-            self._send({"host": self.spec.host, "busy_ns": t_got})   # the bubble is over
+        if self._notify is not None:
+            self._send(BusyNotice(host=self.spec.host, busy_ns=t_got))   # the bubble is over
         if waited_ns > 0:
             self.log.span("GPU_WAIT", t_want, t_got, it, mb, op=k)
         return t_got, late_ns
 
-    def _send(self, notice: dict) -> None:
-        """One datagram to the controller, numbered (the controller counts the numbers it never
-        sees: notices lost, here or on the way)."""
-        assert self._notify is not None and self.spec.bubble_notify is not None
-        notice = dict(notice, seq=next(self._seq))
+    def _send(self, notice: Notice) -> None:
+        """One datagram to the controller, numbered (geodc/host/notices.py)."""
+        assert self._notify is not None and self.share is not None and \
+            self.share.notify is not None
         try:
-            self._notify.sendto(json.dumps(notice).encode(),
-                                (self.spec.bubble_notify["ip"], self.spec.bubble_notify["port"]))
+            self._notify.sendto(encode_notice(notice, next(self._seq)),
+                                (self.share.notify.ip, self.share.notify.port))
         except OSError:
             pass                # a dead or unreachable controller never stops training
 
@@ -319,62 +303,64 @@ class StageWorker:
 
     def _announce(self, it: int, k: int, t_idle_ns: int) -> None:
         """Tell the DC's controller how long the GPU will be free, if that is >= MIN_NOTICE_MS."""
-        if self._notify is None or self.spec.bubble_notify is None:
+        if self._notify is None or self.share is None or self.share.notify is None:
             return
         next_it, next_k = self.bubbles.next_op(it, k)
         if next_it >= self.cfg.iterations:
             return
-        pred_ns = self.bubbles.announced_ns(
-            next_k, dp=self.dp, fill_allreduce=self.spec.bubble_notify.get("allreduce", False))
+        pred_ns = self.bubbles.announced_ns(next_k, dp=self.dp,
+                                            fill_allreduce=self.share.notify.allreduce)
         if pred_ns is None:
             return
         t_pred_end_ns = t_idle_ns + pred_ns
-        notice = {"host": self.spec.host, "t_idle_ns": t_idle_ns,
-                  "t_pred_end_ns": t_pred_end_ns, "iteration": next_it, "op": next_k,
-                  "gaps_ns": self.bubbles.history_ns(next_k)}
+        gaps = self.bubbles.history_ns(next_k)
         with self._await_lock:
             bound = self._arrival_bound(next_it, next_k, t_idle_ns)
             if bound is None:       # its input is already in: the op starts now, no bubble
                 return
-            notice.update(bound)
+            notice = BubbleNotice(host=self.spec.host, t_idle_ns=t_idle_ns,
+                                  t_pred_end_ns=t_pred_end_ns, iteration=next_it, op=next_k,
+                                  gaps_ns=gaps, **bound)
             self._send(notice)
         op = self.bubbles.ops[next_k]
         self.log.span("IDLE", t_idle_ns, t_pred_end_ns, next_it,
                       None if op == OPT else parse_action(op)[1], op=next_k,
-                      **{k: notice[k] for k in ("wire_ns", "end_min_ns") if k in notice})
+                      **{k: getattr(notice, k) for k in ("wire_ns", "end_min_ns")
+                         if getattr(notice, k) is not None})
 
     def _arrival_bound(self, it: int, k: int, t_idle_ns: int) -> dict | None:
-        """The notice's arrival bound for op k (module docstring), and what the reader thread
-        is to watch for (under self._await_lock); None when the message op k awaits is
-        already in (op k starts at once: there is no bubble to announce)."""
+        """The bubble notice's arrival-bound fields for op k (geodc/host/notices.py), and what
+        the reader thread is to watch for (under self._await_lock); None when the message op k
+        awaits is already in (op k starts at once: there is no bubble to announce)."""
         self._awaiting = None
         op = self.bubbles.ops[k]
         if op == OPT:
             return {}
         kind, mb = parse_action(op)
+        assert self.share is not None
         if kind == "F" and self.prev is not None:
-            channel, code, inbound = self.prev, KIND_ACT, self.spec.inbound_prev
+            channel, code, inbound = self.prev, KIND_ACT, self.share.inbound_prev
         elif kind == "B" and self.next is not None:
-            channel, code, inbound = self.next, KIND_GRAD, self.spec.inbound_next
+            channel, code, inbound = self.next, KIND_GRAD, self.share.inbound_next
         else:
             return {}
-        out: dict = {"awaits": [code, it, mb]}
+        out: dict = {"awaits": (code, it, mb)}
         got = channel.arrival(code, it, mb)
         if got is not None and got.complete:
             return None
         if inbound is None:
             return out
-        rate = inbound["rate_mbit"]
+        rate = inbound.rate_mbit
         if got is None:       # not begun: notices follow when it does (and when it is made)
             self._awaiting = ((code, it, mb), t_idle_ns, rate)
             out["pending"] = True
             if rate is not None:
-                out["wire_ns"] = wire_ns(int(inbound["bytes"]), rate)
-            if inbound["same_dc"] and inbound["hold_ms"] > 0:
-                out["made_ns"] = int(inbound["hold_ms"] * 1e6)
+                out["wire_ns"] = wire_ns(int(inbound.bytes), rate)
+            if inbound.same_dc and inbound.hold_ms > 0:
+                out["made_ns"] = int(inbound.hold_ms * 1e6)
                 maker = self.spec.prev if code == KIND_ACT else self.spec.next
                 row = self._maker_rows[code]
-                out["maker"] = [maker.host, it, row.index(f"{kind}{mb}")]
+                out["maker"] = (maker.host, it, row.index(f"{kind}{mb}"))
                 if self._spreads[code]:   # made, it is expected in within this
                     out["spread_ns"] = max(self._spreads[code])
         else:
@@ -399,8 +385,8 @@ class StageWorker:
         to = self.spec.next if code == KIND_ACT else self.spec.prev
         if to is None or to.dc != self.spec.dc:
             return
-        self._send({"host": to.host, "awaits": [code, it, mb],
-                    "end_min_ns": t_start_ns + int(hold_ms * 1e6)})
+        self._send(OutputNotice(host=to.host, awaits=(code, it, mb),
+                                end_min_ns=t_start_ns + int(hold_ms * 1e6)))
 
     def _on_arrival(self, a: Arrival) -> None:   # a channel's reader thread
         with self._await_lock:
@@ -408,10 +394,10 @@ class StageWorker:
             if w is None or w[0] != (a.kind, a.iteration, a.microbatch):
                 return
             self._awaiting = None
-            self._send({"host": self.spec.host, "t_idle_ns": w[1],
-                        "end_min_ns": a.t_first_ns + (0 if w[2] is None
-                                                      else wire_ns(a.total_bytes, w[2])),
-                        **self._expected_end(a.kind, a.t_first_ns)})
+            self._send(ArrivalNotice(host=self.spec.host, t_idle_ns=w[1],
+                                     end_min_ns=a.t_first_ns + (0 if w[2] is None
+                                                                else wire_ns(a.total_bytes, w[2])),
+                                     **self._expected_end(a.kind, a.t_first_ns)))
 
     # -- one iteration --------------------------------------------------------------------
     def iteration(self, it: int) -> list[float]:
