@@ -31,6 +31,8 @@ from geodc.spec.errors import TestbedError
 from geodc.spec.links import LinkDir
 from geodc.spec.timescale import TimeScale
 
+pytestmark = pytest.mark.unit   # fakes for the network and the training: no processes, no sockets
+
 NOTICES = [
     BubbleNotice(host="a-h1", t_idle_ns=10, t_pred_end_ns=50, iteration=3, op=2,
                  gaps_ns=[40, 60], awaits=(1, 3, 0), pending=True, wire_ns=7, made_ns=6,
