@@ -68,30 +68,17 @@ def test_time_scale_of_takes_the_object_or_the_number() -> None:
 
 
 # ---- no vocabulary by hand --------------------------------------------------------------------
-# The scans below read geodc/ and bench/. LEGACY_* name the files still written the old way by
-# hand (geodc.run.systemrun and launch, the features, the prefill controller: rewritten
-# elsewhere); empty them as those files move to LinkDir and TimeScale.
+# The scans below read geodc/ and bench/. LEGACY_* would name files still written the old way by
+# hand (none are left);
+# a file listed there may hold no more than its count.
 
 REPO = Path(__file__).resolve().parent.parent
 SCANNED = ("geodc", "bench")
 
-LEGACY_LINK_IDS = {
-    "geodc/run/systemrun.py",
-    "geodc/features/faults/run.py",
-    "geodc/features/temporal/arbiter.py",
-    "geodc/features/temporal/plan.py",
-    "geodc/features/temporal/run.py",
-}
+LEGACY_LINK_IDS: set[str] = set()
 
 # file -> how many hand-written time_scale / T multiplications and divisions it may still hold
-LEGACY_TIME_ARITHMETIC = {
-    "geodc/run/systemrun.py": 2,
-    "geodc/run/launch.py": 4,
-    "geodc/features/bubbletea/run.py": 1,
-    "geodc/features/cross/run.py": 9,
-    "geodc/features/faults/run.py": 8,
-    "geodc/hostproc/prefill/controller.py": 4,
-}
+LEGACY_TIME_ARITHMETIC: dict[str, int] = {}
 
 TIME_NAMES = {"time_scale", "T"}          # the bare factor, however it is spelled
 TIME_ATTRS = {"time_scale", "T", "factor"}

@@ -155,7 +155,7 @@ def _metrics(job: SystemJob, sys_dir: Path, run: Any, features: Running, wan_lin
     from geodc.analysis.timeline_plot import plot_timeline, timeline_extras
 
     scenario, system, placement = job.scenario, job.system, job.placement
-    T = scenario.time_scale
+    ts = scenario.dilation
     spans = list(read_jsonl(run.spans_path))   # read once: the metrics and the links' use
     blocks = features.results(partial=False, spans=spans)
     metrics = metrics_from_records(spans, list(read_jsonl(run.loss_path)),
@@ -168,8 +168,8 @@ def _metrics(job: SystemJob, sys_dir: Path, run: Any, features: Running, wan_lin
     shared = {key: v for b in blocks for key, v in b.wan_links.items()}
     wan_links = {key: dict(wan_links.get(key, {}), **use[key], **shared.get(key, {}))
                  for key in use}
-    ar = allreduce_report(spans, placement, scenario, used, T)
-    metrics = in_real_time(metrics, T)
+    ar = allreduce_report(spans, placement, scenario, used, ts)
+    metrics = in_real_time(metrics, ts)
     metrics.update(
         system=system.name,
         choices={"placement": placement.policy, "placement_source": placement.source,
@@ -214,7 +214,7 @@ def _metrics(job: SystemJob, sys_dir: Path, run: Any, features: Running, wan_lin
     slot_logs = [r for log in sorted((sys_dir / "slots").glob("*-arbiter.jsonl"))
                  for r in read_jsonl(log)]
     metrics["trace_json"] = str(write_json(sys_dir / "trace.json", trace_events(
-        spans, extra or [], slot_logs, time_scale=T, title=f"{scenario.name} {system.name}")))
+        spans, extra or [], slot_logs, time_scale=ts, title=f"{scenario.name} {system.name}")))
     return metrics
 
 

@@ -254,7 +254,7 @@ class BubbleTeaHandle(FeatureHandle):
         from geodc.host.spans import read_jsonl
         from geodc.rules.bubbletea_figures import bubbletea_metrics
         records = list(read_jsonl(self.run.merge_records()))
-        block = bubbletea_metrics(spans, records, time_scale=self.time_scale.factor,
+        block = bubbletea_metrics(spans, records, time_scale=self.time_scale,
                                   load={k: v for k, v in self.run.load.items() if k != "per_dc"},
                                   crashed=self.crashed)
         block["cpu_s"] = self.cpu_s

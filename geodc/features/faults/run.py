@@ -46,6 +46,7 @@ from geodc.features.base import Clock, FeatureHandle, MetricsBlock, RunContext
 from geodc.host.realtime import PRIORITY, set_fifo
 from geodc.spec.errors import TestbedError
 from geodc.spec.faults import Event, Fault, events_of
+from geodc.spec.links import LinkDir
 
 if TYPE_CHECKING:
     from geodc.emulation.network import Network
@@ -274,7 +275,7 @@ class FaultRunner:
     def _sample(self) -> None:
         """Every SAMPLE_S, each faulted link's bytes sent per direction (the sending gateway's
         WAN interface, after its HTB), as Mbit/s in configured units."""
-        ends = [(f"{e.gateway.removesuffix('-gw')}->{o.gateway.removesuffix('-gw')}", e)
+        ends = [(str(LinkDir(e.gateway.removesuffix('-gw'), o.gateway.removesuffix('-gw'))), e)
                 for link in sorted(self._links)
                 for e, o in (self._wan(link).ends(), reversed(self._wan(link).ends()))]
         last: dict[str, tuple[float, int]] = {}

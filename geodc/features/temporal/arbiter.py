@@ -82,6 +82,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from geodc.spec.links import LinkDir
+
 MAX_LINE = 200
 MAX_WIRE_BYTES = 1 << 40
 MIN_POLL_S = 0.0005
@@ -166,7 +168,7 @@ def specs_for_network(plan, pipelines: dict[int, Sequence[str]],
         for src, dst in ((w.end_a, w.end_b), (w.end_b, w.end_a)):
             src_dc = next(dc for dc, gw in plan.gateways.items() if gw == src.gateway)
             dst_dc = next(dc for dc, gw in plan.gateways.items() if gw == dst.gateway)
-            link_id = f"{src_dc}->{dst_dc}"
+            link_id = str(LinkDir(src_dc, dst_dc))
             pipes = {int(d): [plan.host(h).ip for h in hosts if dc_of_host[h] == src_dc]
                      for d, hosts in pipelines.items()}
             pipes = {d: ips for d, ips in pipes.items() if ips}

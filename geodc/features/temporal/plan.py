@@ -39,6 +39,7 @@ from geodc.plans.systems import connections_for, path_rate_mbit, path_rtt_ms, wi
 from geodc.rules.pipeline import compute_only
 from geodc.rules.schedule import schedule_table
 from geodc.rules.stripes import stripe_count
+from geodc.spec.links import LinkDir
 
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
@@ -120,8 +121,12 @@ class LinkPlan:
     busy_ms: float                       # sum of the slots of one iteration
     busy_fraction: float | None          # busy_ms / compute-only iteration (None: unknown)
 
+    @property
+    def direction(self) -> LinkDir:
+        return LinkDir(self.src_dc, self.dst_dc)
+
     def to_dict(self) -> dict:
-        return {"link": f"{self.src_dc}->{self.dst_dc}", "src_dc": self.src_dc,
+        return {"link": str(self.direction), "src_dc": self.src_dc,
                 "dst_dc": self.dst_dc, "rate_mbit": self.rate_mbit, "delay_ms": self.delay_ms,
                 "sharing": self.sharing, "crossings": [c.to_dict() for c in self.crossings],
                 "order": [s.to_dict() for s in self.order],
@@ -160,7 +165,7 @@ class SlotPlan:
             busy = "" if link.busy_fraction is None else f", {link.busy_fraction:.0%} of the iteration"
             what = (f"busy {link.busy_ms:.1f} ms{busy}" if temporal else
                     f"concurrent, no slots (one at a time would take {link.busy_ms:.1f} ms{busy})")
-            out.append(f"  {link.src_dc}->{link.dst_dc} ({link.rate_mbit:g} Mbit/s, "
+            out.append(f"  {link.direction} ({link.rate_mbit:g} Mbit/s, "
                        f"{link.delay_ms:g} ms): {link.slots_per_iteration} transfers/iteration, "
                        + what)
             for c in link.crossings:
@@ -168,7 +173,7 @@ class SlotPlan:
                 via = "" if len(c.path) == 2 else f" via {', '.join(c.path[1:-1])}"
                 stages = (f"s{c.boundary}->s{c.boundary + 1}" if c.kind == "activation"
                           else f"s{c.boundary + 1}->s{c.boundary}")
-                line = (f"    {c.kind} {stages} {c.src_dc}->{c.dst_dc}{via}, pipelines "
+                line = (f"    {c.kind} {stages} {LinkDir(c.src_dc, c.dst_dc)}{via}, pipelines "
                         f"{','.join(map(str, c.pipelines))}: {c.payload_bytes} B "
                         f"({c.wire_bytes} B on the wire), K={c.connections}, ")
                 if temporal:

@@ -56,7 +56,7 @@ class TemporalSharing(FeatureHandle):
         self.net = net
         self.plan = plan
         self.run_dir = run_dir
-        self.links = {f"{lp.src_dc}->{lp.dst_dc}": lp for lp in plan.used_links()}
+        self.links = {str(lp.direction): lp for lp in plan.used_links()}
         pipelines = {d: [row[d] for row in placement.hosts] for d in range(placement.replicas)}
         order = {link: [s.pipeline for s in lp.order] for link, lp in self.links.items()}
         specs = specs_for_network(net.plan, pipelines, order, port=DEFAULT_PORT,

@@ -318,7 +318,6 @@ class Controller:
             if self.stop.is_set():
                 return
         t0 = time.time_ns()
-        T = self.spec.time_scale
         deadline_ms = self.cfg.ttft_deadline_ms
         for seq, q in enumerate(self.requests):
             due = t0 + int(self.ts.emulated_span(q["arrival_s"]) * 1e9)
@@ -332,7 +331,7 @@ class Controller:
             r = make_pending(id=q["id"], seq=seq, t_arrival_ns=due,
                              target_tokens=q["target_tokens"], output_tokens=q["output_tokens"],
                              deadline_ms=deadline_ms, predict_ms=self.predict_ms,
-                             guard_ms=self.cfg.guard_for_ms, time_scale=T,
+                             guard_ms=self.cfg.guard_for_ms, time_scale=self.ts,
                              truncated_from=q.get("truncated_from"))
             with self.cv:
                 self.counts["arrived"] += 1
@@ -348,7 +347,7 @@ class Controller:
 
     def chunk_ns(self, done: int, end: int) -> tuple[int, int]:
         """A chunk's predicted hold and its guard, dilated (ns)."""
-        return chunk_hold_ns(self.profile, self.cfg, done, end, time_scale=self.spec.time_scale)
+        return chunk_hold_ns(self.profile, self.cfg, done, end, time_scale=self.ts)
 
     def _choose(self, host: str, pick_at: int, bubble_end: int
                 ) -> tuple[Pending | None, tuple[int, int] | None, int, str]:
