@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
 from geodc.emulation import wanstats
+from geodc.emulation.machine import CpuTimes
 from geodc.run.calibrate import measure_goodput
 from geodc.emulation.network import Network
 from geodc.spec.scenario import load_scenario
@@ -26,8 +28,12 @@ pytestmark = pytest.mark.network
 PING_BYTES = 84           # IP bytes of a default ping (20 IP + 8 ICMP + 56 data)
 LATE_TOL_MS = 1.0
 # This VM's stalls made 3 attempts too few, for the code before issue 21 as for today's (first
-# attempts' p99 0.6-2.3 ms, idle machine, 5 runs each).
+# attempts' p99 0.6-2.3 ms, idle machine, 5 runs each), and 5 back-to-back iperf3 attempts all
+# missed once (p99 1.66 ms, an idle machine): the host's stalls come in spells, so attempts are
+# spread out (ATTEMPT_GAP_S) and each one's CPU shares (steal: the host's) are in the message.
 LATENESS_ATTEMPTS = 5
+IPERF_LATENESS_ATTEMPTS = 8
+ATTEMPT_GAP_S = 2.0
 LOSS_PCT = 5.0
 IPERF_PORT = 5741
 
@@ -77,7 +83,9 @@ def test_pings_are_counted_per_direction(w):
     n = 100
     pings(w, "wa-h1", "wb-h1", 2, 0.05)  # warm-up: ARP on every hop
     attempts = []
-    for _ in range(LATENESS_ATTEMPTS):
+    for i in range(LATENESS_ATTEMPTS):
+        if i:
+            time.sleep(ATTEMPT_GAP_S)
         w.wan_stats()                     # start the interval here
         r = pings(w, "wa-h1", "wb-h1", n, 0.01)
         stats = w.wan_stats()
@@ -106,11 +114,14 @@ def test_pings_are_counted_per_direction(w):
 def test_iperf3_bytes_are_counted_without_drops(w):
     """Every attempt counts right and drops nothing; lateness is retried as in the ping test."""
     attempts = []
-    for _ in range(LATENESS_ATTEMPTS):
+    for i in range(IPERF_LATENESS_ATTEMPTS):
+        if i:
+            time.sleep(ATTEMPT_GAP_S)
         w.wan_stats()
+        cpu = CpuTimes.now()
         result = measure_goodput(w, "wa-h1", "wb-h1", IPERF_PORT, 2)
         stats = w.wan_stats()
-        attempts.append(stats)
+        attempts.append(dict(stats, cpu=cpu.usage(CpuTimes.now())))
         fwd, back = stats["wa->wb"], stats["wb->wa"]
         # At least what the receiver counted in its steady window went through the delay line.
         assert fwd["bytes"] >= result.received_mbit * 1e6 / 8 * result.seconds, \
@@ -122,7 +133,7 @@ def test_iperf3_bytes_are_counted_without_drops(w):
             assert s["id_gaps"] == s["enobufs"] == s["verdict_errors"] == 0, describe(stats)
         if all(s["lateness_ms"]["p99"] < LATE_TOL_MS for s in stats.values()):
             break
-    assert all(s["lateness_ms"]["p99"] < LATE_TOL_MS for s in attempts[-1].values()), \
+    assert all(s["lateness_ms"]["p99"] < LATE_TOL_MS for s in stats.values()), \
         f"lateness p99 >= {LATE_TOL_MS} ms in {len(attempts)} attempts:\n{describe(attempts)}"
     drop_warnings = [x for x in wanstats.warnings(stats, w.plan.scenario.wan) if "dropped" in x]
     assert not drop_warnings, drop_warnings
