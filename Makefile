@@ -36,6 +36,7 @@ bench: setup      ## benchmarks: WAN fidelity (idle, under CPU load, transients,
 	$(PY) bench/bench_atlas_sweep.py
 	$(PY) bench/bench_bubbletea_sweep.py
 	$(PY) bench/bench_cross_traffic.py
+	$(PY) bench/bench_planning.py
 	$(PY) bench/bench_deadlines.py
 
 cleanup:          ## remove what a killed run left behind

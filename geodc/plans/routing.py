@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from functools import lru_cache
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from geodc.spec.names import ROUTING_POLICIES
 
@@ -116,5 +118,26 @@ def edges_of(scenario: "Scenario") -> list[Edge]:
 
 
 def dc_paths(scenario: "Scenario") -> list[Path]:
-    """The path every ordered DC pair's traffic takes in a scenario (configured delays)."""
-    return paths([dc.name for dc in scenario.dcs], edges_of(scenario), scenario.routing)
+    """The path every ordered DC pair's traffic takes in a scenario (configured delays).
+    Computed once per set of DCs, links and policy (planning asks for it thousands of times)."""
+    return list(_routed(*_routing_key(scenario)))
+
+
+def path_table(scenario: "Scenario") -> Mapping[tuple[str, str], Path]:
+    """dc_paths by (source DC, destination DC); the same table for the same network."""
+    return _table(*_routing_key(scenario))
+
+
+def _routing_key(scenario: "Scenario") -> tuple[tuple[str, ...], tuple[Edge, ...], str]:
+    return (tuple(dc.name for dc in scenario.dcs), tuple(edges_of(scenario)), scenario.routing)
+
+
+@lru_cache(maxsize=32)
+def _routed(nodes: tuple[str, ...], edges: tuple[Edge, ...], policy: str) -> tuple[Path, ...]:
+    return tuple(paths(nodes, edges, policy))
+
+
+@lru_cache(maxsize=32)
+def _table(nodes: tuple[str, ...], edges: tuple[Edge, ...],
+           policy: str) -> Mapping[tuple[str, str], Path]:
+    return MappingProxyType({(p.src, p.dst): p for p in _routed(nodes, edges, policy)})

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from geodc.plans.routing import Path, dc_paths
+from geodc.plans.routing import Path, path_table
 from geodc.spec.systems import System
 from geodc.spec.scenario import (MAX_CONNECTIONS, RCV_WINDOW_FRACTION,
                               max_connections, scaled_tcp_rmem_max_bytes)
@@ -49,10 +49,7 @@ def auto_connections(link_rate_mbit: float, rtt_ms: float, window_bytes: float,
 
 def path_between(scenario: "Scenario", src_dc: str, dst_dc: str) -> Path:
     """The routed path src_dc -> dst_dc (KeyError for an unknown or equal pair)."""
-    for p in dc_paths(scenario):
-        if (p.src, p.dst) == (src_dc, dst_dc):
-            return p
-    raise KeyError((src_dc, dst_dc))
+    return path_table(scenario)[(src_dc, dst_dc)]
 
 
 def path_rtt_ms(scenario: "Scenario", src_dc: str, dst_dc: str) -> float:

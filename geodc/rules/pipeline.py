@@ -161,9 +161,12 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             f.rate_mbit = 0.0
         unfrozen = set(id(f) for f in active)
         cap_left = {l: m.link_rate_mbit.get(l, float("inf")) for f in active for l in f.links}
+        on_link: dict = {l: [] for l in cap_left}      # each link's flows, in `active` order
+        for f in active:
+            for l in dict.fromkeys(f.links):
+                on_link[l].append(f)
         while unfrozen:
-            users = {l: [f for f in active if id(f) in unfrozen and l in f.links]
-                     for l in cap_left}
+            users = {l: [f for f in on_link[l] if id(f) in unfrozen] for l in cap_left}
             share = min((cap_left[l] / sum(f.weight for f in u) for l, u in users.items() if u),
                         default=float("inf"))
             inc = min([share] + [f.cap_mbit - f.rate_mbit for f in active
