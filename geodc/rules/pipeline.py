@@ -199,7 +199,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             push(now + route.solo_ms, "arrive", (key,))
         elif m.sharing == "temporal" or route.links[0] in fifo_links:
             first = route.links[0]
-            queues.setdefault(first, []).append((now, seq[0], key, route, w))
+            heapq.heappush(queues.setdefault(first, []), (now, seq[0], key, route, w))
             seq[0] += 1
             push(now, "grant", (first,))
         else:
@@ -210,12 +210,14 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                                one_way_ms=route.one_way_ms, weight=w)
             reshare(now)
 
+    parsed = [[parse_action(a) for a in row] for row in rows]   # (kind, mb) per action
+
     def ready(s: int, r: int) -> tuple[str, float] | None:
         """The next op of worker (s, r) and the earliest time its input allows it."""
         it, k = it_of[(s, r)], pos[(s, r)]
         row = rows[s]
         if k < len(row):
-            kind, mb = parse_action(row[k])
+            kind, mb = parsed[s][k]
             if kind == "F":
                 if s == 0:
                     return row[k], 0.0
@@ -226,9 +228,9 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 t = arrived.get(("B", s, r, it, mb))
             return (row[k], t) if t is not None else None
         if k == len(row):
-            ends = done_rows.get((s, it), [])
             if D == 1:
                 return "ALLREDUCE", free[(s, r)]
+            ends = done_rows.get((s, it), ())
             return ("ALLREDUCE", max(ends)) if len(ends) == D else None
         return "OPT", free[(s, r)]
 
@@ -288,8 +290,10 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 if k == "B" and s > 0:
                     send(now, ("B", s - 1, r, it, mb), m.backward_routes[(s - 1, r)], it)
                 if pos[w] == len(rows[s]):
-                    done_rows.setdefault((s, it), []).append(now)
-                    touched = [(s, x) for x in range(D)]     # the all-reduce's barrier
+                    ends = done_rows.setdefault((s, it), [])
+                    ends.append(now)
+                    if len(ends) == D:                      # the all-reduce's barrier
+                        touched = [(s, x) for x in range(D)]
         elif kind == "arrive":
             arrived[data[0]] = now
             touched = [(data[0][1], data[0][2])]
@@ -308,8 +312,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             q = queues.get(link, [])
             if not q or busy_until.get(link, 0.0) > now + EPS:
                 continue
-            q.sort(key=lambda x: (x[0], x[1]))
-            sent, _, key, route, w = q.pop(0)
+            sent, _, key, route, w = heapq.heappop(q)      # the earliest ready, then sent first
             if m.sharing == "temporal":     # the slot is the message's, round-trip waits too
                 data_ms = (route.solo_ms - route.one_way_ms) * w   # the alike messages in turn
                 arrive = now + data_ms + route.one_way_ms            # the last of them
