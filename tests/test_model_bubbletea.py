@@ -139,16 +139,22 @@ def test_a_bubbletea_run_is_checked_against_the_model():
 
 
 def test_folded_replicas_take_their_share_of_the_load(monkeypatch):
-    """atlas_bubbletea's two replicas of a stage sit in one DC: folded, one simulated GPU per
-    stage takes half the requests; its figures stay those of the two GPUs simulated apart."""
+    """atlas_bubbletea with three replicas of each stage in one DC: folded, each stage is
+    simulated as its first GPU and one standing for the other two, which takes their share of
+    the requests; the figures stay those of the three GPUs simulated apart."""
     import geodc.predict.predict as mp
-    sc = load_scenario(REPO / "topologies" / "atlas_bubbletea.yaml")
+    from geodc.spec.scenario import parse_scenario
+    raw = dict(load_scenario(REPO / "topologies" / "atlas_bubbletea.yaml").raw)
+    raw["dcs"] = [dict(dc, hosts={"eu": 3, "us": 6}.get(dc["name"], dc["hosts"]))
+                  for dc in raw["dcs"]]
+    raw["training"] = dict(raw["training"], replicas=3)
+    sc = parse_scenario(raw, "atlas_bubbletea_d3.yaml")
     cfg = load_training(sc)
     apart = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea
     monkeypatch.setattr(mp, "FOLD_ABOVE_REPLICAS", 1)
     folded = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea
-    assert folded["simulated"] == {"gpus": 6, "hosts": 3, "load_share": 0.5}
-    assert apart["simulated"]["hosts"] == 6
+    assert folded["simulated"]["gpus"] == 9 and folded["simulated"]["hosts"] == 6
+    assert apart["simulated"]["hosts"] == 9
     assert folded["gpu_utilization"] == pytest.approx(apart["gpu_utilization"], abs=0.05)
     assert folded["prefill"]["requests_per_s"] == pytest.approx(
         apart["prefill"]["requests_per_s"], rel=0.15)

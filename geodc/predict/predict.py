@@ -28,12 +28,14 @@ Inputs, each from the module that decides it in a run:
   at least all stages' all-reduce bits over the busiest WAN link its ring uses / that link's
   rate (as if all ran at once: in 1F1B the stages finish their backward passes close together,
   the first stage last). They do not contend with the pipeline's messages.
-Above FOLD_ABOVE_REPLICAS replicas, replicas whose stages sit in the same DCs are simulated as
-one with a weight (geodc.rules.pipeline), which makes the run time independent of D. It is exact for
-fair sharing of alike flows. Under temporal sharing it is pessimistic: the folded pipeline waits
-for the last of its replicas' slots, where each real one waits for its own. At D = 2, folding
-would have predicted atlas_paper's atlas at 0.471 s and atlas_bubbletea's at 0.418 s; unfolded,
-the model gives 0.429 and 0.376 s, against 0.492 and 0.391 s measured.
+Above FOLD_ABOVE_REPLICAS replicas, each group of replicas whose stages sit in the same DCs is
+simulated as two (geodc.rules.pipeline's trains): its first replica, and one standing for the
+rest, which follows it at the spacing the links that serve one message at a time put between
+them. Against every replica simulated (tests/test_folding.py, bench/bench_folding.py): within
+2% on generated scenarios with WAN-tuned hosts (worst 0.3% over 75 predictions); gpt7b_2dc's
+multitcp and atlas 6.435 s folded and unfolded (the earlier fold, one replica with a weight,
+said 7.826 s). With slow start after idle the spacing is not uniform and misses reach 19%
+(atlas, bench/bench_folding.py).
 Not modelled: CPU contention of the emulation, the delay line's own lateness, loss, the
 temporal arbiter's grant latency, prefill (BubbleTea) traffic on the links.
 """
@@ -41,7 +43,7 @@ temporal arbiter's grant latency, prefill (BubbleTea) traffic on the links.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from geodc.rules.pipeline import PipelineModel, Route, SimResult, simulate
 from geodc.predict.transfer import PathSpec, one_round, transfer_ms
@@ -136,12 +138,25 @@ def replica_classes(stage_dcs: tuple[tuple[str, ...], ...]) -> list[tuple[int, i
     return [(rs[0], len(rs)) for rs in groups.values()]
 
 
-def simulated_replicas(placement: "Placement") -> list[tuple[int, int]]:
-    """(first replica, how many it stands for) of each replica the model simulates: alike ones
-    folded above FOLD_ABOVE_REPLICAS (module docstring), else every one alone."""
-    if placement.replicas > FOLD_ABOVE_REPLICAS:
-        return replica_classes(placement.stage_dcs)
-    return [(r, 1) for r in range(placement.replicas)]
+class Simulated(NamedTuple):
+    """One replica the model simulates: replicas first .. first + n - 1 (alike ones); head: the
+    simulated replica standing for the group's first when this one stands for the rest."""
+    first: int
+    n: int
+    head: int | None = None
+
+
+def simulated_replicas(placement: "Placement") -> list[Simulated]:
+    """The replicas the model simulates: above FOLD_ABOVE_REPLICAS each group of alike ones as
+    two, its first and the rest behind it (module docstring), else every one alone."""
+    if placement.replicas <= FOLD_ABOVE_REPLICAS:
+        return [Simulated(r, 1) for r in range(placement.replicas)]
+    out: list[Simulated] = []
+    for first, n in replica_classes(placement.stage_dcs):
+        out.append(Simulated(first, 1))
+        if n > 1:
+            out.append(Simulated(first + 1, n - 1, head=len(out) - 1))
+    return out
 
 
 def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
@@ -161,7 +176,7 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     classes = simulated_replicas(placement)
     fwd, bwd = {}, {}
     for s in range(P - 1):
-        for c, (r, _) in enumerate(classes):
+        for c, (r, _, _) in enumerate(classes):
             a, b = placement.stage_dcs[s][r], placement.stage_dcs[s + 1][r]
             fwd[(s, c)] = _route(scenario, system, a, b, payloads[s])
             bwd[(s, c)] = _route(scenario, system, b, a, payloads[s])
@@ -177,7 +192,8 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                      max((link_bits[k] / (rates[k] * 1e3) for k in stage_bits[s]), default=0.0))
                  for s in range(P)]
     return PipelineModel(table=schedule_table(cfg.schedule, P, cfg.micro_batches),
-                         replicas=len(classes), weights=[n for _, n in classes],
+                         replicas=len(classes), weights=[c.n for c in classes],
+                         heads=[c.head for c in classes],
                          forward_ms=[c.forward_ms for c in costs],
                          backward_ms=[c.backward_ms for c in costs],
                          opt_ms=[c.optimizer_ms for c in costs], allreduce_ms=allreduce,
@@ -261,12 +277,12 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     from geodc.features.bubbletea.plan import check, hosts_by_dc
     bt = check(scenario, placement, system.name)
     classes = simulated_replicas(placement)
-    folded = any(n > 1 for _, n in classes)
-    offsets = [sum(n for _, n in classes[:c]) for c in range(len(classes))]
+    folded = any(c.n > 1 for c in classes)
+    offsets = [sum(c.n for c in classes[:i]) for i in range(len(classes))]
     spans, host_dc, weight = [], {}, {}
     for span in as_spans(result):
         s, c = span["stage"], span["replica"]
-        first, n = classes[c]
+        first, n, _ = classes[c]
         for i in range(1 if folded else n):
             r = c if folded else offsets[c] + i
             host = f"s{s}r{r}"

@@ -32,11 +32,17 @@ Rules, the workers' (geodc/hostproc/trainer/worker.py):
   - "temporal" sharing (Atlas): the message's first link is held by one message at a time, in
     the order they became ready (ties: the order given), each for its solo data time.
 Plain heap (heapq): the event count is a few per op, an event wakes only the workers it concerns,
-and each touches at most the messages on the WAN at that moment. Alike replicas (same DCs, so
-same routes) may be folded into one with a weight (geodc.predict.predict does): its messages count
-weight times on their links (fair sharing: weight flows at the rate each gets; temporal: weight
-slots in turn, and the folded message arrives with the last of them, so the folded pipeline
-waits as long as the last of its replicas would).
+and each touches at most the messages on the WAN at that moment. A link that serves one message
+at a time keeps a clock (when it is next free, every message sent so far served in the order
+sent). Alike replicas (same DCs, so same routes) may be folded (geodc.predict.predict does): a
+group as its first replica (the head) and one replica with a weight standing for the rest (the
+train behind it, `heads`). On fair-shared links the weight's messages are weight flows at the
+rate each gets. On a link serving one at a time, the head's message registers the train's
+middle members: sent after it at the spacing head and last member have at the latest op both
+started, and served in the order sent among the other messages (members a_i ... a_j, alike
+spaced, from a link free at W leave it free at max(W + m d, a_i + m d, a_j + d)); the last
+member's own message follows the rest of its train. A weight without a head: its messages
+hold the link weight times in turn, arriving with the last.
 """
 
 from __future__ import annotations
@@ -84,6 +90,9 @@ class PipelineModel:
     # replica r stands for weights[r] alike replicas (same DCs, same routes: they behave the
     # same), default 1 each: its WAN messages count that many times on their links
     weights: Sequence[int] | None = None
+    # heads[r]: the replica that is the first of r's alike ones when r stands for the others
+    # (a train behind it on a link that serves one message at a time), else None
+    heads: Sequence[int | None] | None = None
     # wire bits each iteration's all-reduces put on WAN link directions (counted, not timed:
     # all-reduces do not contend with the pipeline's messages in this model)
     allreduce_link_bits: dict[LinkDir, float] = field(default_factory=dict)
@@ -121,6 +130,8 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     """Run `iterations` iterations back to back from time 0 (module docstring)."""
     P, D = len(m.table), m.replicas
     weight = list(m.weights) if m.weights is not None else [1] * D
+    heads = list(m.heads) if m.heads is not None else [None] * D
+    tail_of = {h: (r, weight[r]) for r, h in enumerate(heads) if h is not None}
     rows = [list(row) for row in m.table]
     ops: list[Op] = []
     link_bits: dict[LinkDir, dict[int, float]] = {}
@@ -144,8 +155,63 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     fifo_links = {l for r in all_routes for l in r.links
                   if all(x.burst for x in all_routes if l in x.links)}
     last_update = [0.0]
-    queues: dict[LinkDir, list[tuple[float, int, tuple, Route, int]]] = {}   # temporal: per link
-    busy_until: dict[LinkDir, float] = {}
+    # links serving one message at a time, in the order sent: when each is next free, and the
+    # trains' members still to be served ([next member, members, first sent, spacing, ms each])
+    clock: dict[LinkDir, float] = {}
+    middles: dict[LinkDir, dict[tuple, list]] = {}
+    started: dict[tuple, float] = {}          # (s, r, it, pos) -> when that op started
+    latest: dict[tuple[int, int], tuple[int, int]] = {}    # (s, r) -> (it, pos) last started
+
+    def serve_middles(link: LinkDir, t: float) -> None:
+        """Serve, in the order sent, every train member sent by t (before a message sent at t):
+        members sent a_i ... a_j, spaced alike, from a link free at W, leave it free at
+        max(W + m d, a_i + m d, a_j + d)."""
+        W = clock.get(link, 0.0)
+        trains = middles.get(link, {})
+        for k in list(trains):
+            b = trains[k]
+            i, n, t0, gap, d = b
+            if t0 + i * gap > t + EPS:
+                continue
+            j = n - 1 if gap <= 0 else min(n - 1, int((t - t0) / gap + EPS))
+            W = max(W + (j - i + 1) * d, t0 + i * gap + (j - i + 1) * d, t0 + j * gap + d)
+            b[0] = j + 1
+            if b[0] >= n:
+                del trains[k]
+        clock[link] = W
+
+    def spacing(s: int, head: int, tail: int, n: int) -> float:
+        """How far apart a train's members are now: the gap between its head and its last
+        member at the latest op both started, over the members behind the head."""
+        if (s, tail) not in latest:
+            return 0.0
+        it, k = latest[(s, tail)]
+        h = started.get((s, head, it, k))
+        return 0.0 if h is None else max(0.0, (started[(s, tail, it, k)] - h) / n)
+
+    def send_one_at_a_time(now: float, key: tuple, route: Route, w: int, sender: int) -> None:
+        """A message on a link serving one at a time, in the order sent (module docstring)."""
+        link = route.links[0]
+        one_ms = (route.solo_ms - route.one_way_ms if m.sharing == "temporal"
+                  else route.wire_bytes * 8 / (m.link_rate_mbit[link] * 1e3))
+        serve_middles(link, now)
+        r = key[2]
+        hold = w
+        if heads[r] is not None:        # the train's last: its middle is through first
+            mid = middles.get(link, {}).pop((*key[:2], heads[r], *key[3:]), None)
+            if mid is not None:
+                clock[link] = max(clock[link], now) + (mid[1] - mid[0]) * mid[4]
+            hold = 1
+        start = max(now, clock.get(link, 0.0))
+        clock[link] = start + hold * one_ms
+        if r in tail_of and tail_of[r][1] > 1:  # a train's head: its middle follows it
+            tail, n = tail_of[r]
+            middles.setdefault(link, {})[key] = [1, n, now, spacing(sender, r, tail, n), one_ms]
+        if m.sharing == "temporal":
+            arrive = clock[link] + route.one_way_ms            # the last of them
+        else:                           # never before its solo time
+            arrive = max(clock[link] + route.one_way_ms, now + route.solo_ms)
+        push(arrive, "arrive", (key,))
 
     def progress(now: float) -> None:
         dt = now - last_update[0]
@@ -185,7 +251,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
 
     last_sent: dict[int, float] = {}
 
-    def send(now: float, key: tuple, route: Route, it: int) -> None:
+    def send(now: float, key: tuple, route: Route, it: int, sender: int) -> None:
         """A message leaves now: key = (kind, s, r, it, mb) of the op that needs it."""
         w = weight[key[2]]
         solo = route.solo(now - last_sent.get(id(route), float("-inf")))
@@ -198,10 +264,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         if not route.links:
             push(now + route.solo_ms, "arrive", (key,))
         elif m.sharing == "temporal" or route.links[0] in fifo_links:
-            first = route.links[0]
-            heapq.heappush(queues.setdefault(first, []), (now, seq[0], key, route, w))
-            seq[0] += 1
-            push(now, "grant", (first,))
+            send_one_at_a_time(now, key, route, w, sender)
         else:
             progress(now)
             data_ms = max(EPS, route.solo_ms - route.one_way_ms)
@@ -258,6 +321,9 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 ops.append(op)
             free[w] = op.end_ms
             running.add(w)
+            if tail_of:
+                started[(s, r, it, pos[w])] = now
+                latest[w] = (it, pos[w])
             push(op.end_ms, "op_end", (s, r, it, name))
 
     push(0.0, "tick", ())
@@ -286,9 +352,9 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 if k == "F":
                     f_end[(s, r, it, mb)] = now
                 if k == "F" and s < P - 1:
-                    send(now, ("F", s + 1, r, it, mb), m.forward_routes[(s, r)], it)
+                    send(now, ("F", s + 1, r, it, mb), m.forward_routes[(s, r)], it, s)
                 if k == "B" and s > 0:
-                    send(now, ("B", s - 1, r, it, mb), m.backward_routes[(s - 1, r)], it)
+                    send(now, ("B", s - 1, r, it, mb), m.backward_routes[(s - 1, r)], it, s)
                 if pos[w] == len(rows[s]):
                     ends = done_rows.setdefault((s, it), [])
                     ends.append(now)
@@ -307,21 +373,6 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             for k in [k for k, g in flows.items() if g.left_bits <= 1.0]:   # bits: float noise
                 push(now + flows.pop(k).one_way_ms, "arrive", (k,))
             reshare(now)
-        elif kind == "grant":
-            link = data[0]
-            q = queues.get(link, [])
-            if not q or busy_until.get(link, 0.0) > now + EPS:
-                continue
-            sent, _, key, route, w = heapq.heappop(q)      # the earliest ready, then sent first
-            if m.sharing == "temporal":     # the slot is the message's, round-trip waits too
-                data_ms = (route.solo_ms - route.one_way_ms) * w   # the alike messages in turn
-                arrive = now + data_ms + route.one_way_ms            # the last of them
-            else:   # a FIFO queue: the link is busy with its bytes only; never before solo
-                data_ms = route.wire_bytes * 8 / (m.link_rate_mbit[link] * 1e3) * w
-                arrive = max(now + data_ms + route.one_way_ms, sent + route.solo_ms)
-            busy_until[link] = now + data_ms
-            push(arrive, "arrive", (key,))
-            push(now + data_ms, "grant", (link,))
         try_start(now, touched)
     left = {w: it_of[w] for w in it_of if it_of[w] < iterations}
     if left:

@@ -1,0 +1,61 @@
+"""The model's folding of alike replicas against simulating every replica, over generated
+scenarios (tests.scenarios.generated_scenario: 9 to 48 replicas, a whole stage per DC or DC
+sizes that split stages, 1, 4 or auto connections, several delays and rates, 1F1B and GPipe),
+for baseline, multitcp and atlas, hosts WAN-tuned (no slow start after idle, as the paper-scale
+scenarios): the folded iteration time within 2% of the unfolded one. bench/bench_folding.py runs more of them, with slow start after idle too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import geodc.predict.predict as mp
+from geodc.cli.planview import load_training
+from geodc.predict.predict import predict
+from geodc.spec.errors import ScenarioError
+from geodc.spec.scenario import parse_scenario
+from geodc.spec.systems import get_system
+from tests.scenarios import generated_scenario
+
+pytestmark = pytest.mark.unit
+
+
+def folded_and_unfolded(doc: dict, system: str, monkeypatch) -> tuple[float, float] | None:
+    """The iteration time folded and with every replica simulated; None where the system
+    cannot place the scenario (atlas needs whole stages per DC)."""
+    sc = parse_scenario(doc, "generated.yaml")
+    cfg = load_training(sc)
+    try:
+        folded = predict(sc, cfg, get_system(system)).iteration_time_s
+    except ScenarioError:
+        return None
+    monkeypatch.setattr(mp, "FOLD_ABOVE_REPLICAS", 10**9)
+    unfolded = predict(sc, cfg, get_system(system)).iteration_time_s
+    monkeypatch.undo()
+    return folded, unfolded
+
+
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rng=st.randoms(use_true_random=False))
+def test_folded_within_two_percent_of_every_replica_simulated(rng, monkeypatch):
+    doc = generated_scenario(rng)
+    for system in doc["systems"]:
+        got = folded_and_unfolded(doc, system, monkeypatch)
+        if got is None:
+            continue
+        folded, unfolded = got
+        assert folded == pytest.approx(unfolded, rel=0.02), (system, doc)
+
+
+def test_the_fold_simulates_two_replicas_per_group():
+    """256 alike replicas per stage are simulated as two: the first and one for the rest."""
+    from geodc.plans.placement import place_for_system
+    from geodc.spec.scenario import load_scenario
+    sc = load_scenario(Path(__file__).resolve().parent.parent / "topologies" / "paper" / "gpt7b_2dc.yaml")
+    cfg = load_training(sc)
+    placement = place_for_system(sc, cfg, get_system("atlas"))
+    assert [tuple(s) for s in mp.simulated_replicas(placement)] == [(0, 1, None), (1, 255, 0)]
