@@ -7,7 +7,9 @@ for one-way delay 10, 50, 100 ms x D = 2, 4 x WAN rate 50, 200 Mbit/s (scaled 10
 speedup vs baseline, GPU utilization, WAN utilization (the busier direction, from the workers'
 records), slot adherence (temporal systems, from the capture), and the compute-only iteration
 time beside them; then one summary row per point. Writes sweep.json, sweep.md, summary.md and
-speedup_vs_delay.png to --out (`--replot sweep.json` redraws them only).
+speedup_vs_delay.png to --out (`--replot sweep.json` redraws them only); the figure is
+reproduce's (geodc.analysis.reproduce_plots), and `run_testbed.py reproduce OUT/runs/*` draws it
+again from the run folders.
 
 Scenario of a point: two DCs (east, west) of D hosts each, one WAN link; P = 2 stages, M = 4
 micro-batches, 1F1B; target model: 8 blocks of width 2048, seq 2048, micro-batch 2 (168 KB
@@ -37,13 +39,14 @@ from geodc.emulation.results import write_json, write_text  # noqa: E402
 from geodc.spec.systems import SYSTEMS as ALL_SYSTEMS  # noqa: E402
 
 SYSTEMS = tuple(ALL_SYSTEMS)
+NAME = "bench_atlas_sweep"
 PROFILE = {"file": "h200-transformer.json", "width": 2048, "seq": 2048, "micro_batch": 2,
            "n_layer": 8}
 
 
 def scenario(delay_ms: float, replicas: int, rate_mbit: float, iterations: int) -> dict:
     return {
-        "name": f"sweep-d{delay_ms:g}-D{replicas}-r{rate_mbit:g}",
+        "name": NAME,     # one scenario: reproduce draws its runs as one figure
         "scale": 100, "connections": "auto",
         "dcs": [{"name": "east", "hosts": replicas, "rate_mbit": 1000},
                 {"name": "west", "hosts": replicas, "rate_mbit": 1000}],
@@ -109,32 +112,22 @@ def summary_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def figure_points(rows: list[dict]) -> list:
+    """The rows as reproduce's points (geodc.analysis.series): the panel fields are the ones
+    `reproduce` finds varying in this benchmark's run folders."""
+    from geodc.analysis.series import Point
+    return [Point(scenario=NAME, system=r["system"], x=r["delay_ms"], y={"speedup": r["speedup"]},
+                  panel=(("training.replicas", r["D"]), ("wan.0.rate_mbit", r["rate_mbit"])),
+                  run=r["run_dir"]) for r in rows if r["speedup"] is not None]
+
+
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-    groups = sorted({(r["D"], r["rate_mbit"]) for r in rows})
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
-    for ax, (D, rate) in zip(axes[0], groups):
-        for name in SYSTEMS:
-            pts = sorted((r["delay_ms"], r["speedup"]) for r in rows
-                         if r["D"] == D and r["rate_mbit"] == rate and r["system"] == name
-                         and r["speedup"] is not None)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-        ax.set_title(f"D={D}, WAN {rate:g} Mbit/s (x100 real)", fontsize=9)
-        ax.set_xlabel("one-way WAN delay (ms)")
-        ax.set_ylabel("speedup vs baseline")
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_yticks([0.2, 0.5, 1, 2, 5])
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """reproduce's figure (geodc.analysis.reproduce_plots), drawn from sweep.json's rows: the
+    same as `run_testbed.py reproduce OUT/runs/*` draws from the run folders."""
+    from geodc.analysis.reproduce_plots import png_bytes, speedup_figure
+    from geodc.analysis.series import lines
+    from geodc.emulation.results import write_bytes
+    write_bytes(path, png_bytes(speedup_figure(NAME, lines(figure_points(rows))[NAME])))
 
 
 def main() -> int:
@@ -169,13 +162,13 @@ def main() -> int:
     t0 = time.monotonic()
     for i, (delay, D, rate) in enumerate(points, 1):
         doc = scenario(delay, D, rate, args.iterations)
-        path = out / "scenarios" / f"{doc['name']}.yaml"
+        path = out / "scenarios" / f"d{delay:g}-D{D}-r{rate:g}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         log = io.StringIO()
         t = time.monotonic()
         with contextlib.redirect_stdout(log):
             metrics_path = run_job(str(path), out_dir=out / "runs", systems=systems)
-        write_text(out / "logs" / f"{doc['name']}.log", log.getvalue())
+        write_text(out / "logs" / f"{path.stem}.log", log.getvalue())
         metrics = json.loads(Path(metrics_path).read_text())
         point = {"delay_ms": delay, "D": D, "rate_mbit": rate}
         for name in systems:

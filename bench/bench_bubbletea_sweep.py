@@ -10,7 +10,9 @@ p99, KV transfer p50, deadline misses, the time training waited for an overrunni
 where the unused bubble time went. Too little load leaves bubbles empty ("no_request"); too
 much must not slow training (it only grows the queue and the misses).
 
-Writes sweep.json, sweep.md and utilization_vs_rate.png to --out (`--replot sweep.json` redraws).
+Writes sweep.json, sweep.md and utilization_vs_rate.png to --out (`--replot sweep.json` redraws);
+the figure is reproduce's (geodc.analysis.reproduce_plots), and `run_testbed.py reproduce
+OUT/runs/*` draws it again from the run folders.
 
     sudo .venv/bin/python bench/bench_bubbletea_sweep.py [--quick] [--rates 5,10,20,40,80]
 """
@@ -33,6 +35,7 @@ from geodc.run.jobs import run_job  # noqa: E402
 from geodc.emulation.results import write_json, write_text  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parent.parent / "topologies" / "atlas_bubbletea.yaml"
+NAME = "atlas_bubbletea"
 
 
 def row(rate: float, doc: dict) -> dict:
@@ -78,32 +81,29 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def figure_points(rows: list[dict]) -> list:
+    """The rows as reproduce's points (geodc.analysis.series): atlas+bubbletea's figures, and
+    atlas's GPU utilization beside them."""
+    from geodc.analysis.series import Point
+    out = []
+    for r in rows:
+        out.append(Point(scenario=NAME, panel=(), system="atlas+bubbletea",
+                         x=r["offered_per_s"], run=r["run_dir"],
+                         y={"gpu_utilization": r["gpu_util"], "training_slowdown": r["slowdown"],
+                            "ttft_p50_ms": r["ttft_p50_ms"], "ttft_p99_ms": r["ttft_p99_ms"]}))
+        out.append(Point(scenario=NAME, panel=(), system="atlas", x=r["offered_per_s"],
+                         run=r["run_dir"], y={"gpu_utilization": r["gpu_util_without"]}))
+    return out
+
+
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    xs = [r["offered_per_s"] for r in rows]
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(12, 3.4))
-    a1.plot(xs, [r["gpu_util"] * 100 for r in rows], marker="o", label="with BubbleTea")
-    a1.plot(xs, [r["training_only"] * 100 for r in rows], marker="s", label="training alone")
-    a1.axhline(90, color="grey", lw=0.8, ls=":")
-    a1.set_ylabel("GPU utilization (%)")
-    a1.legend(fontsize=7)
-    a2.plot(xs, [r["slowdown"] * 100 for r in rows], marker="o", color="C3")
-    a2.axhline(2, color="grey", lw=0.8, ls=":")
-    a2.axhline(0, color="black", lw=0.5)
-    a2.set_ylabel("training slowdown (%)")
-    a3.plot(xs, [r["ttft_p50_ms"] or 0 for r in rows], marker="o", label="p50")
-    a3.plot(xs, [r["ttft_p99_ms"] or 0 for r in rows], marker="^", label="p99")
-    a3.set_ylabel("TTFT (ms)")
-    a3.set_yscale("log")
-    a3.legend(fontsize=7)
-    for ax in (a1, a2, a3):
-        ax.set_xlabel("offered prefill requests/s")
-    fig.suptitle("atlas_bubbletea: BubbleTea vs request rate (real time)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """reproduce's figure (geodc.analysis.reproduce_plots), drawn from sweep.json's rows, as
+    `run_testbed.py reproduce OUT/runs/*` draws it from the run folders (where atlas's point is
+    the +bubbletea block's gpu_utilization_without, over the same iterations)."""
+    from geodc.analysis.reproduce_plots import bubbletea_figure, png_bytes
+    from geodc.analysis.series import lines
+    from geodc.emulation.results import write_bytes
+    write_bytes(path, png_bytes(bubbletea_figure(NAME, lines(figure_points(rows))[NAME])))
 
 
 def main() -> int:
@@ -132,15 +132,15 @@ def main() -> int:
     t0 = time.monotonic()
     for i, rate in enumerate(rates, 1):
         doc = json.loads(json.dumps(base))
-        doc["name"] = f"atlas_bubbletea-x{rate:g}"
+        doc["name"] = NAME      # one scenario: reproduce draws its runs as one figure
         doc["bubbletea"]["load"]["rate_multiplier"] = rate
         doc["systems"] = ["atlas", "atlas+bubbletea"]
-        path = out / "scenarios" / f"{doc['name']}.yaml"
+        path = out / "scenarios" / f"x{rate:g}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
             metrics_path = run_job(str(path), out_dir=out / "runs", iterations=iterations)
-        write_text(out / "logs" / f"{doc['name']}.log", log.getvalue())
+        write_text(out / "logs" / f"{path.stem}.log", log.getvalue())
         rows.append(row(rate, json.loads(Path(metrics_path).read_text())))
         r = rows[-1]
         done = time.monotonic() - t0

@@ -153,11 +153,11 @@ def test_sweep_interrupted_resumed_and_reproduced(tmp_path):
     table = runs[0]["training.md"].decode()
     for e in index["points"]:
         assert Path(e["run_dir"]).name in table
-    assert table.count("| baseline |") == 3 and "speedup_vs_delay.png" in runs[0]
+    assert table.count("| baseline |") == 3 and "speedup_vs_delay-tiny.png" in runs[0]
     assert sum(name.startswith("timeline-") for name in runs[0]) == 3
     # the sweep's own tables and figure, and each run's own tables
     assert (sweep_dir / "training.md").read_bytes() == runs[0]["training.md"]
-    assert (sweep_dir / "speedup_vs_delay.png").is_file()
+    assert (sweep_dir / "speedup_vs_delay-tiny.png").is_file()
     for e in index["points"]:
         assert "| baseline |" in (sweep_dir / e["run_dir"] / "training.md").read_text()
         assert (sweep_dir / e["run_dir"] / "training.csv").is_file()

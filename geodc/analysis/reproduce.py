@@ -7,10 +7,12 @@ Written to DIR (default `reproduced/`), each file replaced whole:
 - training.md / training.csv: per run and system, iteration time, speedup over baseline, bubble
   fraction and GPU utilization, each beside the model's prediction and its error;
 - bubbletea.md / bubbletea.csv: per +bubbletea system, GPU utilization and bubble fraction
-  without and with BubbleTea, training slowdown, requests/s, TTFT p50/p99, deadline misses;
-- speedup_vs_delay.png (runs that differ in WAN delay: a line per system),
-  bubbletea_vs_rate.png (runs that differ in request rate: utilization and slowdown),
-  timeline-<run>-<system>.png (one iteration of every system's timeline).
+  without and with BubbleTea, training slowdown, requests/s, TTFT p50/p99, deadline misses
+  (geodc.analysis.reproduce_tables: the Markdown rounded, the CSV raw with units in its header);
+- speedup_vs_delay-<scenario>.png, bubbletea_vs_rate-<scenario>.png: per scenario whose runs
+  differ in WAN delay (or offered request rate), a line per system (geodc.analysis.series,
+  geodc.analysis.reproduce_plots), and timeline-<run>-<system>.png (one iteration of every
+  system's timeline, in real time).
 Each row names the results folder it came from (relative to the common parent of RESULTS). The
 Markdown tables are printed too. Schema 1 folders (a system's compute-only schedule under
 `predicted`, now `compute_only`) are read as schema 2; another schema version gets one line.
@@ -18,14 +20,13 @@ Markdown tables are printed too. Schema 1 folders (a system's compute-only sched
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from geodc.analysis.reproduce_tables import TABLES, csv_text, markdown
 from geodc.spec.errors import ScenarioError
 from geodc.emulation.results import write_bytes
 from geodc.spec.yamlfile import load_yaml
@@ -46,11 +47,6 @@ class Run:
     def first_delay_ms(self) -> float | None:
         wan = self.scenario.get("wan") or []
         return wan[0].get("delay_ms") if wan else None
-
-    @property
-    def request_rate(self) -> float | None:
-        load = (self.scenario.get("bubbletea") or {}).get("load") or {}
-        return load.get("poisson_per_s") or load.get("rate_multiplier")
 
 
 def load_runs(paths: Sequence[str]) -> list[Run]:
@@ -118,72 +114,6 @@ def _json(path: Path) -> dict:
                             "it is incomplete: re-run it") from None
 
 
-def _point(run: Run) -> str:
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in run.values.items()) or "-"
-
-
-def _f(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
-def training_rows(runs: Sequence[Run]) -> list[list[str]]:
-    rows = [["results", "point", "system", "iteration s", "model s", "error", "speedup",
-             "bubble", "model bubble", "GPU util"]]
-    for run in runs:
-        systems = run.metrics["systems"]
-        base = systems.get("baseline", {}).get("iteration_time_s")   # None if it stopped
-        for name, m in systems.items():
-            if not m.get("complete", True):     # stopped early (a fault, Ctrl-C): no figures
-                rows.append([run.name, _point(run), name, f"stopped after {m.get('iterations_done', 0)}"
-                             f" of {m.get('iterations_planned', '?')} iterations"] + ["-"] * 6)
-                continue
-            pred = (m.get("model") or {}).get("predicted") or {}
-            err = (m.get("model") or {}).get("error") or {}
-            rows.append([run.name, _point(run), name, _f(m["iteration_time_s"], ".3f"),
-                         _f(pred.get("iteration_time_s"), ".3f"),
-                         _f(err.get("iteration_time_rel"), "+.1%"),
-                         _f(base / m["iteration_time_s"] if base else None, ".2f"),
-                         _f(m["bubble_fraction"], ".3f"),
-                         _f(pred.get("bubble_fraction"), ".3f"),
-                         _f(m["gpu_utilization"], ".3f")])
-    return rows
-
-
-def bubbletea_rows(runs: Sequence[Run]) -> list[list[str]]:
-    rows = [["results", "point", "system", "GPU util without", "GPU util with", "model util",
-             "bubble without", "bubble with", "slowdown", "requests/s", "TTFT p50 ms",
-             "TTFT p99 ms", "deadline misses"]]
-    for run in runs:
-        for name, m in run.metrics["systems"].items():
-            bt = m.get("bubbletea")
-            if bt is None or not m.get("complete", True):
-                continue
-            pf = bt["prefill"]
-            model = ((m.get("model") or {}).get("bubbletea") or {}).get("predicted") or {}
-            without = bt.get("gpu_utilization_without")
-            rows.append([run.name, _point(run), name, _f(without, ".3f"),
-                         _f(bt["gpu_utilization"], ".3f"),
-                         _f(model.get("gpu_utilization"), ".3f"),
-                         _f(None if without is None else 1 - without, ".3f"),
-                         _f(1 - bt["gpu_utilization"], ".3f"),
-                         _f(bt.get("training_slowdown"), "+.1%"),
-                         _f(pf["requests_per_s"], ".1f"), _f(pf["ttft_ms"]["p50"], ".0f"),
-                         _f(pf["ttft_ms"]["p99"], ".0f"), str(pf["deadline_misses"])])
-    return rows
-
-
-def markdown(rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    return "\n".join(out) + "\n"
-
-
-def csv_text(rows: list[list[str]]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(rows)
-    return buf.getvalue()
-
-
 def reproduce(paths: Sequence[str], out_dir: Path, *, figures: bool = True,
               timelines: bool = True) -> tuple[str, list[Path]]:
     """Write the tables and figures (module docstring); return the Markdown and the files.
@@ -193,13 +123,15 @@ def reproduce(paths: Sequence[str], out_dir: Path, *, figures: bool = True,
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     text = ""
-    for stem, rows in (("training", training_rows(runs)), ("bubbletea", bubbletea_rows(runs))):
-        if len(rows) == 1:
+    for stem, columns, csv_only, records_of in TABLES:
+        records = records_of(runs)
+        if not records:
             continue
-        md = markdown(rows)
+        md = markdown(columns, records)
         text += f"{stem}:\n\n{md}\n"
         written.append(write_bytes(out_dir / f"{stem}.md", md.encode()))
-        written.append(write_bytes(out_dir / f"{stem}.csv", csv_text(rows).encode()))
+        written.append(write_bytes(out_dir / f"{stem}.csv",
+                                   csv_text(columns + csv_only, records).encode()))
     if figures:
         from geodc.analysis.reproduce_plots import figures as draw
         written += draw(finished_only(runs), out_dir, write_bytes, timelines=timelines)

@@ -1,6 +1,7 @@
 """Per-stage timeline of one training iteration as a PNG: the picture that shows the bubbles.
 
-One job: draw spans. Reads a run's trainer_spans.jsonl (or records), draws one row per worker
+One job: draw spans, in real time: a run's records are emulated time (time_scale T times
+longer), drawn divided by T as metrics.json and trace.json report them. Reads a run's trainer_spans.jsonl (or records), draws one row per worker
 (stage, replica): forward (light) and backward (dark) compute labelled with the micro-batch,
 optimizer step, waits for activations/gradients and the all-reduce (communication), and idle
 (the row's background). A thin strip under each row shows when the sender thread was writing.
@@ -25,6 +26,7 @@ from typing import Sequence
 
 from geodc.host.spans import read_jsonl
 from geodc.rules.figures import iteration_windows
+from geodc.spec.timescale import TimeScale
 
 COLOURS = {"F": "#8ecae6", "B": "#1d4e89", "OPT": "#6c757d", "RECV_F": "#f4a261",
            "RECV_B": "#e76f51", "ALLREDUCE": "#e9c46a", "SEND_F": "#2a9d8f", "SEND_B": "#2a9d8f",
@@ -52,9 +54,24 @@ def pick_iteration(spans: Sequence[dict]) -> int:
 
 
 def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | None = None,
-                  title: str = "", extra_spans: Sequence[dict] | None = None) -> Path:
+                  title: str = "", extra_spans: Sequence[dict] | None = None,
+                  time_scale: TimeScale = TimeScale()) -> Path:
     """Draw one iteration (default: pick_iteration) of the run's spans to out_png.
-    extra_spans: other processes' records to draw on their host's row (PREFILL, BUBBLE)."""
+    extra_spans: other processes' records to draw on their host's row (PREFILL, BUBBLE).
+    time_scale: the run's dilation; the records are emulated time, drawn in real time."""
+    fig = timeline_figure(spans, iteration, title, extra_spans, time_scale)   # (Agg)
+    import matplotlib.pyplot as plt
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120, metadata={"Software": None})   # same bytes across versions
+    plt.close(fig)
+    return out_png
+
+
+def timeline_figure(spans: Path | Sequence[dict], iteration: int | None = None,
+                    title: str = "", extra_spans: Sequence[dict] | None = None,
+                    time_scale: TimeScale = TimeScale()):
+    """plot_timeline's figure (matplotlib), not saved: the caller closes it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -68,7 +85,11 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
     hosts = {(r["stage"], r["replica"]): r.get("host", "") for r in records}
     fig_h_in = 0.55 * len(rows) + 1.8
     fig, ax = plt.subplots(figsize=(12, fig_h_in))
-    span_ms = (hi - lo) / 1e6
+    def ms(ns: float) -> float:
+        """An emulated span in ns as real ms."""
+        return time_scale.real_span(ns / 1e6)
+
+    span_ms = ms(hi - lo)
     for key, y in row_y.items():
         ax.barh(y, span_ms, left=0, height=0.7, color=COLOURS["idle"], edgecolor="none")
     rows_of_host: dict[str, list[float]] = {}
@@ -79,7 +100,7 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
     def clipped(r: dict) -> tuple[float, float] | None:
         """(x0 ms, width ms) of r inside the window, None if it does not overlap it."""
         t0, t1 = max(r["t_start_ns"], lo), min(r["t_end_ns"], hi)
-        return None if t1 <= t0 else ((t0 - lo) / 1e6, (t1 - t0) / 1e6)
+        return None if t1 <= t0 else (ms(t0 - lo), ms(t1 - t0))
 
     for r in records:
         if r["name"] in ("GPU_WAIT", "IDLE"):
@@ -87,7 +108,7 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
         if r.get("iteration") != it or r["name"] not in COLOURS:
             continue
         y = row_y[(r["stage"], r["replica"])]
-        x0, w = (r["t_start_ns"] - lo) / 1e6, (r["t_end_ns"] - r["t_start_ns"]) / 1e6
+        x0, w = ms(r["t_start_ns"] - lo), ms(r["t_end_ns"] - r["t_start_ns"])
         if r["name"].startswith("SEND"):
             ax.barh(y - 0.42, w, left=x0, height=0.12, color=COLOURS[r["name"]],
                     edgecolor="none")
@@ -139,8 +160,13 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
     ax.set_yticks(list(row_y.values()))
     ax.set_yticklabels([f"stage {s} rep {d}\n{hosts[(s, d)]}" for s, d in row_y], fontsize=8)
     ax.set_xlim(0, span_ms)
-    ax.set_xlabel(f"time since iteration {it} start (ms)")
-    ax.set_title(title or f"iteration {it}")
+    if time_scale.dilated:
+        ax.set_xlabel(f"real time since iteration {it} start (ms)")
+        ax.set_title(f"{title or f'iteration {it}'} (time_scale {time_scale}: emulated "
+                     f"spans drawn / {time_scale}, in real time)")
+    else:
+        ax.set_xlabel(f"time since iteration {it} start (ms)")
+        ax.set_title(title or f"iteration {it}")
     keys = ["F", "B", "OPT", "RECV_F", "RECV_B", "ALLREDUCE", "SEND_F", "idle"]
     keys += [k for k in ("PREFILL", "GPU_WAIT", "IDLE", "BOUND", "OVERLAP") if k in shown]
     legend_rows = -(-len(keys) // 8)
@@ -149,8 +175,4 @@ def plot_timeline(spans: Path | Sequence[dict], out_png: Path, iteration: int | 
                loc="lower center", ncol=min(len(keys), 8), fontsize=7, frameon=False)
     # leave the legend's rows free under the axes and their x label
     fig.tight_layout(rect=(0, (0.2 * legend_rows + 0.05) / fig.get_figheight(), 1, 1))
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120, metadata={"Software": None})   # same bytes across versions
-    plt.close(fig)
-    return out_png
+    return fig

@@ -209,7 +209,8 @@ def _metrics(job: SystemJob, sys_dir: Path, run: Any, features: Running, wan_lin
     shown_iteration = next((b.iteration for b in blocks if b.iteration is not None), None)
     metrics["timeline_png"] = str(plot_timeline(run.spans_path, sys_dir / "timeline.png",
                                                 title=f"{scenario.name} {system.name}",
-                                                extra_spans=extra, iteration=shown_iteration))
+                                                extra_spans=extra, iteration=shown_iteration,
+                                                time_scale=ts))
     from geodc.analysis.trace import trace_events
     slot_logs = [r for log in sorted((sys_dir / "slots").glob("*-arbiter.jsonl"))
                  for r in read_jsonl(log)]
