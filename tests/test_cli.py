@@ -1,5 +1,5 @@
-"""The commands that need neither root nor Mininet nor torch (validate, plan, predict, list,
-show), run as a user would, in a Python where importing mininet, pyroute2, torch, scapy or
+"""The commands that need neither root nor Mininet nor torch (validate, plan, predict, whatif,
+list, show), run as a user would, in a Python where importing mininet, pyroute2, torch, scapy or
 matplotlib fails; every command's --help; bad input exits 2 with one line."""
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
      "topologies/paper/gpt70b_3dc.yaml"],
     ["plan", "topologies/atlas_paper.yaml", "--systems", "atlas"],
     ["predict", "topologies/atlas_bubbletea.yaml"],
+    ["whatif", "topologies/atlas_paper.yaml"],
     ["list"],
     ["show", "topologies/atlas_bubbletea.yaml"],
     ["reproduce", *[str(p.relative_to(REPO)) for p in
@@ -78,8 +79,8 @@ def test_show_lists_faults_and_cross_traffic():
     assert "cross-traffic (tenant hosts east-x1, west-x1):" in text
 
 
-@pytest.mark.parametrize("command", ["run", "calibrate", "validate", "plan", "predict", "list",
-                                     "show", "reproduce", "cleanup"])
+@pytest.mark.parametrize("command", ["run", "calibrate", "validate", "plan", "predict", "whatif",
+                                     "list", "show", "reproduce", "cleanup"])
 def test_every_command_has_help(command):
     proc = cli(command, "--help")
     assert proc.returncode == 0 and "usage: run_testbed.py " + command in proc.stdout
@@ -92,6 +93,7 @@ def test_every_command_has_help(command):
     (["run", "topologies/two_dc.yaml", "--systems", "warp"], "systems[0]"),
     (["calibrate", "topologies/paper/gpt7b_2dc.yaml"], "predict_only"),
     (["predict", "topologies/two_dc.yaml", "--systems", "warp"], "systems[0]"),
+    (["whatif", "topologies/sweep_delay.yaml"], "sweep"),
     # a rate fault cannot hold under temporal sharing (its arbiter owns the link's rates)
     (["run", "topologies/two_dc_faults.yaml", "--systems", "temporal"],
      "faults[2].steps[0]: temporal shares the WAN in time"),

@@ -6,6 +6,7 @@
     sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
     python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
     python run_testbed.py predict topologies/atlas_paper.yaml [--json] [--systems a,b] [--plan N]
+    python run_testbed.py whatif topologies/paper/gpt70b_3dc.yaml [--json]  # one change at a time
     python run_testbed.py reproduce results/RUN... [--out DIR] # tables and figures from results
     python run_testbed.py list                                 # the shipped scenarios
     python run_testbed.py show topologies/two_dc.yaml [--json] # every setting, resolved
@@ -13,7 +14,7 @@
 
 A scenario with a `sweep:` section runs once per point (geodc/spec/sweep.py): `run -q` prints one
 line per point, `run --resume SWEEP_DIR` runs only the points not done yet.
-validate, plan, predict, list, show and reproduce need neither root nor Mininet nor torch.
+validate, plan, predict, whatif, list, show and reproduce need neither root nor Mininet nor torch.
 
 CLI only: parse flags, load the scenario, call the job, print one line on error. Exit codes:
 0 ok, 1 the run failed, 2 bad input (scenario or flags), 130 interrupted (after cleaning up).
@@ -27,8 +28,8 @@ from pathlib import Path
 
 from geodc.spec.errors import ScenarioError, TestbedError
 
-COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "list", "show", "reproduce",
-            "cleanup")
+COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "whatif", "list", "show",
+            "reproduce", "cleanup")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--plan", type=int, metavar="N", default=None,
                       help="instead: the N fastest assignments of stages to DCs (Atlas's "
                            "connections and sharing)")
+    what = sub.add_parser("whatif", help="the scenario as given and changed one setting at a "
+                          "time: iteration times, Atlas's speedup and BubbleTea's GPU "
+                          "utilization beside the paper's, and why (the model; no root)")
+    what.add_argument("scenario")
+    what.add_argument("--json", action="store_true", help="print one JSON document")
     sub.add_parser("list", help="the scenarios under topologies/, one line each (no root)")
     show = sub.add_parser("show", help="a scenario with every setting resolved: DCs, hosts, "
                           "links, routes, training and each system's placement (no root)")
@@ -142,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
             print(predict_command(args.scenario, systems, as_json=args.json,
                                   plan_top=args.plan))
+            return 0
+        if args.command == "whatif":
+            from geodc.cli.whatif import whatif_command
+            print(whatif_command(args.scenario, as_json=args.json))
             return 0
         if args.command == "validate":
             failed = 0

@@ -2,8 +2,9 @@
 without building anything (no root, no network, no torch).
 
 One job: format geodc.predict.predict's predictions for the scenario's systems as a table or one JSON
-document; per system the speedup against the first system listed (baseline when present), and
-for a +bubbletea system a line of BubbleTea's predicted figures (geodc.predict.bubbletea).
+document; per system the speedup against baseline, or where baseline is not among the systems
+against the first one listed (a line says which), and for a +bubbletea system a line of
+BubbleTea's predicted figures (geodc.predict.bubbletea), counts with what they are counted of.
 With --plan N: the N fastest stage-to-DC assignments instead (geodc.predict.planner). A scenario with a
 sweep: every point in turn.
 """
@@ -60,13 +61,17 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
     for system in resolve_systems(scenario, systems):
         rows.append(predict(scenario, cfg, system))
     took_s = time.perf_counter() - t0
-    base = rows[0].iteration_time_s
+    ref = next((p for p in rows if p.system == "baseline"), rows[0])
+    base = ref.iteration_time_s
     if as_json:
         return json.dumps({"scenario": scenario.name, "seconds": took_s,
+                           "speedup_against": ref.system,
                            "systems": [dict(p.to_dict(), speedup=base / p.iteration_time_s)
                                        for p in rows]}, indent=1)
     out = [f"{scenario.name}: model of P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
            f"{cfg.schedule}, {rows[0].iterations} iterations ({took_s:.2f} s)",
+           f"speedup: against {ref.system}" + ("" if ref.system == "baseline"
+                                                else " (baseline not among the systems)"),
            f"{'system':<24} {'iteration s':>11} {'speedup':>8} {'bubble':>7} {'GPU util':>8}"
            "  WAN utilization"]
     for p in rows:
@@ -85,10 +90,17 @@ def bubbletea_text(system: str, bt: dict) -> str:
     pf, load = bt["prefill"], bt["load"]
     ttft = pf["ttft_ms"]
     causes = sorted(bt["unused_bubble"]["share_by_cause"].items(), key=lambda kv: -kv[1])
+    requests = sum(pf["outcomes"].values())
+    misses = pf["deadline_misses"]
     return (f"{system}: GPU utilization {bt['gpu_utilization']:.3f} (training "
             f"{bt['training_only']:.3f} + prefill {bt['prefill_share']:.3f}), "
-            f"{pf['requests_per_s']:.1f} requests/s served of "
-            f"{load.get('offered_per_s', 0.0):.1f} offered, TTFT p50/p99 "
+            f"{_rate(pf['requests_per_s'])} requests/s served of "
+            f"{_rate(load.get('offered_per_s', 0.0))} offered, TTFT p50/p99 "
             + ("-" if ttft["p50"] is None else f"{ttft['p50']:.0f}/{ttft['p99']:.0f} ms")
-            + f", deadline misses {pf['deadline_misses']}, unused bubble: "
+            + f", deadline misses {misses:,} of {requests:,} requests"
+            + (f" ({misses / requests:.0%})" if requests else "") + ", unused bubble: "
             + ", ".join(f"{c} {v:.0%}" for c, v in causes[:3] if v > 0))
+
+
+def _rate(per_s: float) -> str:
+    return f"{per_s:,.0f}" if per_s >= 1000 else f"{per_s:.1f}"

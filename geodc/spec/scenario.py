@@ -67,6 +67,7 @@ MAX_HOSTS_PER_DC = 99
 MAX_HOSTS_PER_DC_PREDICT_ONLY = 100_000   # `predict_only: true`: the model's, never emulated
 MAX_DECODE_HOSTS_PER_DC = 99   # <dc>-d99-eth0 fits IFNAMSIZ; addresses 10.<d>.0.101-199
 MAX_DCS = 200
+MAX_RATE_MBIT = 100_000        # a link's rate_mbit (host link or WAN), scaled
 MAX_HOSTS_PREDICT_ONLY = 100_000   # all DCs together: the model's plans list every host
 MAX_SYSTEMS = 2 * len(SYSTEMS)    # each with and without BUBBLETEA_SUFFIX
 # TCP buffer limits of a real server, scaled down by `scale` in each host. The receive limit is
@@ -312,7 +313,7 @@ def _parse_dcs(value: Any, max_hosts: int = MAX_HOSTS_PER_DC) -> tuple[DataCente
                                    " (more only in a predict_only scenario)"))
         rate = d.get("rate_mbit")
         if rate is not None:
-            rate = checked_number(rate, f"{where}.rate_mbit", low=0.1, high=100000)
+            rate = checked_number(rate, f"{where}.rate_mbit", low=0.1, high=MAX_RATE_MBIT)
         decode = d.get("decode_hosts", 0)
         if (not isinstance(decode, int) or isinstance(decode, bool)
                 or not 0 <= decode <= MAX_DECODE_HOSTS_PER_DC):
@@ -352,7 +353,8 @@ def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
             if req not in d:
                 raise ScenarioError(f"{where}.{req}", "missing", f"set {req} (a number)")
         delay = checked_number(d["delay_ms"], f"{where}.delay_ms", low=0.0, high=10000)
-        rate = checked_number(d["rate_mbit"], f"{where}.rate_mbit", low=0.01, high=100000)
+        rate = checked_number(d["rate_mbit"], f"{where}.rate_mbit", low=0.01,
+                              high=MAX_RATE_MBIT)
         jitter = checked_number(d.get("jitter_ms", 0), f"{where}.jitter_ms", low=0.0, high=10000)
         if jitter > delay:
             raise ScenarioError(f"{where}.jitter_ms", f"{jitter} is more than delay_ms {delay}",

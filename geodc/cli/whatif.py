@@ -1,0 +1,82 @@
+"""`run_testbed.py whatif SCENARIO [--json]`: the scenario as given and changed one setting at a
+time, by the model (no root, no network, no torch).
+
+One job: format geodc.predict.whatif's rows as a table (a line per row, its reason on the line
+below), one JSON document, or Markdown (`markdown`, for bench/bench_paper_whatif.py and the
+docs): per row the iteration time of each system, Atlas's speedup over the baseline beside the
+paper's "up to 17x", BubbleTea's GPU utilization beside its "up to 94%" where it was predicted.
+"""
+
+from __future__ import annotations
+
+import json
+
+from geodc.predict.whatif import (BUBBLETEA, PAPER_GPU_UTILIZATION, PAPER_SPEEDUP, SYSTEMS, Row,
+                                  WhatIf, whatif)
+from geodc.spec.scenario import load_scenario
+
+SPEEDUP_HEAD = f"paper: up to {PAPER_SPEEDUP:g}x"
+UTIL_HEAD = f"paper: up to {PAPER_GPU_UTILIZATION:.0%}"
+
+
+def whatif_command(path: str, as_json: bool = False) -> str:
+    result = whatif(load_scenario(path))
+    if as_json:
+        return json.dumps(result.to_dict(), indent=1)
+    return whatif_text(result)
+
+
+def header(result: WhatIf) -> str:
+    return (f"{result.scenario}: what if, one setting changed at a time (the model: "
+            f"{result.gpus:,} GPUs, P={result.stages} x D={result.replicas}, rates real at "
+            f"scale {result.scale:g}; {BUBBLETEA} on the rows with a GPU utilization; "
+            f"{result.seconds:.1f} s)")
+
+
+def whatif_text(result: WhatIf) -> str:
+    width = max(len("change"), *(len(r.label) for r in result.rows))
+    cells = [[r.label, *(_secs(r, n) for n in SYSTEMS), *_claims(r)] for r in result.rows]
+    heads = ["change", *(f"{n} s" for n in SYSTEMS), "Atlas speedup", SPEEDUP_HEAD,
+             "BubbleTea GPU", UTIL_HEAD]
+    widths = [width] + [max(len(h), *(len(c[i]) for c in cells)) for i, h in
+                        enumerate(heads[1:], 1)]
+    line = "  ".join
+
+    def fmt(row: list[str]) -> str:
+        return line([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])])
+
+    out = [header(result), fmt(heads)]
+    for r, c in zip(result.rows, cells):
+        out += [fmt(c), f"  why: {r.reason}"]
+    return "\n".join(out)
+
+
+def markdown(result: WhatIf) -> str:
+    """The rows as a Markdown table (the docs' what-if tables)."""
+    heads = ["change", *(f"{n} s" for n in SYSTEMS), "Atlas speedup", SPEEDUP_HEAD,
+             "BubbleTea GPU util", UTIL_HEAD, "why"]
+    out = [f"| {' | '.join(heads)} |", "|" + "---|" * len(heads)]
+    for r in result.rows:
+        cells = [r.label, *(_secs(r, n) for n in SYSTEMS), *_claims(r), r.reason]
+        out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(out)
+
+
+def _secs(row: Row, name: str) -> str:
+    f = row.systems.get(name)
+    if f is None or f.iteration_s is None:
+        return "-"
+    x = f.iteration_s
+    return f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 1000 else f"{x:,.0f}"
+
+
+def _claims(row: Row) -> list[str]:
+    """Atlas's speedup and where it stands to the paper's, then BubbleTea's GPU utilization and
+    where it stands to the paper's ("-" where not predicted)."""
+    x = row.speedup
+    bt = row.bubbletea
+    return ["-" if x is None else f"{x:.2f}x",
+            "-" if x is None else ("reached" if x >= PAPER_SPEEDUP else "below"),
+            "-" if bt is None else f"{bt.gpu_utilization:.1%}",
+            "-" if bt is None else ("reached" if bt.gpu_utilization >= PAPER_GPU_UTILIZATION
+                                    else "below")]

@@ -1,0 +1,254 @@
+"""The what-if table's figures: a scenario as given, then changed one setting at a time
+(geodc.predict.variants), each predicted (geodc.predict.predict) for the systems the table
+compares, with Atlas's speedup over the baseline beside the paper's "up to 17x", BubbleTea's
+GPU utilization beside its "up to 94%", and per row a reason made from the figures
+(geodc.predict.binding: which resource binds each system). Pure: no root, no torch, no network.
+
+Systems: baseline, multitcp and atlas on every row; atlas+bubbletea where the scenario has a
+`bubbletea:` section, on the row as given and on the request-rate row only (it costs seconds at
+paper scale, and no other setting is about the requests). BubbleTea is saturated where fewer
+than IN_TIME of the requests are served by their TTFT deadline (the queue grows: they miss it,
+or still wait when the simulated run ends). The request-rate row offers
+SATURATION x the requests/s the as-given row's bubbles would hold if all their idle time were
+prefill at the rate they served (served x (1 - training share) / prefill share), to two
+significant figures: a rate past saturation, where the GPU utilization stops growing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from geodc.plans.placement import place_for_system
+from geodc.predict.binding import Bound, binding, bounds
+from geodc.predict.predict import predict
+from geodc.predict.variants import (Variant, as_given, changed_fields, request_rate_variant,
+                                    round_rate, variants)
+from geodc.spec.errors import ScenarioError
+from geodc.spec.systems import get_system
+
+if TYPE_CHECKING:
+    from geodc.spec.scenario import Scenario
+
+SYSTEMS = ("baseline", "multitcp", "atlas")
+BUBBLETEA = "atlas+bubbletea"
+PAPER_SPEEDUP = 17.0            # "up to 17x": Atlas's training time against the baseline's
+PAPER_GPU_UTILIZATION = 0.94    # "up to 94%": GPU utilization with BubbleTea
+SATURATION = 1.15
+IN_TIME = 0.95                  # fewer requests than this share served by the TTFT: saturated
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SystemFigures:
+    name: str
+    iteration_s: float | None = None
+    error: str | None = None             # the system cannot run this variant (placement)
+    bound: Bound | None = None           # the binding resource (geodc.predict.binding)
+    bounds: tuple[Bound, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"iteration_s": self.iteration_s, "error": self.error,
+                "bound": None if self.bound is None else self.bound.to_dict(),
+                "bounds": [b.to_dict() for b in self.bounds]}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BubbleTeaFigures:
+    gpu_utilization: float
+    training_only: float
+    prefill_share: float
+    offered_per_s: float
+    served_per_s: float
+    requests: int                        # requests with an outcome in the simulated run
+    in_time: int                         # of them served by their TTFT deadline
+    deadline_misses: int                 # of them late or expired
+    queued: int                          # of them still waiting when the simulated run ended
+    deadline_ms: float
+    unused: dict[str, float]             # the unused bubble's share by cause
+
+    @property
+    def saturated(self) -> bool:
+        """More requests than the bubbles hold: the queue grows, and they miss the TTFT or
+        are still waiting at the end."""
+        return self.in_time < IN_TIME * self.requests
+
+    @property
+    def capacity_per_s(self) -> float | None:
+        """Requests/s the bubbles would hold if all their idle time were prefill."""
+        if self.prefill_share <= 0:
+            return None
+        return self.served_per_s * (1 - self.training_only) / self.prefill_share
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__} | {
+            "saturated": self.saturated, "capacity_per_s": self.capacity_per_s,
+            "reaches_paper": self.gpu_utilization >= PAPER_GPU_UTILIZATION}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Row:
+    key: str
+    label: str
+    fields: tuple[str, ...]              # the fields its setting owns
+    changed: tuple[str, ...]             # the fields its document changes (a subset)
+    doc: dict[str, Any]                  # the derived scenario document
+    systems: dict[str, SystemFigures]
+    bubbletea: BubbleTeaFigures | None = None
+    bubbletea_error: str | None = None
+    error: str | None = None             # the change makes no valid scenario
+    reason: str = ""
+    seconds: float = 0.0                 # the model's time for this row
+
+    @property
+    def speedup(self) -> float | None:
+        base, atlas = (self.systems.get(n) for n in ("baseline", "atlas"))
+        if base is None or atlas is None or None in (base.iteration_s, atlas.iteration_s):
+            return None
+        return base.iteration_s / atlas.iteration_s
+
+    def to_dict(self) -> dict[str, Any]:
+        x = self.speedup
+        return {"key": self.key, "label": self.label, "fields": list(self.fields),
+                "changed": list(self.changed), "error": self.error,
+                "systems": {n: f.to_dict() for n, f in self.systems.items()},
+                "speedup": x, "paper_speedup": PAPER_SPEEDUP,
+                "reaches_paper_speedup": None if x is None else x >= PAPER_SPEEDUP,
+                "bubbletea": None if self.bubbletea is None else self.bubbletea.to_dict(),
+                "bubbletea_error": self.bubbletea_error,
+                "paper_gpu_utilization": PAPER_GPU_UTILIZATION,
+                "reason": self.reason, "seconds": self.seconds}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WhatIf:
+    scenario: str
+    path: str
+    gpus: int
+    stages: int
+    replicas: int
+    scale: float
+    rows: list[Row] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "path": self.path, "gpus": self.gpus,
+                "stages": self.stages, "replicas": self.replicas, "scale": self.scale,
+                "systems": list(SYSTEMS), "bubbletea_system": BUBBLETEA,
+                "paper": {"speedup": PAPER_SPEEDUP, "gpu_utilization": PAPER_GPU_UTILIZATION},
+                "seconds": self.seconds, "rows": [r.to_dict() for r in self.rows]}
+
+
+def whatif(scenario: "Scenario") -> WhatIf:
+    """The table's rows for `scenario` (module docstring). ScenarioError if it has a sweep or
+    no training the model can predict."""
+    from geodc.spec.training import TrainConfig
+    if scenario.sweep:
+        raise ScenarioError("sweep", "the what-if changes one scenario, not a sweep",
+                            "give a scenario without a sweep: section")
+    if scenario.training is None:
+        raise ScenarioError("training", f"{scenario.path or scenario.name} has no training "
+                            "section", "add one (see topologies/two_dc.yaml)")
+    cfg = TrainConfig.from_dict(scenario.training)
+    if cfg.compute != "profile":
+        raise ScenarioError("training.compute", "the model needs profile mode (measured op "
+                            "times are not known before a run)", "set compute: profile")
+    t0 = time.perf_counter()
+    doc = dict(scenario.raw)
+    with_bt = scenario.bubbletea is not None
+    rows = [_row(doc, as_given(doc), scenario.path, with_bt)]
+    rows += [_row(doc, v, scenario.path, False) for v in variants(doc)]
+    bt = rows[0].bubbletea
+    if bt is not None and bt.capacity_per_s:
+        target = round_rate(SATURATION * bt.capacity_per_s)
+        v = request_rate_variant(doc, bt.offered_per_s, target, "to saturation")
+        rows.append(_row(doc, v, scenario.path, True, base=rows[0]))
+    return WhatIf(scenario=scenario.name, path=scenario.path,
+                  gpus=cfg.stages * cfg.replicas, stages=cfg.stages, replicas=cfg.replicas,
+                  scale=scenario.scale, rows=rows, seconds=time.perf_counter() - t0)
+
+
+def _row(base_doc: dict, v: Variant, path: str, with_bt: bool, base: Row | None = None) -> Row:
+    from geodc.spec.scenario import parse_scenario
+    from geodc.spec.training import TrainConfig
+    t0 = time.perf_counter()
+    changed = tuple(sorted(changed_fields(base_doc, v.doc)))
+    try:
+        sc = parse_scenario(v.doc, path=path)
+        cfg = TrainConfig.from_dict(sc.training)
+    except ScenarioError as exc:
+        return Row(key=v.key, label=v.label, fields=v.fields, changed=changed, doc=v.doc,
+                   systems={}, error=str(exc),
+                   reason=f"the change makes no valid scenario: {exc}")
+    systems = {name: _system(sc, cfg, name) for name in SYSTEMS}
+    bt, bt_error = None, None
+    if with_bt:
+        try:
+            bt = _bubbletea(sc, cfg)
+        except ScenarioError as exc:
+            bt_error = str(exc)
+    row = Row(key=v.key, label=v.label, fields=v.fields, changed=changed, doc=v.doc,
+              systems=systems, bubbletea=bt, bubbletea_error=bt_error)
+    return _with_reason(row, base, time.perf_counter() - t0)
+
+
+def _system(sc: "Scenario", cfg, name: str) -> SystemFigures:
+    system = get_system(name)
+    try:
+        placement = place_for_system(sc, cfg, system)
+        p = predict(sc, cfg, system)
+    except ScenarioError as exc:
+        return SystemFigures(name=name, error=str(exc))
+    found = tuple(bounds(sc, cfg, system, placement, p))
+    return SystemFigures(name=name, iteration_s=p.iteration_time_s, bounds=found,
+                         bound=binding(found, p.iteration_time_s))
+
+
+def _bubbletea(sc: "Scenario", cfg) -> BubbleTeaFigures:
+    bt = predict(sc, cfg, get_system(BUBBLETEA)).bubbletea
+    pf = bt["prefill"]
+    return BubbleTeaFigures(
+        gpu_utilization=bt["gpu_utilization"], training_only=bt["training_only"],
+        prefill_share=bt["prefill_share"], offered_per_s=bt["load"].get("offered_per_s", 0.0),
+        served_per_s=pf["requests_per_s"], requests=sum(pf["outcomes"].values()),
+        in_time=pf["outcomes"].get("served", 0), deadline_misses=pf["deadline_misses"],
+        queued=pf["outcomes"].get("unserved", 0), deadline_ms=sc.bubbletea.ttft_deadline_ms,
+        unused=dict(bt["unused_bubble"]["share_by_cause"]))
+
+
+def _with_reason(row: Row, base: Row | None, seconds: float) -> Row:
+    """The row with its one-line reason: per system (alike ones together) what binds it, and
+    BubbleTea's load against its bubbles."""
+    parts = []
+    same = base is not None and all(
+        base.systems[n].iteration_s == f.iteration_s for n, f in row.systems.items())
+    if same:
+        parts.append("iteration times as given")
+    else:
+        groups: dict[str, list[str]] = {}
+        for name, f in row.systems.items():
+            groups.setdefault(f.error if f.bound is None else f.bound.text, []).append(name)
+        parts += [f"{', '.join(names)}: {text}" for text, names in groups.items()]
+    if row.bubbletea_error:
+        parts.append(f"BubbleTea: {row.bubbletea_error}")
+    elif row.bubbletea is not None:
+        parts.append(bubbletea_reason(row.bubbletea))
+    return replace(row, reason="; ".join(parts), seconds=seconds)
+
+
+def bubbletea_reason(bt: BubbleTeaFigures) -> str:
+    """Saturated or not, from the served and offered rates, and where the idle time is left."""
+    causes = sorted(((c, v) for c, v in bt.unused.items() if v >= 0.005), key=lambda kv: -kv[1])
+    idle = ", ".join(f"{c} {v:.0%}" for c, v in causes[:2]) or "none"
+    late = bt.requests - bt.in_time
+    share = late / bt.requests if bt.requests else 0.0
+    counts = (f"{late:,} of {bt.requests:,} requests ({share:.0%}) not served within the "
+              f"{bt.deadline_ms / 1e3:g} s TTFT ({bt.deadline_misses:,} missed it, "
+              f"{bt.queued:,} still queued)")
+    rates = f"{bt.served_per_s:,.0f} of {bt.offered_per_s:,.0f} requests/s served"
+    if bt.saturated:
+        return f"BubbleTea saturated: {rates}, {counts}; idle left: {idle}"
+    cap = bt.capacity_per_s
+    return (f"BubbleTea below saturation: {rates}"
+            + (f" (the bubbles hold about {cap:,.0f}/s)" if cap else "")
+            + f", {counts}; idle left: {idle}")
