@@ -24,9 +24,13 @@ def plan(*args: str) -> subprocess.CompletedProcess:
 def test_plan_prints_hosts_and_exits_0():
     res = plan(TWO_DC)
     assert res.returncode == 0, res.stderr
-    for host in ("east-h1", "east-h2", "west-h1", "west-h2"):
-        assert host in res.stdout
+    assert "stage 0: r0-1 east-h[1-2] (east)" in res.stdout      # hosts as ranges
+    assert "stage 1: r0-1 west-h[1-2] (west)" in res.stdout
     assert res.stdout.startswith(TWO_DC) and "baseline:" in res.stdout
+    full = plan(TWO_DC, "--full")
+    assert full.returncode == 0, full.stderr
+    assert "stage 0: r0 east-h1 (east), r1 east-h2 (east)" in full.stdout   # every host
+    assert "stage 1: r0 west-h1 (west), r1 west-h2 (west)" in full.stdout
 
 
 def test_plan_json_parses_and_has_every_asked_system():

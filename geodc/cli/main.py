@@ -3,8 +3,8 @@
     sudo python run_testbed.py calibrate topologies/three_dc.yaml [--out results] [--backend B]
     sudo python run_testbed.py run topologies/atlas_paper.yaml [--systems baseline,atlas] [--iterations N]
     sudo python run_testbed.py topologies/two_dc.yaml          # shorthand for run
-    sudo python run_testbed.py validate topologies/*.yaml      # check scenario files only
-    python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b]  # no root
+    sudo python run_testbed.py validate topologies/*.yaml [-q] # check scenario files only
+    python run_testbed.py plan topologies/two_dc.yaml [--json] [--systems a,b] [--full]  # no root
     python run_testbed.py predict topologies/atlas_paper.yaml [--json] [--systems a,b] [--plan N]
     python run_testbed.py whatif topologies/paper/gpt70b_3dc.yaml [--json]  # one change at a time
     python run_testbed.py reproduce results/RUN... [--out DIR] # tables and figures from results
@@ -62,9 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(cal)
     val = sub.add_parser("validate", help="check scenario files, build nothing")
     val.add_argument("scenario", nargs="+")
+    val.add_argument("-q", "--quiet", action="store_true",
+                     help="one line per file: leave out the routes (checked all the same)")
     plan = sub.add_parser("plan", help="print each system's placement, WAN crossings and slot "
                           "plan (no root, builds nothing)")
     _scenario_systems_json(plan)
+    plan.add_argument("--full", action="store_true",
+                      help="every replica, pipeline and host (default: as ranges, such as "
+                           "usw-h[1-250]); with --json, each link's slot-by-slot order too")
     pred = sub.add_parser("predict", help="the model's iteration time, bubbles and WAN use per "
                           "system (no root, builds nothing)")
     _scenario_systems_json(pred)
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             from geodc.cli.planview import plan_command
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
-            print(plan_command(args.scenario, systems, as_json=args.json))
+            print(plan_command(args.scenario, systems, as_json=args.json, full=args.full))
             return 0
         if args.command == "predict":
             from geodc.cli.predict import predict_command
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = 0
             for path in args.scenario:   # every file; with several, each error names its file
                 try:
-                    print(_validate(path))
+                    print(_validate(path, routes=not args.quiet))
                 except ScenarioError as exc:
                     name = f"{path}: " if len(args.scenario) > 1 else ""
                     print(f"error: {name}{exc}", file=sys.stderr)
@@ -219,8 +224,9 @@ def _dead_runs_notice() -> None:
         print(notice, file=sys.stderr)
 
 
-def _validate(path: str) -> str:
-    """What `validate` prints for one scenario file; ScenarioError on any problem."""
+def _validate(path: str, routes: bool = True) -> str:
+    """What `validate` prints for one scenario file (routes: the route lines too); ScenarioError
+    on any problem."""
     from geodc.plans.routing import dc_paths
     from geodc.features.checks import load_run
     from geodc.spec.scenario import load_scenario
@@ -240,9 +246,11 @@ def _validate(path: str) -> str:
     elif scenario.training is not None:
         _, cfg, systems = load_run(path)  # exactly what `run` checks
         what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
-    lines = [f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, {what})",
-             f"  routes ({scenario.routing}):"]
-    paths = {(p.src, p.dst): p for p in dc_paths(scenario)}
+    head = f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, {what})"
+    paths = {(p.src, p.dst): p for p in dc_paths(scenario)}   # routed either way: a check too
+    if not routes:
+        return head
+    lines = [head, f"  routes ({scenario.routing}):"]
     for p in paths.values():
         rtt_ms = p.delay_ms + paths[(p.dst, p.src)].delay_ms
         lines.append(f"    {p.describe()}, RTT {rtt_ms:g} ms")

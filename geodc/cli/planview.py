@@ -4,16 +4,23 @@ One job: gather and format the plan (geodc.plans.placement, geodc.plans.systems,
 system: the DC and host of every stage replica, the WAN links each stage boundary crosses and
 with how many TCP connections, which stages' all-reduce crosses the WAN, and the WAN sharing
 plan. Pure: no root, no network, no Mininet, no torch.
+
+The text writes replicas, pipelines and hosts as ranges (geodc.spec.ranges: `r0-249
+usw-h[1-250] (usw)`), so that 10,000 GPUs take a screen, not megabytes; `--full` lists every
+one. The JSON has every host; it leaves out each link's slot-by-slot `order` (its `messages`
+give the same order, one entry per message instead of one per slot) unless `--full`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from geodc.spec.errors import ScenarioError
 from geodc.spec.links import LinkDir, hops
+from geodc.spec.ranges import host_list, number_ranges, split_host
 from geodc.plans.placement import Placement, place_for_system
 from geodc.plans.routing import dc_paths
 from geodc.spec.scenario import Scenario, load_scenario
@@ -27,6 +34,10 @@ if TYPE_CHECKING:
 POLICY_NOTES = {"scenario-order": "hosts filled DC by DC in scenario order",
                 "atlas": "all replicas of a stage in one DC, largest DCs first",
                 "dp-across-dcs": "each pipeline in one DC, replicas spread over DCs"}
+
+
+STEPPED = re.compile(r"\d-\d+/\d")      # a range with a step, geodc.spec.ranges
+STEPS_NOTE = "(a-b/s in a range: from a to b in steps of s; --full lists every host)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,25 +74,28 @@ class SystemPlan:
     slots: SlotPlan
     bubbletea: dict | None = None     # +bubbletea systems: where the prefill side runs, load
 
-    def to_dict(self) -> dict:
+    def to_dict(self, full: bool = False) -> dict:
         s = self.system
         return {"system": s.name, "placement_policy": s.placement, "connections": s.connections,
                 "wan_sharing": s.wan_sharing, "fill_bubbles": s.fill_bubbles,
                 "placement": self.placement.to_dict(),
                 "boundaries": [r.to_dict() for r in self.routes],
-                "slot_plan": self.slots.to_dict(), "bubbletea": self.bubbletea}
+                "slot_plan": self.slots.to_dict(order=full), "bubbletea": self.bubbletea}
 
-    def lines(self) -> list[str]:
+    def lines(self, full: bool = False) -> list[str]:
+        """The text (module docstring): ranges, or every replica and host with full."""
         s, pl = self.system, self.placement
         how = {"policy": POLICY_NOTES[pl.policy], "pinned-dcs": "stages pinned to DCs by "
                "training.placement", "pinned-hosts": "hosts given by training.placement"}[pl.source]
         out = [f"{s.name}: placement {pl.policy} ({how}), connections {s.connections}, "
                f"WAN sharing {s.wan_sharing}"]
         for st, row in enumerate(pl.hosts):
-            out.append(f"  stage {st}: " + ", ".join(f"r{r} {h} ({pl.stage_dcs[st][r]})"
-                                                     for r, h in enumerate(row)))
+            pieces = ([f"r{r} {h} ({pl.stage_dcs[st][r]})" for r, h in enumerate(row)] if full
+                      else replica_ranges(row, pl.stage_dcs[st]))
+            out.append(f"  stage {st}: " + ", ".join(pieces))
+        hosts = (lambda hs: ", ".join(hs)) if full else host_list
         for rt in self.routes:
-            pipes = ",".join(map(str, rt.pipelines))
+            pipes = ",".join(map(str, rt.pipelines)) if full else number_ranges(rt.pipelines)
             head = f"  s{rt.boundary}->s{rt.boundary + 1} pipelines {pipes}: "
             if not rt.wan:
                 out.append(head + f"inside {rt.src_dc}")
@@ -93,20 +107,64 @@ class SystemPlan:
                 back = ", ".join(map(str, hops(rt.backward)))
                 line += f"; gradients back over {back}"
             out.append(line)
-        wan_ar = [f"stage {st} ({', '.join(dict.fromkeys(pl.stage_dcs[st]))})"
-                  for st, x in enumerate(pl.allreduce_across_wan()) if x]
+        wan_ar = allreduce_pieces(pl, full)
         out.append("  all-reduce over the WAN: " + ("; ".join(wan_ar) if wan_ar else "none"))
-        out += ["  " + line for line in self.slots.summary_lines()]
+        out += ["  " + line for line in self.slots.summary_lines(full)]
         if self.bubbletea is not None:
             bt = self.bubbletea
+            about = "about " if bt["expected"] else ""
             for dc, d in bt["dcs"].items():
-                out.append(f"  bubbletea {dc}: prefill on {', '.join(d['prefill'])}; decode on "
-                           f"{', '.join(d['decode'])}; controller on {d['controller']}; "
-                           f"{d['requests']} requests")
-            out.append(f"  bubbletea load: {bt['kept']} requests ({bt['offered_per_s']:.1f}/s "
-                       f"over {bt['duration_s']:g} s), {bt['refused']} refused, "
-                       f"{bt['truncated']} truncated to {bt['context_tokens']} tokens")
+                out.append(f"  bubbletea {dc}: prefill on {hosts(d['prefill'])}; decode on "
+                           f"{hosts(d['decode'])}; controller on {d['controller']}; "
+                           f"{about}{d['requests']} requests")
+            out.append(f"  bubbletea load: {about}{bt['kept']} requests "
+                       f"({bt['offered_per_s']:.1f}/s over {bt['duration_s']:g} s), "
+                       f"{bt['refused']} refused, {bt['truncated']} truncated to "
+                       f"{bt['context_tokens']} tokens"
+                       + (" (expected counts: too many to draw for a plan)" if about else ""))
         return out
+
+
+def allreduce_pieces(pl: Placement, full: bool) -> list[str]:
+    """The stages whose all-reduce crosses the WAN, each with its DCs; without full, stages with
+    the same DCs go together (`stages 0-19 (usw, use)`)."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for st, x in enumerate(pl.allreduce_across_wan()):
+        if x:
+            groups.setdefault(tuple(dict.fromkeys(pl.stage_dcs[st])), []).append(st)
+    if full:
+        return [f"stage {st} ({', '.join(dict.fromkeys(pl.stage_dcs[st]))})"
+                for st, x in enumerate(pl.allreduce_across_wan()) if x]
+    return [f"stage{'s' * (len(sts) > 1)} {number_ranges(sts)} ({', '.join(dcs)})"
+            for dcs, sts in groups.items()]
+
+
+def replica_ranges(hosts: Sequence[str], dcs: Sequence[str]) -> list[str]:
+    """One stage's replicas as `r0-249 usw-h[1-250] (usw)` pieces: DC by DC (in order of first
+    use), each DC's replicas cut into runs in which the replica index and the host number both
+    advance by a fixed step (geodc.spec.ranges); a replica that fits no run stands alone."""
+    by_dc: dict[str, list[int]] = {}
+    for r, dc in enumerate(dcs):
+        by_dc.setdefault(dc, []).append(r)
+    out = []
+    for dc, reps in by_dc.items():
+        keys = [split_host(hosts[r]) for r in reps]
+        i = 0
+        while i < len(reps):
+            j = i
+            prefix, num = keys[i]
+            if num is not None and i + 1 < len(reps) and keys[i + 1][0] == prefix \
+                    and keys[i + 1][1] is not None and keys[i + 1][1] > num:
+                dr, dh = reps[i + 1] - reps[i], keys[i + 1][1] - num
+                while (j + 1 < len(reps) and keys[j + 1][0] == prefix
+                       and reps[j + 1] - reps[j] == dr and keys[j + 1][1] == keys[j][1] + dh):
+                    j += 1
+                if j == i + 1 and (dr != 1 or dh != 1):
+                    j = i      # two alone read better than a stepped pair
+            run = reps[i:j + 1]
+            out.append(f"r{number_ranges(run)} {host_list([hosts[r] for r in run])} ({dc})")
+            i = j + 1
+    return out
 
 
 def routes_of(scenario: Scenario, placement: Placement, system: System) -> tuple[Route, ...]:
@@ -150,30 +208,35 @@ def load_training(scenario: Scenario) -> "TrainConfig":
     return TrainConfig.from_dict(scenario.training)
 
 
-def plan_document(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan]) -> dict:
+def plan_document(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan],
+                  full: bool = False) -> dict:
     return {"scenario": scenario.name, "path": scenario.path, "scale": scenario.scale,
             "time_scale": scenario.time_scale, "routing": scenario.routing,
             "connections": scenario.connections,
             "training": {"stages": cfg.stages, "replicas": cfg.replicas,
                          "micro_batches": cfg.micro_batches, "schedule": cfg.schedule,
                          "compute": cfg.compute},
-            "systems": {p.system.name: p.to_dict() for p in plans}}
+            "systems": {p.system.name: p.to_dict(full) for p in plans}}
 
 
-def plan_text(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan]) -> str:
+def plan_text(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan],
+              full: bool = False) -> str:
     out = [f"{scenario.path or scenario.name}: P={cfg.stages} stages x D={cfg.replicas} "
            f"replicas, M={cfg.micro_batches} ({cfg.schedule}, {cfg.compute}), scale "
            f"{scenario.scale:g}, connections {scenario.connections}"]
-    for p in plans:
-        out += p.lines()
-    return "\n".join(out)
+    body = [line for p in plans for line in p.lines(full)]
+    if not full and any(STEPPED.search(line) for line in body):
+        out.append(STEPS_NOTE)
+    return "\n".join(out + body)
 
 
-def plan_command(path: str, systems: Sequence[str] | None = None, as_json: bool = False) -> str:
-    """What `run_testbed.py plan` prints. Raises ScenarioError on bad input."""
+def plan_command(path: str, systems: Sequence[str] | None = None, as_json: bool = False,
+                 full: bool = False) -> str:
+    """What `run_testbed.py plan` prints (module docstring; full: every host and slot). Raises
+    ScenarioError on bad input."""
     scenario = load_scenario(path)
     cfg = load_training(scenario)
     plans = [plan_system(scenario, cfg, s) for s in resolve_systems(scenario, systems)]
     if as_json:
-        return json.dumps(plan_document(scenario, cfg, plans), indent=1)
-    return plan_text(scenario, cfg, plans)
+        return json.dumps(plan_document(scenario, cfg, plans, full), indent=1)
+    return plan_text(scenario, cfg, plans, full)

@@ -93,23 +93,39 @@ def next_hops(nodes: Iterable[str], edges: Iterable[Edge],
 
 
 def paths(nodes: Iterable[str], edges: Iterable[Edge], policy: str = "direct") -> list[Path]:
-    """Every ordered DC pair's path, by following each DC's next hop (scenario order)."""
+    """Every ordered DC pair's path, by following each DC's next hop (scenario order). Per
+    destination, a DC's path is itself followed by its next hop's (built once per DC); the
+    delay is summed hop by hop from the source."""
     nodes, edges = list(nodes), list(edges)
-    delay = {frozenset((e.a, e.b)): e.delay_ms for e in edges}
+    delay: dict[tuple[str, str], float] = {}
+    for e in edges:
+        delay[(e.a, e.b)] = delay[(e.b, e.a)] = e.delay_ms
     hops = next_hops(nodes, edges, policy)
+    towards: dict[str, dict[str, tuple[str, ...]]] = {}
+    for dst in nodes:
+        known: dict[str, tuple[str, ...]] = {dst: (dst,)}
+        for src in nodes:
+            chain, n = [], src
+            while n not in known:
+                chain.append(n)
+                n = hops[(n, dst)]
+                if len(chain) > len(nodes):
+                    raise AssertionError(f"routing loop from {src} to {dst}: {chain}")
+            tail = known[n]
+            for c in reversed(chain):
+                tail = (c,) + tail
+                known[c] = tail
+        towards[dst] = known
     out = []
     for src in nodes:
         for dst in nodes:
             if src == dst:
                 continue
-            walk, total = [src], 0.0
-            while walk[-1] != dst:
-                nxt = hops[(walk[-1], dst)]
-                total += delay[frozenset((walk[-1], nxt))]
-                walk.append(nxt)
-                if len(walk) > len(nodes):
-                    raise AssertionError(f"routing loop from {src} to {dst}: {walk}")
-            out.append(Path(src=src, dst=dst, dcs=tuple(walk), delay_ms=total))
+            dcs = towards[dst][src]
+            total = 0.0
+            for hop in zip(dcs, dcs[1:]):
+                total += delay[hop]
+            out.append(Path(src=src, dst=dst, dcs=dcs, delay_ms=total))
     return out
 
 
@@ -124,8 +140,19 @@ def dc_paths(scenario: "Scenario") -> list[Path]:
 
 
 def path_table(scenario: "Scenario") -> Mapping[tuple[str, str], Path]:
-    """dc_paths by (source DC, destination DC); the same table for the same network."""
-    return _table(*_routing_key(scenario))
+    """dc_paths by (source DC, destination DC); the same table for the same network. The last
+    scenario asked about is remembered by identity (a Scenario is frozen), so the thousands of
+    look-ups one plan makes skip building and hashing the network's key."""
+    global _last_table
+    last = _last_table
+    if last is not None and last[0] is scenario:
+        return last[1]
+    table = _table(*_routing_key(scenario))
+    _last_table = (scenario, table)
+    return table
+
+
+_last_table: tuple["Scenario", Mapping[tuple[str, str], Path]] | None = None
 
 
 def _routing_key(scenario: "Scenario") -> tuple[tuple[str, ...], tuple[Edge, ...], str]:

@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from geodc.plans.systems import arrival_bounds_hold
 from geodc.spec.errors import ScenarioError
 
+# `plan` draws a Poisson load as `run` would up to this many requests (about 1 s); above it, the
+# expected counts (drawing 10^6 takes about 10 s, and a predict_only load may be far larger)
+PLAN_DRAW_LIMIT = 100_000
+
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
     from geodc.spec.bubbletea import BubbleTeaConfig
@@ -70,7 +74,6 @@ def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> 
     """The load, fitted to the context and split over dcs ({dc: training hosts}) by smooth
     weighted round robin: request i goes to the DC most behind its share."""
     from geodc.features.bubbletea import load as loadmod
-    from geodc.rules.prefill_profile import PrefillProfile
 
     trace = loadmod.load_trace(cfg.load.trace)
     if cfg.load.kind == "replay":
@@ -79,9 +82,7 @@ def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> 
     else:
         reqs = loadmod.poisson(rate_per_s=cfg.load.poisson_per_s, duration_s=cfg.load.window_s,
                                lengths=trace, seed=cfg.load.seed)
-    # profile mode: the target's profiled context; measured: the real model's own
-    context = (PrefillProfile.load(cfg.profile).max_tokens if compute == "profile"
-               else cfg.model["context"])
+    context = context_tokens(cfg, compute)
     kept, refused = loadmod.fit_context(reqs, max_context_tokens=context, rule=cfg.context_rule)
     total = sum(dcs.values())
     credit = {dc: 0.0 for dc in dcs}
@@ -106,13 +107,64 @@ def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> 
                      "start_s": cfg.load.start_s}}
 
 
+def context_tokens(cfg: "BubbleTeaConfig", compute: str) -> int:
+    """The longest request that fits: the profiled context in profile mode, else the model's."""
+    from geodc.rules.prefill_profile import PrefillProfile
+    return (PrefillProfile.load(cfg.profile).max_tokens if compute == "profile"
+            else cfg.model["context"])
+
+
+def expected_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> dict[str, Any]:
+    """make_requests' figures for a Poisson load as expected values, without drawing it:
+    poisson_per_s x window_s requests with the trace's length mix, split over dcs ({dc: training
+    hosts}) in proportion (`expected: True`; counts rounded)."""
+    from geodc.features.bubbletea import load as loadmod
+
+    trace = loadmod.load_trace(cfg.load.trace)
+    context = context_tokens(cfg, compute)
+    over = sum(r.prompt_tokens + r.output_tokens > context for r in trace) / len(trace)
+    n = cfg.load.poisson_per_s * cfg.load.window_s
+    refused = n * over if cfg.context_rule == "refuse" else 0.0
+    kept = n - refused
+    return {"per_dc": apportion(round(kept), dcs),
+            "context_tokens": context, "rule": cfg.context_rule,
+            "offered_per_s": kept / cfg.load.window_s, "duration_s": cfg.load.window_s,
+            "requests": round(n), "kept": round(kept), "refused": round(refused),
+            "truncated": round(n * over) if cfg.context_rule == "truncate" else 0,
+            "expected": True,
+            "load": {"kind": cfg.load.kind, "trace": cfg.load.trace,
+                     "rate_multiplier": cfg.load.rate_multiplier,
+                     "poisson_per_s": cfg.load.poisson_per_s, "window_s": cfg.load.window_s,
+                     "start_s": cfg.load.start_s}}
+
+
+def apportion(total: int, weights: dict[str, int]) -> dict[str, int]:
+    """total split in proportion to weights, in whole numbers that add up to it (largest
+    remainders get the leftovers; ties: first in order)."""
+    whole = sum(weights.values())
+    exact = {k: total * w / whole for k, w in weights.items()}
+    out = {k: int(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: out[k] - exact[k])[:total - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
 def bubbletea_plan(scenario: "Scenario", compute: str, placement: "Placement",
                    system_name: str) -> dict[str, Any]:
-    """Where the prefill side of a +bubbletea system runs, and its load (no network)."""
+    """Where the prefill side of a +bubbletea system runs, and its load (no network): drawn as
+    `run` draws it, or, for a Poisson load of over PLAN_DRAW_LIMIT requests, its expected counts
+    (expected_requests)."""
     cfg = check(scenario, placement, system_name)
     hosts = hosts_by_dc(placement)
-    load = make_requests(cfg, compute, {dc: len(hs) for dc, hs in hosts.items()})
+    counts = {dc: len(hs) for dc, hs in hosts.items()}
+    if (cfg.load.kind == "poisson"
+            and cfg.load.poisson_per_s * cfg.load.window_s > PLAN_DRAW_LIMIT):
+        load = expected_requests(cfg, compute, counts)
+        per_dc = load["per_dc"]
+    else:
+        load = make_requests(cfg, compute, counts)
+        per_dc = {dc: len(reqs) for dc, reqs in load["per_dc"].items()}
     return {"dcs": {dc: {"prefill": hs, "decode": scenario.decode_host_names(dc),
                          "controller": scenario.decode_host_names(dc)[0],
-                         "requests": len(load["per_dc"][dc])} for dc, hs in hosts.items()},
-            **{k: v for k, v in load.items() if k != "per_dc"}}
+                         "requests": per_dc[dc]} for dc, hs in hosts.items()},
+            "expected": False, **{k: v for k, v in load.items() if k != "per_dc"}}

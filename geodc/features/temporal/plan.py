@@ -40,6 +40,7 @@ from geodc.rules.pipeline import compute_only
 from geodc.rules.schedule import schedule_table
 from geodc.rules.stripes import stripe_count
 from geodc.spec.links import LinkDir
+from geodc.spec.ranges import number_ranges
 
 if TYPE_CHECKING:
     from geodc.plans.placement import Placement
@@ -116,7 +117,9 @@ class LinkPlan:
     delay_ms: float
     sharing: str                         # "temporal" | "concurrent"
     crossings: tuple[Crossing, ...]
-    order: tuple[Slot, ...]              # temporal: the slots of one iteration, in order
+    # temporal: the messages of one iteration in order, (crossing index, micro-batch); each
+    # takes one slot per pipeline of its crossing, round-robin (`order` lists those slots)
+    messages: tuple[tuple[int, int], ...]
     slots_per_iteration: int
     busy_ms: float                       # sum of the slots of one iteration
     busy_fraction: float | None          # busy_ms / compute-only iteration (None: unknown)
@@ -125,12 +128,26 @@ class LinkPlan:
     def direction(self) -> LinkDir:
         return LinkDir(self.src_dc, self.dst_dc)
 
-    def to_dict(self) -> dict:
+    @property
+    def order(self) -> tuple[Slot, ...]:
+        """Temporal: the slots of one iteration, in order (the messages, each expanded)."""
+        out = []
+        for i, m in self.messages:
+            c = self.crossings[i]
+            out += [Slot(boundary=c.boundary, kind=c.kind, micro_batch=m, pipeline=p,
+                         slot_ms=c.slot_ms) for p in c.pipelines]
+        return tuple(out)
+
+    def to_dict(self, order: bool = True) -> dict:
+        """With order=False the slot-by-slot `order` is left out (`messages` holds it)."""
+        slots = {"order": [s.to_dict() for s in self.order]} if order else {}
         return {"link": str(self.direction), "src_dc": self.src_dc,
                 "dst_dc": self.dst_dc, "rate_mbit": self.rate_mbit, "delay_ms": self.delay_ms,
                 "sharing": self.sharing, "crossings": [c.to_dict() for c in self.crossings],
-                "order": [s.to_dict() for s in self.order],
-                "slots_per_iteration": self.slots_per_iteration, "busy_ms": self.busy_ms,
+                "messages": [{"crossing": i, "boundary": self.crossings[i].boundary,
+                              "kind": self.crossings[i].kind, "micro_batch": m}
+                             for i, m in self.messages],
+                **slots, "slots_per_iteration": self.slots_per_iteration, "busy_ms": self.busy_ms,
                 "busy_fraction": self.busy_fraction}
 
 
@@ -147,12 +164,15 @@ class SlotPlan:
     def used_links(self) -> tuple[LinkPlan, ...]:
         return tuple(link for link in self.links if link.crossings)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, order: bool = True) -> dict:
         return {"system": self.system, "sharing": self.sharing, "compute": self.compute,
                 "micro_batches": self.micro_batches, "window_bytes": self.window_bytes,
-                "iteration_ms": self.iteration_ms, "links": [lk.to_dict() for lk in self.links]}
+                "iteration_ms": self.iteration_ms,
+                "links": [lk.to_dict(order) for lk in self.links]}
 
-    def summary_lines(self) -> list[str]:
+    def summary_lines(self, full: bool = True) -> list[str]:
+        """What `plan` prints; full=False writes pipelines as ranges and long staggers by their
+        ends and step (geodc.spec.ranges)."""
         it = (f"compute-only iteration {self.iteration_ms:.1f} ms" if self.iteration_ms
               is not None else "iteration time unknown (measured mode)")
         out = [f"WAN sharing: {self.sharing} ({it}; window {self.window_bytes / 1e3:.1f} KB per "
@@ -173,25 +193,46 @@ class SlotPlan:
                 via = "" if len(c.path) == 2 else f" via {', '.join(c.path[1:-1])}"
                 stages = (f"s{c.boundary}->s{c.boundary + 1}" if c.kind == "activation"
                           else f"s{c.boundary + 1}->s{c.boundary}")
+                pipes = ",".join(map(str, c.pipelines)) if full else number_ranges(c.pipelines)
                 line = (f"    {c.kind} {stages} {LinkDir(c.src_dc, c.dst_dc)}{via}, pipelines "
-                        f"{','.join(map(str, c.pipelines))}: {c.payload_bytes} B "
+                        f"{pipes}: {c.payload_bytes} B "
                         f"({c.wire_bytes} B on the wire), K={c.connections}, ")
                 if temporal:
                     line += (f"slot {c.slot_ms:.2f} ms ({limit}: {c.window_limit_mbit:.1f} "
                              f"Mbit/s window vs {c.path_rate_mbit:g} Mbit/s), "
-                             f"{c.slots_per_iteration} slots, stagger "
-                             f"{', '.join(f'{x:.2f}' for x in c.stagger_ms)} ms")
+                             f"{c.slots_per_iteration} slots, stagger {_stagger(c, full)}")
                 else:
                     line += (f"{c.slot_ms:.2f} ms alone ({limit}: {c.window_limit_mbit:.1f} "
                              f"Mbit/s window vs {c.path_rate_mbit:g} Mbit/s), "
                              f"{c.slots_per_iteration} transfers")
                 out.append(line)
-            if link.order:
-                shown = " ".join(s.label for s in link.order[:MAX_ORDER_SHOWN])
-                more = (f" ... (+{len(link.order) - MAX_ORDER_SHOWN})"
-                        if len(link.order) > MAX_ORDER_SHOWN else "")
+            if link.messages:
+                first = _first_slots(link, MAX_ORDER_SHOWN)
+                shown = " ".join(s.label for s in first)
+                more = (f" ... (+{link.slots_per_iteration - len(first)})"
+                        if link.slots_per_iteration > len(first) else "")
                 out.append(f"    order: {shown}{more}")
         return out
+
+
+def _stagger(c: Crossing, full: bool) -> str:
+    """A crossing's staggers: every one, or (full=False, over 4) the first, last and step."""
+    if full or len(c.stagger_ms) <= 4:
+        return ", ".join(f"{x:.2f}" for x in c.stagger_ms) + " ms"
+    return (f"{c.stagger_ms[0]:.2f}-{c.stagger_ms[-1]:.2f} ms, {c.slot_ms:.2f} ms apart "
+            f"({len(c.stagger_ms)} pipelines)")
+
+
+def _first_slots(link: LinkPlan, n: int) -> list[Slot]:
+    """The first n slots of link's order, without expanding the rest."""
+    out: list[Slot] = []
+    for i, m in link.messages:
+        c = link.crossings[i]
+        out += [Slot(boundary=c.boundary, kind=c.kind, micro_batch=m, pipeline=p,
+                     slot_ms=c.slot_ms) for p in c.pipelines[:n - len(out)]]
+        if len(out) >= n:
+            break
+    return out
 
 
 def message_payload_bytes(cfg: "TrainConfig", scale: float) -> list[int]:
@@ -286,12 +327,12 @@ def plan_slots(scenario: "Scenario", cfg: "TrainConfig", placement: "Placement",
                     window_limit_mbit=window_mbit, slot_ms=ms, window_limited=limited,
                     slots_per_iteration=len(pipes) * M,
                     stagger_ms=tuple(d * ms for d in range(len(pipes)))))
-            order = _order(crossings, ends, M) if system.temporal else ()
+            messages = _messages(crossings, ends, M) if system.temporal else ()
             n_slots = sum(c.slots_per_iteration for c in crossings)
             busy = sum(c.slot_ms * c.slots_per_iteration for c in crossings)
             links.append(LinkPlan(
                 src_dc=src_l, dst_dc=dst_l, rate_mbit=wl.rate_mbit, delay_ms=wl.delay_ms,
-                sharing=system.wan_sharing, crossings=tuple(crossings), order=order,
+                sharing=system.wan_sharing, crossings=tuple(crossings), messages=messages,
                 slots_per_iteration=n_slots, busy_ms=busy,
                 busy_fraction=None if not iteration else busy / iteration))
     return SlotPlan(system=system.name, sharing=system.wan_sharing, compute=cfg.compute,
@@ -299,20 +340,15 @@ def plan_slots(scenario: "Scenario", cfg: "TrainConfig", placement: "Placement",
                     links=tuple(links))
 
 
-def _order(crossings: list[Crossing], ends: dict[tuple[str, int, int], float],
-           micro_batches: int) -> tuple[Slot, ...]:
-    """Messages in the order the schedule produces them (an activation of boundary s when
-    F(s, m) ends, a gradient when B(s+1, m) ends; ties: boundary, activations first), each
-    expanded round-robin over its pipelines."""
+def _messages(crossings: list[Crossing], ends: dict[tuple[str, int, int], float],
+              micro_batches: int) -> tuple[tuple[int, int], ...]:
+    """(crossing index, micro-batch) of every message, in the order the schedule produces them
+    (an activation of boundary s when F(s, m) ends, a gradient when B(s+1, m) ends; ties:
+    boundary, activations first). LinkPlan.order expands each round-robin over its pipelines."""
     events = []
     for i, c in enumerate(crossings):
         for m in range(micro_batches):
             ready = (ends[("F", c.boundary, m)] if c.kind == "activation"
                      else ends[("B", c.boundary + 1, m)])
             events.append((ready, c.boundary, c.kind != "activation", m, i))
-    out = []
-    for _, _, _, m, i in sorted(events):
-        c = crossings[i]
-        out += [Slot(boundary=c.boundary, kind=c.kind, micro_batch=m, pipeline=p,
-                     slot_ms=c.slot_ms) for p in c.pipelines]
-    return tuple(out)
+    return tuple((i, m) for _, _, _, m, i in sorted(events))
