@@ -139,9 +139,9 @@ def test_a_bubbletea_run_is_checked_against_the_model():
 
 
 def test_folded_replicas_take_their_share_of_the_load(monkeypatch):
-    """atlas_bubbletea with three replicas of each stage in one DC: folded, each stage is
-    simulated as its first GPU and one standing for the other two, which takes their share of
-    the requests; the figures stay those of the three GPUs simulated apart."""
+    """atlas_bubbletea with three replicas of each stage in one DC: folded, each stage's
+    prefills are simulated on one GPU standing for the three, which takes a GPU's share of the
+    requests; the figures stay those of the three GPUs simulated apart."""
     import geodc.predict.predict as mp
     from geodc.spec.scenario import parse_scenario
     raw = dict(load_scenario(REPO / "topologies" / "atlas_bubbletea.yaml").raw)
@@ -153,7 +153,7 @@ def test_folded_replicas_take_their_share_of_the_load(monkeypatch):
     apart = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea
     monkeypatch.setattr(mp, "FOLD_ABOVE_REPLICAS", 1)
     folded = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea
-    assert folded["simulated"]["gpus"] == 9 and folded["simulated"]["hosts"] == 6
+    assert folded["simulated"]["gpus"] == 9 and folded["simulated"]["hosts"] == 3
     assert apart["simulated"]["hosts"] == 9
     assert folded["gpu_utilization"] == pytest.approx(apart["gpu_utilization"], abs=0.05)
     assert folded["prefill"]["requests_per_s"] == pytest.approx(

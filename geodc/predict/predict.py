@@ -271,24 +271,27 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                placement: "Placement", result: SimResult) -> dict[str, Any]:
     """geodc.predict.bubbletea's figures for the simulated run under the load a run would replay (same
     requests, same DC split). Unfolded, every GPU is its own host; folded (above
-    FOLD_ABOVE_REPLICAS), each simulated replica stands for its alike GPUs with their share of
-    the load (geodc.predict.bubbletea.thin_load), and its figures count that many times."""
+    FOLD_ABOVE_REPLICAS), each group's last simulated replica stands for its alike GPUs with
+    their share of the load (geodc.predict.bubbletea.thin_load), and its figures count that
+    many times."""
     from geodc.predict.bubbletea import predict_bubbletea, thin_load, unthin
     from geodc.features.bubbletea.plan import check, hosts_by_dc
     bt = check(scenario, placement, system.name)
     classes = simulated_replicas(placement)
     folded = any(c.n > 1 for c in classes)
-    offsets = [sum(c.n for c in classes[:i]) for i in range(len(classes))]
+    # folded, a group's last replica stands for all of it (its first is one GPU of hundreds;
+    # the others are the last's timeline at a spacing)
+    heads = {c.head for c in classes if c.head is not None}
     spans, host_dc, weight = [], {}, {}
     for span in as_spans(result):
         s, c = span["stage"], span["replica"]
-        first, n, _ = classes[c]
-        for i in range(1 if folded else n):
-            r = c if folded else offsets[c] + i
-            host = f"s{s}r{r}"
-            spans.append(dict(span, replica=r, host=host))
-            host_dc[host] = placement.stage_dcs[s][first]
-            weight[host] = n if folded else 1
+        if folded and c in heads:
+            continue
+        first, n, head = classes[c]
+        host = f"s{s}r{c}"
+        spans.append(dict(span, host=host))
+        host_dc[host] = placement.stage_dcs[s][first]
+        weight[host] = n + (head is not None) if folded else 1
     gpus = {dc: len(hs) for dc, hs in hosts_by_dc(placement).items()}
     load, share = thin_load(bt, cfg.compute, host_dc, gpus)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
