@@ -1,2 +1,2 @@
-"""The commands of run_testbed.py: argument parsing and the list/show/plan/predict views.
+"""The commands of run_testbed.py: argument parsing and the list/show/plan/predict/whatif views.
 """

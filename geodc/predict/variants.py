@@ -104,20 +104,31 @@ def variants(doc: dict[str, Any]) -> list[Variant]:
 def _uneven(doc: dict[str, Any], replicas: int, stages: int) -> dict[str, Any]:
     """UNEVEN_CUT x D hosts (at least 1) moved from every DC but the last to the last; where
     that leaves too few whole stages for Atlas's placement, added to every DC but the last
-    instead (so both placements still fit)."""
-    cut = max(1, round(replicas * UNEVEN_CUT))
-    moved = copy.deepcopy(doc)
-    taken = 0
-    for dc in moved["dcs"][:-1]:
-        take = min(cut, dc["hosts"] - 1)
-        dc["hosts"] -= take
-        taken += take
-    moved["dcs"][-1]["hosts"] += taken
-    if taken and sum(dc["hosts"] // replicas for dc in moved["dcs"]) >= stages:
-        return moved
-    added = copy.deepcopy(doc)
-    for dc in added["dcs"][:-1]:
-        dc["hosts"] += cut
+    instead (so both placements still fit). One more host at a time until some DC holds a
+    part of a stage."""
+    def whole(d: dict) -> int:
+        return sum(dc["hosts"] // replicas for dc in d["dcs"])
+
+    def parted(d: dict) -> bool:
+        return any(dc["hosts"] % replicas for dc in d["dcs"])
+
+    first = max(1, round(replicas * UNEVEN_CUT))
+    for cut in range(first, first + replicas):
+        moved = copy.deepcopy(doc)
+        taken = 0
+        for dc in moved["dcs"][:-1]:
+            take = min(cut, dc["hosts"] - 1)
+            dc["hosts"] -= take
+            taken += take
+        moved["dcs"][-1]["hosts"] += taken
+        if taken and whole(moved) >= stages and parted(moved):
+            return moved
+    for cut in range(first, first + replicas):
+        added = copy.deepcopy(doc)
+        for dc in added["dcs"][:-1]:
+            dc["hosts"] += cut
+        if parted(added):
+            return added
     return added
 
 
