@@ -221,31 +221,47 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         last_update[0] = now
 
     def reshare(now: float) -> None:
-        """Max-min fair rates with caps (progressive filling), then schedule the next end."""
+        """Max-min fair rates with caps (progressive filling: every unfrozen flow rises to one
+        level together; a flow freezes at its cap or when a link it uses is full), then
+        schedule the next end."""
         active = [f for f in flows.values() if f.left_bits > EPS]
+        on_link: dict[LinkDir, list[_Flow]] = {}      # each link's flows, in `active` order
         for f in active:
-            f.rate_mbit = 0.0
-        unfrozen = set(id(f) for f in active)
-        cap_left = {l: m.link_rate_mbit.get(l, float("inf")) for f in active for l in f.links}
-        on_link: dict = {l: [] for l in cap_left}      # each link's flows, in `active` order
-        for f in active:
+            f.rate_mbit = -1.0                        # unfrozen
             for l in dict.fromkeys(f.links):
-                on_link[l].append(f)
-        while unfrozen:
-            users = {l: [f for f in on_link[l] if id(f) in unfrozen] for l in cap_left}
-            share = min((cap_left[l] / sum(f.weight for f in u) for l, u in users.items() if u),
-                        default=float("inf"))
-            inc = min([share] + [f.cap_mbit - f.rate_mbit for f in active
-                                 if id(f) in unfrozen])
-            for f in active:
-                if id(f) in unfrozen:
-                    f.rate_mbit += inc
-                    for l in f.links:
-                        cap_left[l] -= inc * f.weight
-            for f in active:
-                if id(f) in unfrozen and (f.cap_mbit - f.rate_mbit <= EPS or any(
-                        cap_left[l] <= EPS for l in f.links)):
-                    unfrozen.discard(id(f))
+                on_link.setdefault(l, []).append(f)
+        cap_left = {l: m.link_rate_mbit.get(l, float("inf")) for l in on_link}
+        wsum = {l: sum(f.weight for f in fs) for l, fs in on_link.items()}
+        live = set(on_link)
+        by_cap = sorted(active, key=lambda f: f.cap_mbit)
+        level, ci, left = 0.0, 0, len(active)
+
+        def freeze(f: _Flow) -> None:
+            nonlocal left
+            f.rate_mbit = level
+            left -= 1
+            for l in dict.fromkeys(f.links):
+                wsum[l] -= f.weight
+                if wsum[l] <= 0:
+                    live.discard(l)
+
+        while left:
+            while by_cap[ci].rate_mbit >= 0:
+                ci += 1
+            share = min((cap_left[l] / wsum[l] for l in live), default=float("inf"))
+            inc = min(share, by_cap[ci].cap_mbit - level)
+            level += inc
+            for l in live:
+                cap_left[l] -= inc * wsum[l]
+            while ci < len(by_cap) and (by_cap[ci].rate_mbit >= 0
+                                        or by_cap[ci].cap_mbit - level <= EPS):
+                if by_cap[ci].rate_mbit < 0:
+                    freeze(by_cap[ci])
+                ci += 1
+            for l in [l for l in live if cap_left[l] <= EPS]:
+                for f in on_link[l]:
+                    if f.rate_mbit < 0:
+                        freeze(f)
         for f in active:
             push(now + f.left_bits / (f.rate_mbit * 1e3), "flow_end", (f.key, now))
 
