@@ -118,6 +118,8 @@ class _Flow:
     one_way_ms: float
     weight: int = 1           # alike messages it stands for, each at rate_mbit
     rate_mbit: float = 0.0
+    n: int = 0                # order of arrival
+    ver: int = 0              # its end event's, bumped at every new rate
 
 
 @dataclass
@@ -220,12 +222,30 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 f.left_bits -= f.rate_mbit * 1e3 * dt      # Mbit/s x ms = 1e3 bits
         last_update[0] = now
 
-    def reshare(now: float) -> None:
+    link_flows: dict[LinkDir, dict[tuple, _Flow]] = {}
+
+    def reshare(now: float, seeds) -> None:
         """Max-min fair rates with caps (progressive filling: every unfrozen flow rises to one
-        level together; a flow freezes at its cap or when a link it uses is full), then
-        schedule the next end."""
-        active = [f for f in flows.values() if f.left_bits > EPS]
+        level together; a flow freezes at its cap or when a link it uses is full) of the flows
+        linked to the seed links through shared links (the others' rates cannot change), then
+        schedule their next ends."""
+        comp: dict[tuple, _Flow] = {}
+        seen: set[LinkDir] = set()
+        stack = list(seeds)
+        while stack:
+            link = stack.pop()
+            if link in seen:
+                continue
+            seen.add(link)
+            for k, f in link_flows.get(link, {}).items():
+                if k not in comp:
+                    comp[k] = f
+                    stack.extend(f.links)
+        active = sorted((f for f in comp.values() if f.left_bits > EPS), key=lambda f: f.n)
+        if not active:
+            return
         on_link: dict[LinkDir, list[_Flow]] = {}      # each link's flows, in `active` order
+        before = [f.rate_mbit for f in active]
         for f in active:
             f.rate_mbit = -1.0                        # unfrozen
             for l in dict.fromkeys(f.links):
@@ -235,6 +255,19 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         live = set(on_link)
         by_cap = sorted(active, key=lambda f: f.cap_mbit)
         level, ci, left = 0.0, 0, len(active)
+        # a link that carries all its flows at their caps never fills: a flow whose every link
+        # is such gets its cap (as progressive filling would give it), and leaves the rest
+        slack = {l for l, fs in on_link.items()
+                 if sum(f.weight * f.cap_mbit for f in fs) <= cap_left[l] * (1 - 1e-9)}
+        for f in active:
+            if all(l in slack for l in f.links):
+                f.rate_mbit = f.cap_mbit
+                left -= 1
+                for l in dict.fromkeys(f.links):
+                    wsum[l] -= f.weight
+                    cap_left[l] -= f.weight * f.cap_mbit
+                    if wsum[l] <= 0:
+                        live.discard(l)
 
         def freeze(f: _Flow) -> None:
             nonlocal left
@@ -262,8 +295,10 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 for f in on_link[l]:
                     if f.rate_mbit < 0:
                         freeze(f)
-        for f in active:
-            push(now + f.left_bits / (f.rate_mbit * 1e3), "flow_end", (f.key, now))
+        for f, rate in zip(active, before):
+            if f.rate_mbit != rate or not f.ver:       # else its end is as scheduled
+                f.ver += 1
+                push(now + f.left_bits / (f.rate_mbit * 1e3), "flow_end", (f.key, f.ver))
 
     last_sent: dict[int, float] = {}
 
@@ -284,10 +319,13 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         else:
             progress(now)
             data_ms = max(EPS, route.solo_ms - route.one_way_ms)
-            flows[key] = _Flow(key=key, links=route.links, left_bits=route.wire_bytes * 8,
-                               cap_mbit=route.wire_bytes * 8 / data_ms / 1e3,
-                               one_way_ms=route.one_way_ms, weight=w)
-            reshare(now)
+            f = flows[key] = _Flow(key=key, links=route.links, left_bits=route.wire_bytes * 8,
+                                   cap_mbit=route.wire_bytes * 8 / data_ms / 1e3,
+                                   one_way_ms=route.one_way_ms, weight=w, n=seq[0])
+            seq[0] += 1
+            for link in route.links:
+                link_flows.setdefault(link, {})[key] = f
+            reshare(now, route.links)
 
     parsed = [[parse_action(a) for a in row] for row in rows]   # (kind, mb) per action
 
@@ -380,15 +418,20 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             arrived[data[0]] = now
             touched = [(data[0][1], data[0][2])]
         elif kind == "flow_end":
-            key, stamp = data
+            key, ver = data
             f = flows.get(key)
-            if f is None or stamp < last_update[0] - EPS:
+            if f is None or f.ver != ver:
                 continue          # superseded by a later reshare
             progress(now)
             # every message whose data is through (several may end at once)
+            freed: set[LinkDir] = set()
             for k in [k for k, g in flows.items() if g.left_bits <= 1.0]:   # bits: float noise
-                push(now + flows.pop(k).one_way_ms, "arrive", (k,))
-            reshare(now)
+                g = flows.pop(k)
+                for link in g.links:
+                    link_flows[link].pop(k, None)
+                freed.update(g.links)
+                push(now + g.one_way_ms, "arrive", (k,))
+            reshare(now, freed)
         try_start(now, touched)
     left = {w: it_of[w] for w in it_of if it_of[w] < iterations}
     if left:
