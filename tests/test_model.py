@@ -117,6 +117,34 @@ def test_one_link_fair_versus_temporal_by_hand():
     assert _arrivals("temporal") == pytest.approx([25.0, 35.0])
 
 
+def _arrivals_with_queue(sharing: str, queue_bytes: float) -> list[float]:
+    """_arrivals' two activations, bursts of 125 kB each (one round trip), at a link whose
+    queue holds queue_bytes, 20 ms round trip."""
+    from dataclasses import replace
+    route = Route(links=(AB,), solo_ms=20.0, one_way_ms=10.0, wire_bytes=125_000.0,
+                  burst=True, rtt_ms=20.0)
+    m = replace(_local(2, 1, 5.0, 5.0, D=2, routes={(0, 0): route, (0, 1): route},
+                       sharing=sharing, rates={AB: 100.0}), link_queue_bytes={AB: queue_bytes})
+    result = simulate(m, 1)
+    got = sorted(o.start_ms for o in result.ops if o.stage == 1 and o.name == "F")
+    return got, sum(result.link_drops.get(AB, {}).values())
+
+
+@pytest.mark.unit
+def test_a_burst_past_the_queue_drops_and_is_sent_again_by_hand():
+    # a queue for both bursts: first come, first served, as without a limit
+    assert _arrivals_with_queue("concurrent", 250_000.0) == (pytest.approx([25.0, 35.0]), 0)
+    # 150 kB: the second finds 125 kB ahead and keeps 25 kB of its own; the 100 kB lost go
+    # again a round trip after it was sent (5 + 20), 8 ms at the rate, arriving 25 + 8 + 10
+    got, lost = _arrivals_with_queue("concurrent", 150_000.0)
+    assert got == pytest.approx([25.0, 43.0]) and lost == pytest.approx(100_000.0)
+    # temporal slots: one burst in the queue at a time, nothing lost
+    assert _arrivals_with_queue("temporal", 150_000.0) == (pytest.approx([25.0, 35.0]), 0)
+    # a queue below one burst: each slot lasts through its resend (20 ms + 25 kB at the rate)
+    got, lost = _arrivals_with_queue("temporal", 100_000.0)
+    assert got == pytest.approx([47.0, 69.0 + 10.0]) and lost == pytest.approx(50_000.0)
+
+
 # -- scenarios --------------------------------------------------------------------------------
 
 SHIPPED = sorted(p for p in (REPO / "topologies").glob("*.yaml"))

@@ -80,6 +80,11 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
                    f"{base / p.iteration_time_s:>7.2f}x {p.bubble_fraction:>7.3f} "
                    f"{p.gpu_utilization:>8.3f}  {wan}")
     for p in rows:
+        if p.wan_drop_packets:
+            out.append(f"{p.system}: WAN queues drop bursts (packets per iteration, each sent "
+                       "again a round trip later): " + ", ".join(
+                           f"{k} {v:,.0f}" for k, v in p.wan_drop_packets.items()))
+    for p in rows:
         if p.bubbletea is not None:
             out.append(bubbletea_text(p.system, p.bubbletea))
     return "\n".join(out)

@@ -36,13 +36,16 @@ them. Against every replica simulated (tests/test_folding.py, bench/bench_foldin
 multitcp and atlas 6.435 s folded and unfolded (the earlier fold, one replica with a weight,
 said 7.826 s). With slow start after idle the spacing is not uniform and misses reach 19%
 (atlas, bench/bench_folding.py).
-Not modelled: CPU contention of the emulation, the delay line's own lateness, loss, the
-temporal arbiter's grant latency, prefill (BubbleTea) traffic on the links.
+- WAN queues: each link direction's queue (the scenario's `queue`, default 2 x BDP); a burst
+  past it drops and is sent again a round trip later (geodc.rules.pipeline).
+Not modelled: CPU contention of the emulation, the delay line's own lateness, TCP's window
+reduction after a loss, the temporal arbiter's grant latency, prefill (BubbleTea) traffic on the
+links.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from geodc.rules.pipeline import PipelineModel, Route, SimResult, simulate
@@ -52,6 +55,7 @@ from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_pa
 from geodc.plans.systems import connections_for, path_between, path_rate_mbit, path_rtt_ms, \
     window_bytes
 from geodc.rules.schedule import schedule_table
+from geodc.rules.stripes import stripe_count
 from geodc.spec.links import LinkDir, hops
 
 if TYPE_CHECKING:
@@ -61,6 +65,7 @@ if TYPE_CHECKING:
     from geodc.spec.training import TrainConfig
 
 FOLD_ABOVE_REPLICAS = 8     # more replicas than this: alike ones are simulated as one
+WIRE_PACKET_BYTES = 1514     # a full-size packet on the wire (1448 payload + headers)
 RTO_MIN_MS = 200.0          # Linux's tcp_rto_min: idle longer than RTT + this restarts slow start
 
 
@@ -75,6 +80,9 @@ class Prediction:
     wan_utilization: dict[str, float]         # "a->b" (str(LinkDir)) -> busy share (training bytes)
     allreduce_ms: list[float]
     iterations: int
+    # "a->b" -> full-size packets its queue drops per iteration (bursts past the queue; each
+    # sent again a round trip later); links that drop none are left out
+    wan_drop_packets: dict[str, float] = field(default_factory=dict)
     bubbletea: dict[str, Any] | None = None   # +bubbletea systems: geodc.predict.bubbletea's figures
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,11 +104,14 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
                     rtt_ms=path_rtt_ms(scenario, src, dst),
                     window_bytes=window_bytes(scenario.scale),
                     connections=connections_for(scenario, system, src, dst))
+    k = stripe_count(payload, spec.connections) if payload > 0 else 1
     return Route(links=tuple(hops(path.dcs)),
                  solo_ms=transfer_ms(payload, spec), one_way_ms=path.delay_ms,
                  wire_bytes=wire, solo_idle_ms=transfer_ms(payload, spec, slow_start=True)
                  if scenario.tcp_slow_start_after_idle else None,
-                 rto_ms=spec.rtt_ms + RTO_MIN_MS, burst=one_round(payload, spec))
+                 rto_ms=spec.rtt_ms + RTO_MIN_MS, burst=one_round(payload, spec),
+                 burst_bytes=k * min(payload / k, spec.window_bytes)
+                 * WIRE_BYTES_PER_PAYLOAD_BYTE, rtt_ms=spec.rtt_ms)
 
 
 def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") -> float:
@@ -181,6 +192,8 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
             fwd[(s, c)] = _route(scenario, system, a, b, payloads[s])
             bwd[(s, c)] = _route(scenario, system, b, a, payloads[s])
     rates = {d: w.rate_mbit for w in scenario.wan for d in w.directions}
+    queues = {d: float(w.queue_bytes) for w in scenario.wan for d in w.directions
+              if w.queue_bytes}
     stage_bits = _allreduce_wan_bits(scenario, placement, buffers)
     link_bits: dict[LinkDir, float] = {}
     for bits in stage_bits:
@@ -198,6 +211,7 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                          backward_ms=[c.backward_ms for c in costs],
                          opt_ms=[c.optimizer_ms for c in costs], allreduce_ms=allreduce,
                          forward_routes=fwd, backward_routes=bwd, link_rate_mbit=rates,
+                         link_queue_bytes=queues,
                          sharing=system.wan_sharing,
                          allreduce_link_bits=link_bits)
 
@@ -257,12 +271,15 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     wan = {str(link): sum(b.get(i, 0.0) for i in used) / (model.link_rate_mbit[link] * 1e3
                                                              * window_ms)
            for link, b in sorted(result.link_bits.items())}
+    drops = {str(link): sum(d.get(i, 0.0) for i in used) / len(used) / WIRE_PACKET_BYTES
+             for link, d in sorted(result.link_drops.items())
+             if sum(d.get(i, 0.0) for i in used) > 0}
     return Prediction(system=system.name, iteration_time_s=m["iteration_time_s"],
                       bubble_fraction=1.0 - gpu_util, gpu_utilization=gpu_util,
                       pipeline_bubble_fraction=m["pipeline_bubble_fraction"],
                       per_stage_bubble=[1.0 - u for u in per_stage_util],
                       wan_utilization=wan, allreduce_ms=list(model.allreduce_ms),
-                      iterations=n,
+                      iterations=n, wan_drop_packets=drops,
                       bubbletea=_bubbletea(scenario, cfg, system, placement, result)
                       if system.fill_bubbles else None)
 

@@ -31,6 +31,13 @@ Rules, the workers' (geodc/hostproc/trainer/worker.py):
     fair sharing predicted +17% and +13%;
   - "temporal" sharing (Atlas): the message's first link is held by one message at a time, in
     the order they became ready (ties: the order given), each for its solo data time.
+  - A link's queue (`link_queue_bytes`, the scenario's `queue`) holds what it can: a burst (a
+    message's first round trip over its connections, `burst_bytes`) arriving behind the
+    link's backlog loses what does not fit (tail drop). First come, first served, the lost
+    bytes leave the link's time and enter it again a round trip after they were sent (fast
+    retransmit), behind what came meanwhile; under temporal slots only the slot's own burst is
+    queued, and its slot lasts through the resend. Not modelled: the sender's window
+    reduction after a loss, timeouts.
 Plain heap (heapq): the event count is a few per op, an event wakes only the workers it concerns,
 and each touches at most the messages on the WAN at that moment. A link that serves one message
 at a time keeps a clock (when it is next free, every message sent so far served in the order
@@ -48,7 +55,7 @@ hold the link weight times in turn, arriving with the last.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from geodc.rules.schedule import format_table, parse_action
@@ -67,6 +74,9 @@ class Route:
     solo_idle_ms: float | None = None   # alone, after its connections sat idle > rto_ms
     rto_ms: float = float("inf")
     burst: bool = False         # the whole message leaves in one round trip (steady windows)
+    burst_bytes: float | None = None    # wire bytes entering the bottleneck at once (one round
+                                        # of every connection); None: the whole message
+    rtt_ms: float = 0.0         # the path's round trip (a lost byte is resent one later)
 
     def solo(self, idle_ms: float) -> float:
         """Alone, after idle_ms since this route's last message left."""
@@ -86,6 +96,7 @@ class PipelineModel:
     forward_routes: dict[tuple[int, int], Route]    # (boundary s, replica r): s -> s+1
     backward_routes: dict[tuple[int, int], Route]   # (boundary s, replica r): s+1 -> s
     link_rate_mbit: dict[LinkDir, float] = field(default_factory=dict)  # WAN link directions
+    link_queue_bytes: dict[LinkDir, float] = field(default_factory=dict)  # their queues
     sharing: str = "concurrent"             # "concurrent" | "temporal"
     # replica r stands for weights[r] alike replicas (same DCs, same routes: they behave the
     # same), default 1 each: its WAN messages count that many times on their links
@@ -126,6 +137,8 @@ class _Flow:
 class SimResult:
     ops: list[Op]
     link_bits: dict[LinkDir, dict[int, float]]   # link direction -> iteration -> wire bits sent
+    # link direction -> iteration -> wire bytes its queue dropped (and were sent again)
+    link_drops: dict[LinkDir, dict[int, float]] = field(default_factory=dict)
 
 
 def simulate(m: PipelineModel, iterations: int) -> SimResult:
@@ -213,7 +226,49 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             arrive = clock[link] + route.one_way_ms            # the last of them
         else:                           # never before its solo time
             arrive = max(clock[link] + route.one_way_ms, now + route.solo_ms)
-        push(arrive, "arrive", (key,))
+        burst = route.burst_bytes if route.burst_bytes is not None else route.wire_bytes
+        if m.sharing == "temporal":     # slots: one message's burst in the queue at a time
+            lost = overflow(link, 0.0, burst)
+        else:                           # what waits ahead of it, then its (alike) bursts
+            lost = overflow(link, start - now, burst * hold, hold * route.wire_bytes)
+        if lost <= 0:
+            push(arrive, "arrive", (key,))
+            return
+        drops = result_drops.setdefault(link, {})
+        drops[key[3]] = drops.get(key[3], 0.0) + lost * (w if m.sharing == "temporal"
+                                                                 else 1)
+        if m.sharing == "temporal":     # the slot lasts through the resend, a round trip on
+            extra = route.rtt_ms + lost / (m.link_rate_mbit[link] * 125.0)
+            clock[link] += extra * hold
+            push(arrive + extra * hold, "arrive", (key,))
+        else:                           # the lost bytes leave the link's time, come back later
+            clock[link] -= lost / (m.link_rate_mbit[link] * 125.0)
+            push(now + route.rtt_ms, "resend", (key, route, lost, arrive))
+
+    def overflow(link: LinkDir, wait_ms: float, burst: float, most: float | None = None
+                 ) -> float:
+        """Wire bytes a burst loses at the link's queue, with wait_ms of the link's time queued
+        ahead of it (tail drop: what does not fit)."""
+        q = m.link_queue_bytes.get(link)
+        if q is None:
+            return 0.0
+        ahead = max(0.0, wait_ms) * m.link_rate_mbit[link] * 125.0     # Mbit/s x ms -> bytes
+        return min(burst if most is None else most, max(0.0, ahead + burst - q))
+
+    def resend(now: float, key: tuple, route: Route, lost: float, arrive: float) -> None:
+        """Bytes lost a round trip ago enter the link again, in the order sent."""
+        link = route.links[0]
+        serve_middles(link, now)
+        start = max(now, clock.get(link, 0.0))
+        again = overflow(link, start - now, lost)
+        clock[link] = start + (lost - again) / (m.link_rate_mbit[link] * 125.0)
+        arrive = max(arrive, clock[link] + route.one_way_ms)
+        if again > 0:
+            drops = result_drops.setdefault(link, {})
+            drops[key[3]] = drops.get(key[3], 0.0) + again
+            push(now + route.rtt_ms, "resend", (key, route, again, arrive))
+        else:
+            push(arrive, "arrive", (key,))
 
     def progress(now: float) -> None:
         dt = now - last_update[0]
@@ -223,6 +278,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         last_update[0] = now
 
     link_flows: dict[LinkDir, dict[tuple, _Flow]] = {}
+    result_drops: dict[LinkDir, dict[int, float]] = {}
 
     def reshare(now: float, seeds) -> None:
         """Max-min fair rates with caps (progressive filling: every unfrozen flow rises to one
@@ -307,8 +363,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         w = weight[key[2]]
         solo = route.solo(now - last_sent.get(id(route), float("-inf")))
         last_sent[id(route)] = now
-        route = Route(links=route.links, solo_ms=solo, one_way_ms=route.one_way_ms,
-                      wire_bytes=route.wire_bytes)
+        route = replace(route, solo_ms=solo)
         for l in route.links:
             link_bits.setdefault(l, {}).setdefault(it, 0.0)
             link_bits[l][it] += route.wire_bytes * 8 * w
@@ -417,6 +472,9 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         elif kind == "arrive":
             arrived[data[0]] = now
             touched = [(data[0][1], data[0][2])]
+        elif kind == "resend":
+            resend(now, *data)
+            touched = []
         elif kind == "flow_end":
             key, ver = data
             f = flows.get(key)
@@ -436,7 +494,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     left = {w: it_of[w] for w in it_of if it_of[w] < iterations}
     if left:
         raise ValueError(f"model deadlocked: workers {left} did not finish")
-    return SimResult(ops=ops, link_bits=link_bits)
+    return SimResult(ops=ops, link_bits=link_bits, link_drops=result_drops)
 
 
 # ---- the compute-only case ----------------------------------------------------------------------
