@@ -461,3 +461,34 @@ def test_what_the_emulation_added_is_reported_beside_the_errors():
     assert ("the emulation added 10.0 ms per iteration of compute past its holds (4 ops), "
             "all-reduce +8.0..8.0 ms, a->b slots +1.5 ms held and 1.0 ms hand-over each "
             "(8 per iteration)") in line
+
+
+@pytest.mark.unit
+def test_a_queue_set_below_the_summed_bursts_drops_first_come_first_served_not_in_slots():
+    """Four pipelines' messages as one-round-trip bursts over one link: with the queue set to
+    two of the four bursts they put in at once, multitcp drops and its messages arrive later
+    than with the default queue (the all-reduce inside the DCs still sets the iteration);
+    atlas's slots queue one burst at a time and drop nothing."""
+    import geodc.predict.predict as mp
+    from geodc.features.temporal.plan import message_payload_bytes
+    from geodc.spec.scenario import parse_scenario
+    raw = dict(load_scenario(REPO / "topologies" / "two_dc.yaml").raw)
+    raw["dcs"] = [dict(dc, hosts=4) for dc in raw["dcs"]]
+    raw["training"] = dict(raw["training"], replicas=4)
+    raw["connections"] = 8                  # 8 windows hold a message: one round trip
+    deep = parse_scenario(raw, "deep.yaml")
+    cfg = load_training(deep)
+    burst = message_payload_bytes(cfg, deep.scale)[0] * WF
+    raw["wan"] = [dict(raw["wan"][0], queue=int(2 * burst / 1500))]
+    shallow = parse_scenario(raw, "shallow.yaml")
+    multitcp, atlas = get_system("multitcp"), get_system("atlas")
+    assert predict(deep, cfg, multitcp).wan_drop_packets == {}
+    dropped = predict(shallow, cfg, multitcp)
+    assert dropped.wan_drop_packets
+    # the resent bytes come a round trip later: the next stage's forwards start later
+
+    def forwards_start(sc) -> float:
+        ops = simulate(mp.build(sc, cfg, multitcp), 2).ops
+        return sum(o.start_ms for o in ops if o.stage == 1 and o.name == "F")
+    assert forwards_start(shallow) > forwards_start(deep)
+    assert predict(shallow, cfg, atlas).wan_drop_packets == {}

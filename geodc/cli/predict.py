@@ -83,7 +83,10 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
         if p.wan_drop_packets:
             out.append(f"{p.system}: WAN queues drop bursts (packets per iteration, each sent "
                        "again a round trip later): " + ", ".join(
-                           f"{k} {v:,.0f}" for k, v in p.wan_drop_packets.items()))
+                           f"{k} {v:,.0f}" for k, v in p.wan_drop_packets.items())
+                       + (f" (alike replicas folded, {p.simulated_replicas} simulated of "
+                          f"{cfg.replicas}: with drops the fold is approximate)"
+                          if p.simulated_replicas < cfg.replicas else ""))
     for p in rows:
         if p.bubbletea is not None:
             out.append(bubbletea_text(p.system, p.bubbletea))

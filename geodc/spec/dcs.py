@@ -24,6 +24,7 @@ class WanLink:
     jitter_ms: float = 0.0
     loss_pct: float = 0.0
     queue_bytes: int = 0  # per direction; always >= the bandwidth-delay product unless set lower
+    queue_given: bool = False   # the scenario set it (else the default, 2 x BDP)
 
     @property
     def between(self) -> tuple[str, str]:

@@ -364,7 +364,8 @@ def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
                        jitter_ms=jitter, loss_pct=loss)
         queue = _parse_queue(d.get("queue"), f"{where}.queue", link)
         out.append(WanLink(a=link.a, b=link.b, delay_ms=delay, rate_mbit=rate, jitter_ms=jitter,
-                           loss_pct=loss, queue_bytes=queue))
+                           loss_pct=loss, queue_bytes=queue,
+                           queue_given=d.get("queue") is not None))
     return tuple(out)
 
 
