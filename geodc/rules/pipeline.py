@@ -280,6 +280,14 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     link_flows: dict[LinkDir, dict[tuple, _Flow]] = {}
     result_drops: dict[LinkDir, dict[int, float]] = {}
 
+    pending: set[LinkDir] = set()       # links whose flows changed since the last reshare
+
+    def reshare_soon(now: float, links) -> None:
+        """Reshare once after every event at this time (no time passes between them)."""
+        if not pending:
+            push(now, "reshare", ())
+        pending.update(links)
+
     def reshare(now: float, seeds) -> None:
         """Max-min fair rates with caps (progressive filling: every unfrozen flow rises to one
         level together; a flow freezes at its cap or when a link it uses is full) of the flows
@@ -380,7 +388,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             seq[0] += 1
             for link in route.links:
                 link_flows.setdefault(link, {})[key] = f
-            reshare(now, route.links)
+            reshare_soon(now, route.links)
 
     parsed = [[parse_action(a) for a in row] for row in rows]   # (kind, mb) per action
 
@@ -472,6 +480,11 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         elif kind == "arrive":
             arrived[data[0]] = now
             touched = [(data[0][1], data[0][2])]
+        elif kind == "reshare":
+            seeds = list(pending)
+            pending.clear()
+            reshare(now, seeds)
+            touched = []
         elif kind == "resend":
             resend(now, *data)
             touched = []
@@ -489,7 +502,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                     link_flows[link].pop(k, None)
                 freed.update(g.links)
                 push(now + g.one_way_ms, "arrive", (k,))
-            reshare(now, freed)
+            reshare_soon(now, freed)
         try_start(now, touched)
     left = {w: it_of[w] for w in it_of if it_of[w] < iterations}
     if left:
