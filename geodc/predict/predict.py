@@ -28,19 +28,19 @@ Inputs, each from the module that decides it in a run:
   at least all stages' all-reduce bits over the busiest WAN link its ring uses / that link's
   rate (as if all ran at once: in 1F1B the stages finish their backward passes close together,
   the first stage last). They do not contend with the pipeline's messages.
+- WAN queues: where the scenario sets a link's `queue`, a burst past it drops and is sent
+  again a round trip later (geodc.rules.pipeline); the default queue (2 x BDP) is taken to hold
+  every burst. The fold below is checked against every replica simulated without drops; with
+  them it is not exact (gpt7b_2dc's multitcp with its 2 x BDP queue set: 9.90 s folded, 6.84 s
+  unfolded), so `predict` says so where a folded prediction drops.
 Above FOLD_ABOVE_REPLICAS replicas, each group of replicas whose stages sit in the same DCs is
 simulated as two (geodc.rules.pipeline's trains): its first replica, and one standing for the
 rest, which follows it at the spacing the links that serve one message at a time put between
 them. Against every replica simulated (tests/test_folding.py, bench/bench_folding.py): within
-2% on generated scenarios with WAN-tuned hosts (worst 0.3% over 75 predictions); gpt7b_2dc's
+2% on generated scenarios with WAN-tuned hosts (worst 0.3% over 47 predictions); gpt7b_2dc's
 multitcp and atlas 6.435 s folded and unfolded (the earlier fold, one replica with a weight,
-said 7.826 s). With slow start after idle the spacing is not uniform and misses reach 19%
-(atlas, bench/bench_folding.py).
-- WAN queues: where the scenario sets a link's `queue`, a burst past it drops and is sent
-  again a round trip later (geodc.rules.pipeline); the default queue (2 x BDP) is taken to hold
-  every burst. The fold above is checked against every replica simulated without drops; with
-  them it is not exact (gpt7b_2dc's multitcp with its 2 x BDP queue set: 9.90 s folded, 6.84 s
-  unfolded), so `predict` says so where a folded prediction drops.
+said 7.826 s). With slow start after idle, atlas's folded slots miss by up to 91% (GPipe, 48
+replicas: the members' slots are not alike then); baseline and multitcp stay within 0.3%.
 Not modelled: CPU contention of the emulation, the delay line's own lateness, TCP's window
 reduction after a loss, the temporal arbiter's grant latency, prefill (BubbleTea) traffic on the
 links.
