@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from geodc.emulation.procs import LocalSpawner  # noqa: E402
 from geodc.spec.training import TrainConfig  # noqa: E402
-from geodc.run.launch import HostInfo, WorkerSetup, launch
+from geodc.plans.workers import HostInfo, WorkerSetup  # noqa: E402
+from geodc.run.launch import launch
 from geodc.emulation.procs import free_base_port  # noqa: E402
 from geodc.analysis.metrics import compute_metrics  # noqa: E402
 

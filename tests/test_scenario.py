@@ -792,7 +792,7 @@ def test_congestion_control_field_refuses_unknown():
 @pytest.mark.unit
 def test_launch_dilates_holds_and_passes_congestion_control(tmp_path):
     from geodc.spec.training import TrainConfig
-    from geodc.run.launch import HostInfo, WorkerSetup, plan_workers
+    from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
     from geodc.spec.timescale import TimeScale
 
     sc = load_scenario(REPO_ROOT / "topologies" / "two_dc.yaml")

@@ -112,7 +112,7 @@ def test_profile_file_must_be_a_regular_file(tmp_path, special):
 
 @pytest.mark.loopback
 def test_profile_file_outside_the_profile_folder_is_refused(tmp_path):
-    from geodc.spec.profiles import PROFILE_DIR
+    from geodc.spec.paths import GPU_PROFILES as PROFILE_DIR
     outside = tmp_path / "h200-transformer.json"   # a valid profile, copied out of the folder
     outside.write_text((PROFILE_DIR / "h200-transformer.json").read_text())
     for name in (str(outside), str(PROFILE_DIR / ".." / ".." / "README.md")):

@@ -37,7 +37,8 @@ from geodc.host.extras import GpuShareExtras, Inbound, NoticeAddress
 from geodc.host.notices import (ArrivalNotice, BubbleNotice, BusyNotice, OutputNotice,
                                 parse_notice)
 from geodc.plans.workers import WorkerSlot
-from geodc.run.launch import HostInfo, TrainRun, WorkerSetup, launch, plan_workers
+from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
+from geodc.run.launch import TrainRun, launch
 from geodc.emulation.procs import free_base_port
 from geodc.rules.schedule import schedule_table
 from geodc.hostproc.trainer.worker import wire_ns

@@ -16,7 +16,8 @@ import pytest
 from geodc.spec.errors import TestbedError
 from geodc.emulation.procs import LocalSpawner
 from geodc.spec.training import TrainConfig
-from geodc.run.launch import HostInfo, WorkerSetup, launch, plan_workers
+from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
+from geodc.run.launch import launch
 from geodc.emulation.procs import free_base_port
 from geodc.analysis.metrics import compute_metrics
 from geodc.hostproc.trainer.reference import reference_losses

@@ -368,7 +368,7 @@ def test_servers_listen_on_the_address_their_peer_uses(what):
 @pytest.mark.unit
 def test_each_worker_expects_what_its_neighbours_send(tmp_path):
     from geodc.spec.training import TrainConfig
-    from geodc.run.launch import HostInfo, WorkerSetup, plan_workers
+    from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
     from geodc.hostproc.trainer.worker import StageWorker
     model = {"n_layer": 3, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
     cfg = TrainConfig.from_dict({

@@ -471,7 +471,7 @@ def test_connect_with_another_k_is_refused_by_name():
 @pytest.mark.unit
 def test_plan_workers_sets_k_per_boundary(tmp_path):
     from geodc.spec.training import TrainConfig
-    from geodc.run.launch import HostInfo, WorkerSetup, plan_workers
+    from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
     from geodc.spec.links import LinkDir
     cfg = TrainConfig.from_dict({"model": {"n_layer": 3, "n_embd": 32, "n_head": 2,
                                            "seq_len": 16, "vocab_size": 64},

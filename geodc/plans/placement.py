@@ -7,7 +7,7 @@ Host names are those of `Scenario.host_names()`: "<dc>-h<i>", i from 1.
 Policies (geodc.plans.systems names which one each system uses):
 
 - scenario-order: workers in stage-major order (s0r0, s0r1, ..., s1r0, ...) fill the hosts DC
-  by DC in scenario order (geodc.run.launch.plan_placement's default). Where the counts do not line
+  by DC in scenario order (geodc.plans.workers.plan_placement's default). Where the counts do not line
   up, a stage's replicas are split over two DCs: the baseline's behaviour, kept on purpose.
 - atlas: Atlas's Algorithm 1 as the Sailor planner reimplements it. DCs sorted by host count,
   most first (ties: scenario order); each in turn takes min(stages left, floor(hosts / D))

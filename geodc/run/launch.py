@@ -29,14 +29,11 @@ from geodc.emulation.procs import HostProcess, Spawner, wait_all, worker_env
 from geodc.host.spans import merge_jsonl
 from geodc.host.specfiles import WorkerSpec
 from geodc.plans.workers import (ExtrasSource, HostInfo, WorkerSetup, compute_only_timeline,
-                                 plan_placement, plan_workers)
+                                 plan_workers)
 from geodc.rules.stages import split_layers
 from geodc.spec.errors import TestbedError
 from geodc.spec.training import TrainConfig
 
-# (HostInfo, WorkerSetup, plan_placement and plan_workers are geodc.plans.workers', named here too:
-# what a caller of launch passes it)
-__all__ = ["HostInfo", "TrainRun", "WorkerSetup", "launch", "plan_placement", "plan_workers"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

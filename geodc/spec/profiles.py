@@ -19,7 +19,6 @@ from geodc.spec.errors import ScenarioError, shown
 from geodc.spec.inputfile import read_text
 from geodc.spec.paths import GPU_PROFILES
 
-PROFILE_DIR = GPU_PROFILES
 MAX_PROFILE_BYTES = 1 << 20      # the shipped profiles are about 11 KB
 
 
@@ -35,19 +34,19 @@ class BlockChoice(Protocol):
 
 def profile_path(name: str) -> Path:
     """A bare name (no '/') is a file in data/gpu-profiles/; anything else is a path."""
-    return PROFILE_DIR / name if "/" not in name else Path(name)
+    return GPU_PROFILES / name if "/" not in name else Path(name)
 
 
 @lru_cache(maxsize=8)
 def load_profile(name: str, field: str = "training.profile.file") -> dict:
-    """A profile's JSON document: a regular .json file under PROFILE_DIR of at most
+    """A profile's JSON document: a regular .json file under GPU_PROFILES of at most
     MAX_PROFILE_BYTES holding a JSON object, else ScenarioError(field)."""
-    fix = f"name a .json file in {PROFILE_DIR} (copy a measured profile there)"
+    fix = f"name a .json file in {GPU_PROFILES} (copy a measured profile there)"
     if not name.endswith(".json"):
         raise ScenarioError(field, f"{shown(name)} is not a .json file", fix)
     path = profile_path(name)
-    if not path.resolve().is_relative_to(PROFILE_DIR):   # links resolved: none leads out
-        raise ScenarioError(field, f"{shown(name)} is not a file in {PROFILE_DIR}", fix)
+    if not path.resolve().is_relative_to(GPU_PROFILES):   # links resolved: none leads out
+        raise ScenarioError(field, f"{shown(name)} is not a file in {GPU_PROFILES}", fix)
     if not path.exists():
         raise ScenarioError(field, f"profile {shown(name)} not found (looked for {path})", fix)
     text = read_text(path, field, MAX_PROFILE_BYTES, fix)

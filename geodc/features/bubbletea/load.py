@@ -35,7 +35,6 @@ from typing import Iterable, Sequence
 from geodc.spec.bubbletea import check_poisson_size
 from geodc.spec.paths import AZURE_TRACES
 
-DATA_DIR = AZURE_TRACES
 TRACES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
 CONTEXT_RULES = ("truncate", "refuse")
 
@@ -55,7 +54,7 @@ def load_trace(name: str, path: Path | None = None) -> list[Request]:
     if path is None:
         if name not in TRACES:
             raise ValueError(f"unknown trace {name!r}: use one of {', '.join(TRACES)}")
-        path = DATA_DIR / TRACES[name]
+        path = AZURE_TRACES / TRACES[name]
     out: list[Request] = []
     t0: datetime | None = None
     with open(path, newline="") as f:
