@@ -35,7 +35,7 @@ from mininet.util import ensureRoot
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from geodc.emulation import interrupts, leash, limits, machine, shaping, wanstats
+from geodc.emulation import interrupts, leash, limits, losscounters, machine, shaping, wanstats
 
 from geodc.emulation import results
 from geodc.emulation.delayline import QueueSpec
@@ -353,6 +353,26 @@ class Network:
         if self.backend != "delayline" or not self.delaylines:
             return {}
         return wanstats.collect(self.delaylines)
+
+    def loss_counters(self) -> dict[str, dict]:
+        """The kernel's loss figures since the network was built (geodc.emulation.losscounters):
+        {"tcp": {host: TCP counters} for every host, "queues": {"a->b": the WAN queue's drops,
+        packets, bytes}}. Read them before temporal sharing restores the plain tree. What
+        cannot be read is left out and named in "errors" (a figure, not worth a run)."""
+        tcp, queues, errors = {}, {}, []
+        for h in self.plan.hosts:
+            try:
+                tcp[h.name] = losscounters.tcp_counters(self.node(h.name).pid)
+            except (OSError, KeyError, ValueError) as exc:
+                errors.append(f"{h.name}: {type(exc).__name__}: {exc}")
+        for w in self.plan.wan:
+            for end, direction in zip(w.ends(), w.link.directions):
+                try:
+                    with self._ipr(end.gateway) as ipr:
+                        queues[str(direction)] = losscounters.queue_counters(ipr, end.intf)
+                except Exception as exc:  # noqa: BLE001 - netlink errors of any kind
+                    errors.append(f"{direction}: {type(exc).__name__}: {exc}")
+        return {"tcp": tcp, "queues": queues, "errors": errors}
 
     def check(self) -> None:
         """Raise if a supervised process (a delay line) has died."""

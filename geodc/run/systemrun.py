@@ -7,7 +7,8 @@ switch on (geodc.features.registry: temporal sharing, BubbleTea, faults, cross-t
 pure plan and a run handle, geodc.features.base) are started around the training, give each
 worker their typed extras, and add their metrics blocks. The training itself is
 geodc.run.launch's; the figures are geodc.rules.figures', with the WAN's (delay-line counters,
-link utilization, slot adherence) added.
+link utilization, slot adherence, the queues' drops) and TCP's retransmissions
+(geodc.emulation.losscounters, over the whole run) added.
 
 Run folder: <run>/<system>/ holds the network's logs, the trainer's records (geodc/run/launch.py),
 placement.json, slot_plan.json and, for temporal systems, the arbiters' slot logs and captures.
@@ -25,6 +26,7 @@ from geodc.analysis import linkuse
 from geodc.analysis.allreduce import allreduce_report
 from geodc.analysis.faultplot import plot_faults
 from geodc.emulation import report, wanstats
+from geodc.emulation.losscounters import add_up
 from geodc.emulation.machine import CpuTimes
 from geodc.emulation.network import Network
 from geodc.emulation.results import write_json, write_text
@@ -96,6 +98,7 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
             except BaseException:
                 stopped_s = features.clock_reading()
                 raise
+            losses = net.loss_counters()   # before temporal sharing restores the plain tree
             features.stop()   # (the stack's callback finds them stopped) before the checks
             net.check()
             wan_links = net.wan_stats()
@@ -109,7 +112,9 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise RunIncomplete(why, partial) from exc
-    metrics = _metrics(job, sys_dir, run, features, wan_links, prediction, limits,
+    for key, q in losses["queues"].items():
+        wan_links.setdefault(key, {})["queue"] = q
+    metrics = _metrics(job, sys_dir, run, features, wan_links, prediction, limits, losses=losses,
                        record=record, cpu_before=cpu_before,
                        congestion_control=net.congestion_control, timings_s=net.timings_s)
     write_json(sys_dir / "metrics.json", metrics)   # this system's block, kept if a later fails
@@ -146,7 +151,7 @@ def _write_partial(sys_dir: Path, system: str, cfg: "TrainConfig", why: str,
 
 
 def _metrics(job: SystemJob, sys_dir: Path, run: Any, features: Running, wan_links: dict,
-             prediction: Any, limits: Any, *, record: dict, cpu_before: CpuTimes,
+             prediction: Any, limits: Any, *, losses: dict, record: dict, cpu_before: CpuTimes,
              congestion_control: dict, timings_s: dict) -> dict:
     """A complete run's metrics block: the trainers' figures, the WAN's, every feature's."""
     from geodc.host.spans import read_jsonl
@@ -180,6 +185,7 @@ def _metrics(job: SystemJob, sys_dir: Path, run: Any, features: Running, wan_lin
                      if a != b for d in both(a, b)},
         slot_plan=[],    # (temporal sharing's block, where it runs)
         wan_links=wan_links, network=record, allreduce=ar,
+        tcp=dict(add_up(losses["tcp"]), errors=losses["errors"]),
         cpu=cpu_before.usage(CpuTimes.now()),
         congestion_control=dict(congestion_control,
                                 in_use=congestion_control_in_use(run.spans_path)),
@@ -294,6 +300,7 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
     lines.append(report.wan_summary({k: v for k, v in metrics["wan_links"].items()
                                      if "packets" in v}, metrics["cpu"]))
     lines += metrics["wan_warnings"]
+    lines += loss_lines(metrics)
     over = metrics.get("compute_overruns")
     if over and over["count"]:
         lines.append(f"warning: {over['count']} of {over['ops']} compute ops ran past their "
@@ -302,3 +309,15 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
                      f"{over['by_op']['OPT']}): the small model's CPU time exceeded the "
                      "target's GPU time there, and the run is that much slower")
     return lines
+
+
+def loss_lines(metrics: dict) -> list[str]:
+    """One line when TCP retransmitted or a WAN queue dropped during the run, else none."""
+    tcp = metrics.get("tcp") or {}
+    drops = {k: v["queue"]["drops"] for k, v in metrics["wan_links"].items()
+             if (v.get("queue") or {}).get("drops")}
+    if not tcp.get("retransmitted_segments") and not drops:
+        return []
+    return [f"losses over the run: TCP retransmitted {tcp.get('retransmitted_segments', 0):,} "
+            f"of {tcp.get('out_segments', 0):,} segments ({tcp.get('timeouts', 0):,} timeouts); "
+            "WAN queue drops: " + (", ".join(f"{k} {n:,}" for k, n in drops.items()) or "none")]

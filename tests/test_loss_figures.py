@@ -1,0 +1,48 @@
+"""The figures the queue-regime benchmark (bench/bench_queue_regime.py) reads: the summed burst
+of a WAN direction (geodc.analysis.bursts) and a namespace's TCP counters
+(geodc.emulation.losscounters.parse_proc_net)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from geodc.analysis.bursts import summed_burst_bytes
+from geodc.cli.planview import load_training
+from geodc.emulation.losscounters import TCP_FIELDS, parse_proc_net
+from geodc.features.temporal.plan import plan_slots
+from geodc.plans.placement import place_for_system
+from geodc.plans.systems import window_bytes
+from geodc.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES, parse_scenario
+from geodc.spec.systems import get_system
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("connections", [1, 4, 16])
+def test_summed_burst_is_every_pipelines_first_round(connections: int) -> None:
+    D, n_embd, seq, mb = 3, 1024, 64, 2     # measured mode: a message is mb x seq x n_embd floats
+    sc = parse_scenario({
+        "name": "bursts", "scale": 100, "connections": connections,
+        "dcs": [{"name": "ea", "hosts": D}, {"name": "we", "hosts": D}],
+        "wan": [{"between": ["ea", "we"], "delay_ms": 20, "rate_mbit": 100}],
+        "training": {"model": {"n_layer": 2, "n_embd": n_embd, "n_head": 4, "seq_len": seq,
+                               "vocab_size": 64},
+                     "stages": 2, "replicas": D, "micro_batches": 2, "micro_batch_size": mb}})
+    cfg, system = load_training(sc), get_system("multitcp")
+    plan = plan_slots(sc, cfg, place_for_system(sc, cfg, system), system)
+    payload = mb * seq * n_embd * 4
+    first = min(payload, connections * window_bytes(100)) * ETH_FRAME_BYTES / TCP_MSS_BYTES
+    got = {str(k): v for k, v in summed_burst_bytes(plan).items()}
+    assert got == {"ea->we": pytest.approx(D * first, abs=D), "we->ea": pytest.approx(D * first, abs=D)}
+
+
+def test_tcp_counters_are_read_from_this_machines_proc_files() -> None:
+    sections = {}
+    for name in ("snmp", "netstat"):
+        sections.update(parse_proc_net(Path(f"/proc/net/{name}").read_text()))
+    assert sections["Tcp"]["RetransSegs"] >= 0 and sections["Tcp"]["OutSegs"] >= 0
+    for section, field in TCP_FIELDS.values():
+        assert isinstance(sections[section][field], int)
+    assert parse_proc_net("Tcp: A B\nTcp: 1 x\n") == {}      # a bad value line is no section
