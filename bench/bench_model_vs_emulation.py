@@ -47,8 +47,10 @@ sys.path.insert(0, str(REPO))
 from geodc.cli.planview import load_training  # noqa: E402
 from geodc.emulation.results import write_json, write_text  # noqa: E402
 from geodc.predict.predict import predict  # noqa: E402
+from geodc.spec.links import LinkDir  # noqa: E402
 from geodc.spec.scenario import parse_scenario  # noqa: E402
 from geodc.spec.systems import get_system  # noqa: E402
+from geodc.spec.timescale import TimeScale  # noqa: E402
 
 PROFILE = {"file": "h200-transformer.json", "width": 2048, "seq": 2048, "micro_batch": 2,
            "n_layer": 24}
@@ -100,10 +102,10 @@ def overrun_share(m: dict) -> float:
     return over.get("total_ms", 0.0) / 1e3 / compute_s if compute_s > 0 else 0.0
 
 
-def next_time_scale(T: float, share: float, limit: float) -> float:
-    """A larger T: the overruns shrink about as fast as the holds grow."""
-    factor = 2.0 if share > 5 * limit else 1.5
-    return float(min(60, math.ceil(T * factor)))
+def next_time_scale(now: float, share: float, limit: float) -> float:
+    """A larger time_scale than `now`: the overruns shrink about as fast as the holds grow."""
+    step = 2.0 if share > 5 * limit else 1.5
+    return float(min(60, math.ceil(now * step)))
 
 
 def run_once(doc: dict, system: str, T: float, runs: Path, log, tag: str = ""
@@ -146,6 +148,7 @@ def wan_messages(sys_dir: Path, T: float) -> dict:
     their sum), and `latency`, from the sender's enqueue to the last byte; and the direction
     whose median spread is largest."""
     import statistics
+    ts = TimeScale(T)
     spans = [json.loads(line) for line in (sys_dir / "trainer_spans.jsonl").open()]
     send = {(r["name"][-1], r["stage"], r["replica"], r["iteration"], r["microbatch"]): r
             for r in spans if r["name"] in ("SEND_F", "SEND_B")}
@@ -158,9 +161,9 @@ def wan_messages(sys_dir: Path, T: float) -> dict:
         s = send.get((kind, src, r["replica"], r["iteration"], r["microbatch"]))
         if s is None or s["dc"] == r["dc"] or "t_first_ns" not in r:
             continue
-        by.setdefault(f"{s['dc']}->{r['dc']}", []).append(
-            ((r["t_arrived_ns"] - r["t_first_ns"]) / 1e6 / T,
-             (r["t_arrived_ns"] - s["t_enqueue_ns"]) / 1e6 / T))
+        by.setdefault(str(LinkDir(s["dc"], r["dc"])), []).append(
+            (ts.real_span((r["t_arrived_ns"] - r["t_first_ns"]) / 1e6),
+             ts.real_span((r["t_arrived_ns"] - s["t_enqueue_ns"]) / 1e6)))
     if not by:
         return {}
     per = {k: {"n": len(v), "spread_ms_p50": statistics.median(x[0] for x in v),
@@ -239,6 +242,8 @@ def table(rows: list[dict]) -> str:
             continue
         mo = r["model"]
         err = mo["iteration_s"] / r["iteration_s"] - 1
+        label = r["scenario"] + (", no slow start after idle" if r["document"].get(
+            "tcp_slow_start_after_idle") is False else "")
         link = max(r["wan_use"], key=lambda k: mo["wan_use"].get(k, 0.0), default=None)
         use = ("-" if link is None else
                f"{link} {mo['wan_use'].get(link, 0.0):.0%} / {r['wan_use'][link]:.0%}")
@@ -250,7 +255,7 @@ def table(rows: list[dict]) -> str:
         spread = (f"{msgs['worst']} {w['spread_ms_p50']:.0f} / {w['spread_ms_max']:.0f}"
                   if w else "-")
         out.append(
-            f"| {r['scenario']} | {r['gpus']} | {r['system']} | {r['time_scale']:g} | "
+            f"| {label} | {r['gpus']} | {r['system']} | {r['time_scale']:g} | "
             f"{r['overrun_share']:.1%} | {mo['iteration_s']:.3f} | {r['iteration_s']:.3f} | "
             f"{err:+.1%}{flag} | {mo['bubble']:.3f} / {r['bubble']:.3f} | {use} | "
             f"{fmt_ms(r['compute_overrun_ms_per_iteration'])}, "
