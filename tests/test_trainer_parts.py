@@ -330,7 +330,7 @@ def test_timeline_plot_writes_png(tmp_path):
 @pytest.mark.loopback
 def test_measure_profile_cpu_smoke():
     from geodc.hostproc.trainer.measure_profile import main
-    from geodc.spec.profiles import PROFILE_DIR
+    from geodc.spec.paths import GPU_PROFILES as PROFILE_DIR
     from geodc.rules.costs import StageCost, optimizer_ms, stage_costs
     out = PROFILE_DIR / f"test-smoke-{os.getpid()}.json"   # profiles are read from there only
     try:
@@ -362,7 +362,7 @@ def test_measure_profile_cpu_smoke():
 def test_shipped_profiles_match_their_provenance():
     import hashlib
     import re
-    from geodc.spec.profiles import PROFILE_DIR
+    from geodc.spec.paths import GPU_PROFILES as PROFILE_DIR
     text = (PROFILE_DIR / "PROVENANCE.md").read_text()
     rows = re.findall(r"^\| `([^`]+\.json)` \|.*\| ([0-9a-f]{64}) \|$", text, re.M)
     assert {name for name, _ in rows} == {p.name for p in PROFILE_DIR.glob("*.json")}
