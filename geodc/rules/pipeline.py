@@ -234,9 +234,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         if lost <= 0:
             push(arrive, "arrive", (key,))
             return
-        drops = result_drops.setdefault(link, {})
-        drops[key[3]] = drops.get(key[3], 0.0) + lost * (w if m.sharing == "temporal"
-                                                                 else 1)
+        add_drops(link, key[3], lost * (w if m.sharing == "temporal" else 1))
         if m.sharing == "temporal":     # the slot lasts through the resend, a round trip on
             extra = route.rtt_ms + lost / (m.link_rate_mbit[link] * 125.0)
             clock[link] += extra * hold
@@ -244,6 +242,10 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         else:                           # the lost bytes leave the link's time, come back later
             clock[link] -= lost / (m.link_rate_mbit[link] * 125.0)
             push(now + route.rtt_ms, "resend", (key, route, lost, arrive))
+
+    def add_drops(link: LinkDir, it: int, lost: float) -> None:
+        per_it = result_drops.setdefault(link, {})
+        per_it[it] = per_it.get(it, 0.0) + lost
 
     def overflow(link: LinkDir, wait_ms: float, burst: float, most: float | None = None
                  ) -> float:
@@ -264,8 +266,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         clock[link] = start + (lost - again) / (m.link_rate_mbit[link] * 125.0)
         arrive = max(arrive, clock[link] + route.one_way_ms)
         if again > 0:
-            drops = result_drops.setdefault(link, {})
-            drops[key[3]] = drops.get(key[3], 0.0) + again
+            add_drops(link, key[3], again)
             push(now + route.rtt_ms, "resend", (key, route, again, arrive))
         else:
             push(arrive, "arrive", (key,))
@@ -484,10 +485,8 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             seeds = list(pending)
             pending.clear()
             reshare(now, seeds)
-            touched = []
         elif kind == "resend":
             resend(now, *data)
-            touched = []
         elif kind == "flow_end":
             key, ver = data
             f = flows.get(key)
