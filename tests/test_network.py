@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import statistics
 import time
 from pathlib import Path
 
@@ -214,6 +215,9 @@ def test_every_host_reaches_every_other_host_with_the_path_delay(tri):
                                       ("qa-h2", "qc-h1"), ("qc-h1", "qa-h1")],
                          ids=["qa-qb", "qb-qc", "qa-qc-direct", "qc-qa-direct"])
 def test_wan_rtt_is_twice_the_path_delay(tri, src, dst):
+    """The median of 20 RTTs (as `calibrate` reports it: one VM stall of a few ms moves a 20-ping
+    average past the tolerance, the median not) is twice the link's delay within max(0.5 ms, 2%),
+    and no reply comes back faster than the configured delay allows."""
     a, b = tri.plan.host(src).dc, tri.plan.host(dst).dc
     delay_ms, hops = planned_path(tri, a, b)
     configured = next(w for w in TRI["wan"] if set(w["between"]) == {a, b})
@@ -226,13 +230,15 @@ def test_wan_rtt_is_twice_the_path_delay(tri, src, dst):
     for _ in range(RTT_ATTEMPTS):
         r, out = run_ping(tri, src, dst, 20, 0.05)
         assert r is not None and r.received == r.sent, out
+        assert r.min_ms >= want - 0.1, f"{src}->{dst}: a reply in {r.min_ms} ms, under {want:g}"
         attempts.append(r)
-        if abs(r.avg_ms - want) <= tol:
+        if abs(statistics.median(r.samples_ms) - want) <= tol:
             break
-    assert abs(attempts[-1].avg_ms - want) <= tol, (
-        f"{src}->{dst} ({a}->{b}, {hops} WAN hops, backend {tri.backend}): RTT avg not within "
+    assert abs(statistics.median(attempts[-1].samples_ms) - want) <= tol, (
+        f"{src}->{dst} ({a}->{b}, {hops} WAN hops, backend {tri.backend}): RTT median not within "
         f"{want:g} +-{tol:g} ms in {len(attempts)} tries of 20 pings:\n" + "\n".join(
-            f"  avg {r.avg_ms} min/max/mdev {r.min_ms}/{r.max_ms}/{r.mdev_ms}; samples {r.samples_ms}"
+            f"  median {statistics.median(r.samples_ms)} avg {r.avg_ms} min/max/mdev "
+            f"{r.min_ms}/{r.max_ms}/{r.mdev_ms}; samples {r.samples_ms}"
             for r in attempts) + f"\nwan {TRI['wan']}" + busy_note(tri, since))
     # Each gateway on the way takes one off the reply's TTL: hops + 1 gateways, so a direct
     # link shows ttl=62 (the detour through qb would show 61).
