@@ -58,6 +58,7 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from geodc.rules.fairshare import max_min_rates
 from geodc.rules.schedule import format_table, parse_action
 from geodc.spec.links import LinkDir
 
@@ -282,6 +283,32 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     result_drops: dict[LinkDir, dict[int, float]] = {}
 
     pending: set[LinkDir] = set()       # links whose flows changed since the last reshare
+    # A link whose flows' caps sum to no more than its rate never fills (each flow gets at
+    # most its cap): it constrains nobody, so the fair share skips it and flows joined only
+    # through such links are reshared apart.
+    cap_sum: dict[LinkDir, float] = {}
+    tight: set[LinkDir] = set()         # the links that can fill
+    loosened: set[LinkDir] = set()      # no longer tight since the last reshare
+    fresh: list[_Flow] = []             # started since the last reshare
+
+    def recap(link: LinkDir, total: float) -> None:
+        cap_sum[link] = total
+        if total > m.link_rate_mbit.get(link, float("inf")) * (1 - 1e-9):
+            tight.add(link)
+        elif link in tight:
+            tight.discard(link)
+            loosened.add(link)
+
+    def join(f: _Flow) -> None:
+        for link in dict.fromkeys(f.links):
+            link_flows.setdefault(link, {})[f.key] = f
+            recap(link, cap_sum.get(link, 0.0) + f.weight * f.cap_mbit)
+
+    def leave(f: _Flow) -> None:
+        for link in dict.fromkeys(f.links):
+            on = link_flows[link]
+            on.pop(f.key, None)
+            recap(link, cap_sum[link] - f.weight * f.cap_mbit if on else 0.0)
 
     def reshare_soon(now: float, links) -> None:
         """Reshare once after every event at this time (no time passes between them)."""
@@ -290,13 +317,18 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         pending.update(links)
 
     def reshare(now: float, seeds) -> None:
-        """Max-min fair rates with caps (progressive filling: every unfrozen flow rises to one
-        level together; a flow freezes at its cap or when a link it uses is full) of the flows
-        linked to the seed links through shared links (the others' rates cannot change), then
-        schedule their next ends."""
-        comp: dict[tuple, _Flow] = {}
+        """Max-min fair rates with caps of the flows whose rates the changes since the last
+        reshare can move (the others' cannot change), then schedule their next ends."""
+        # What can change: the flows just started, and every flow joined to them or to a seed
+        # link that is (or just stopped being) tight through tight links. A flow that meets the
+        # change only on a link that stays slack keeps its rate.
+        comp = {f.key: f for f in fresh if f.key in flows}
+        stack = [l for l in seeds if l in tight or l in loosened]
+        for f in comp.values():
+            stack.extend(l for l in f.links if l in tight)
+        fresh.clear()
+        loosened.clear()
         seen: set[LinkDir] = set()
-        stack = list(seeds)
         while stack:
             link = stack.pop()
             if link in seen:
@@ -305,61 +337,12 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             for k, f in link_flows.get(link, {}).items():
                 if k not in comp:
                     comp[k] = f
-                    stack.extend(f.links)
+                    stack.extend(l for l in f.links if l in tight)
         active = sorted((f for f in comp.values() if f.left_bits > EPS), key=lambda f: f.n)
         if not active:
             return
-        on_link: dict[LinkDir, list[_Flow]] = {}      # each link's flows, in `active` order
         before = [f.rate_mbit for f in active]
-        for f in active:
-            f.rate_mbit = -1.0                        # unfrozen
-            for l in dict.fromkeys(f.links):
-                on_link.setdefault(l, []).append(f)
-        cap_left = {l: m.link_rate_mbit.get(l, float("inf")) for l in on_link}
-        wsum = {l: sum(f.weight for f in fs) for l, fs in on_link.items()}
-        live = set(on_link)
-        by_cap = sorted(active, key=lambda f: f.cap_mbit)
-        level, ci, left = 0.0, 0, len(active)
-        # a link that carries all its flows at their caps never fills: a flow whose every link
-        # is such gets its cap (as progressive filling would give it), and leaves the rest
-        slack = {l for l, fs in on_link.items()
-                 if sum(f.weight * f.cap_mbit for f in fs) <= cap_left[l] * (1 - 1e-9)}
-        for f in active:
-            if all(l in slack for l in f.links):
-                f.rate_mbit = f.cap_mbit
-                left -= 1
-                for l in dict.fromkeys(f.links):
-                    wsum[l] -= f.weight
-                    cap_left[l] -= f.weight * f.cap_mbit
-                    if wsum[l] <= 0:
-                        live.discard(l)
-
-        def freeze(f: _Flow) -> None:
-            nonlocal left
-            f.rate_mbit = level
-            left -= 1
-            for l in dict.fromkeys(f.links):
-                wsum[l] -= f.weight
-                if wsum[l] <= 0:
-                    live.discard(l)
-
-        while left:
-            while by_cap[ci].rate_mbit >= 0:
-                ci += 1
-            share = min((cap_left[l] / wsum[l] for l in live), default=float("inf"))
-            inc = min(share, by_cap[ci].cap_mbit - level)
-            level += inc
-            for l in live:
-                cap_left[l] -= inc * wsum[l]
-            while ci < len(by_cap) and (by_cap[ci].rate_mbit >= 0
-                                        or by_cap[ci].cap_mbit - level <= EPS):
-                if by_cap[ci].rate_mbit < 0:
-                    freeze(by_cap[ci])
-                ci += 1
-            for l in [l for l in live if cap_left[l] <= EPS]:
-                for f in on_link[l]:
-                    if f.rate_mbit < 0:
-                        freeze(f)
+        max_min_rates(active, m.link_rate_mbit, tight)
         for f, rate in zip(active, before):
             if f.rate_mbit != rate or not f.ver:       # else its end is as scheduled
                 f.ver += 1
@@ -387,8 +370,8 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                                    cap_mbit=route.wire_bytes * 8 / data_ms / 1e3,
                                    one_way_ms=route.one_way_ms, weight=w, n=seq[0])
             seq[0] += 1
-            for link in route.links:
-                link_flows.setdefault(link, {})[key] = f
+            join(f)
+            fresh.append(f)
             reshare_soon(now, route.links)
 
     parsed = [[parse_action(a) for a in row] for row in rows]   # (kind, mb) per action
@@ -497,8 +480,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             freed: set[LinkDir] = set()
             for k in [k for k, g in flows.items() if g.left_bits <= 1.0]:   # bits: float noise
                 g = flows.pop(k)
-                for link in g.links:
-                    link_flows[link].pop(k, None)
+                leave(g)
                 freed.update(g.links)
                 push(now + g.one_way_ms, "arrive", (k,))
             reshare_soon(now, freed)
