@@ -96,6 +96,18 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["GEOTESTBED_RUNTIME_DIR"] = str(_session_runtime_dir)
     global _last_sysctls
     _last_sysctls = root_sysctls()
+    _warm_matplotlib()
+
+
+def _warm_matplotlib() -> None:
+    """Build matplotlib's font cache now, outside any test: on a machine where it was never
+    built, matplotlib runs fc-list for it at its first figure, which a unit test may not do."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        from matplotlib import font_manager  # noqa: F401  (builds the cache on import)
+    except ImportError:
+        pass
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:  # noqa: ARG001
