@@ -152,6 +152,7 @@ def test_folded_replicas_take_their_share_of_the_load(monkeypatch):
     cfg = load_training(sc)
     apart = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea
     monkeypatch.setattr(mp, "FOLD_ABOVE_REPLICAS", 1)
+    monkeypatch.setattr(mp, "TRAIN_SEGMENTS", 1)     # 3 replicas in 4 parts would be all three
     folded = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea
     assert folded["simulated"]["gpus"] == 9 and folded["simulated"]["hosts"] == 3
     assert apart["simulated"]["hosts"] == 9

@@ -34,13 +34,14 @@ Inputs, each from the module that decides it in a run:
   them it is not exact (gpt7b_2dc's multitcp with its 2 x BDP queue set: 9.90 s folded, 6.84 s
   unfolded), so `predict` says so where a folded prediction drops.
 Above FOLD_ABOVE_REPLICAS replicas, each group of replicas whose stages sit in the same DCs is
-simulated as two (geodc.rules.pipeline's trains): its first replica, and one standing for the
-rest, which follows it at the spacing the links that serve one message at a time put between
-them. Against every replica simulated (tests/test_folding.py, bench/bench_folding.py): within
-2% on generated scenarios with WAN-tuned hosts (worst 0.3% over 47 predictions); gpt7b_2dc's
-multitcp and atlas 6.435 s folded and unfolded (the earlier fold, one replica with a weight,
-said 7.826 s). With slow start after idle, atlas's folded slots miss by up to 91% (GPipe, 48
-replicas: the members' slots are not alike then); baseline and multitcp stay within 0.3%.
+folded (geodc.rules.pipeline's trains, `simulated_for`): on fair-shared links as its first
+replica and one with a weight for the rest (exact); where its messages meet links that serve one
+message at a time, as its first replica and the ends of TRAIN_SEGMENTS even parts of the rest,
+the members between two of them spaced evenly. Against every replica simulated
+(tests/test_folding.py, bench/bench_folding.py, generated scenarios of 9-48 replicas): within
+1.2% with WAN-tuned hosts (480 predictions), within 2.9% with slow start after idle (alike
+replicas are then not alike under temporal slots); gpt160b_5dc's atlas 69.168 s folded, 69.157 s
+unfolded.
 Not modelled: CPU contention of the emulation, the delay line's own lateness, TCP's window
 reduction after a loss, the temporal arbiter's grant latency, prefill (BubbleTea) traffic on the
 links.
@@ -67,7 +68,8 @@ if TYPE_CHECKING:
     from geodc.spec.systems import System
     from geodc.spec.training import TrainConfig
 
-FOLD_ABOVE_REPLICAS = 8     # more replicas than this: alike ones are simulated as one
+FOLD_ABOVE_REPLICAS = 8     # more replicas than this: alike ones are folded
+TRAIN_SEGMENTS = 4          # a folded train: its first replica and the ends of this many parts
 WIRE_PACKET_BYTES = 1514     # a full-size packet on the wire (1448 payload + headers)
 RTO_MIN_MS = 200.0          # Linux's tcp_rto_min: idle longer than RTT + this restarts slow start
 
@@ -161,17 +163,48 @@ class Simulated(NamedTuple):
     head: int | None = None
 
 
-def simulated_replicas(placement: "Placement") -> list[Simulated]:
+def simulated_replicas(placement: "Placement", segments: int = 1) -> list[Simulated]:
     """The replicas the model simulates: above FOLD_ABOVE_REPLICAS each group of alike ones as
-    two, its first and the rest behind it (module docstring), else every one alone."""
+    its first and, behind it, the ends of `segments` even parts of the rest (each standing for
+    its part: module docstring), else every one alone."""
     if placement.replicas <= FOLD_ABOVE_REPLICAS:
         return [Simulated(r, 1) for r in range(placement.replicas)]
     out: list[Simulated] = []
     for first, n in replica_classes(placement.stage_dcs):
         out.append(Simulated(first, 1))
-        if n > 1:
-            out.append(Simulated(first + 1, n - 1, head=len(out) - 1))
+        at = 0                                  # the last simulated member's place in the group
+        for end in _segment_ends(n, segments):
+            out.append(Simulated(first + at + 1, end - at, head=len(out) - 1))
+            at = end
     return out
+
+
+def simulated_for(scenario: "Scenario", cfg: "TrainConfig", system: "System",
+                  placement: "Placement") -> list[Simulated]:
+    """simulated_replicas for this system: a group whose messages meet links serving one
+    message at a time (temporal sharing, or bursts of one round trip) is a train there, its
+    members spaced unevenly, so it is simulated in TRAIN_SEGMENTS parts; on fair-shared links
+    a weight is exact, so head and one more suffice."""
+    classes = simulated_replicas(placement)
+    if len(classes) == placement.replicas:
+        return classes
+    if system.wan_sharing == "temporal":
+        return simulated_replicas(placement, TRAIN_SEGMENTS)
+    payloads = message_payload_bytes(cfg, scenario.scale)
+    for s in range(cfg.stages - 1):
+        for first, _, _ in classes:
+            a, b = placement.stage_dcs[s][first], placement.stage_dcs[s + 1][first]
+            if a != b and (_route(scenario, system, a, b, payloads[s]).burst
+                           or _route(scenario, system, b, a, payloads[s]).burst):
+                return simulated_replicas(placement, TRAIN_SEGMENTS)
+    return classes
+
+
+def _segment_ends(n: int, segments: int) -> list[int]:
+    """The places (1 .. n - 1) in a group of n alike replicas that are simulated after its
+    first: the ends of up to `segments` even parts."""
+    k = min(segments, n - 1)
+    return sorted({round(j * (n - 1) / k) for j in range(1, k + 1)}) if k > 0 else []
 
 
 def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
@@ -188,7 +221,7 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     costs = stage_costs(cfg.profile, P)
     buffers = [int(c.gradient_bytes / scenario.scale) for c in costs]
     payloads = message_payload_bytes(cfg, scenario.scale)
-    classes = simulated_replicas(placement)
+    classes = simulated_for(scenario, cfg, system, placement)
     fwd, bwd = {}, {}
     for s in range(P - 1):
         for c, (r, _, _) in enumerate(classes):
@@ -289,6 +322,15 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                       if system.fill_bubbles else None)
 
 
+def group_of(classes: list[Simulated], c: int) -> int:
+    """How many replicas simulated replica c and those before it in its group stand for."""
+    n = 0
+    while c is not None:
+        n += classes[c].n
+        c = classes[c].head
+    return n
+
+
 def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                placement: "Placement", result: SimResult) -> dict[str, Any]:
     """geodc.predict.bubbletea's figures for the simulated run under the load a run would replay (same
@@ -299,11 +341,12 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     from geodc.predict.bubbletea import predict_bubbletea, thin_load, unthin
     from geodc.features.bubbletea.plan import check, hosts_by_dc
     bt = check(scenario, placement, system.name)
-    classes = simulated_replicas(placement)
+    classes = simulated_for(scenario, cfg, system, placement)
     folded = any(c.n > 1 for c in classes)
     # folded, a group's last replica stands for all of it (its first is one GPU of hundreds;
     # the others are the last's timeline at a spacing)
     heads = {c.head for c in classes if c.head is not None}
+    group = [group_of(classes, c) for c in range(len(classes))]
     spans, host_dc, weight = [], {}, {}
     for span in as_spans(result):
         s, c = span["stage"], span["replica"]
@@ -313,7 +356,7 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
         host = f"s{s}r{c}"
         spans.append(dict(span, host=host))
         host_dc[host] = placement.stage_dcs[s][first]
-        weight[host] = n + (head is not None) if folded else 1
+        weight[host] = group[c] if folded else 1
     gpus = {dc: len(hs) for dc, hs in hosts_by_dc(placement).items()}
     load, share = thin_load(bt, cfg.compute, host_dc, gpus)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)

@@ -41,15 +41,17 @@ Rules, the workers' (geodc/hostproc/trainer/worker.py):
 Plain heap (heapq): the event count is a few per op, an event wakes only the workers it concerns,
 and each touches at most the messages on the WAN at that moment. A link that serves one message
 at a time keeps a clock (when it is next free, every message sent so far served in the order
-sent). Alike replicas (same DCs, so same routes) may be folded (geodc.predict.predict does): a
-group as its first replica (the head) and one replica with a weight standing for the rest (the
-train behind it, `heads`). On fair-shared links the weight's messages are weight flows at the
-rate each gets. On a link serving one at a time, the head's message registers the train's
-middle members: sent after it at the spacing head and last member have at the latest op both
-started, and served in the order sent among the other messages (members a_i ... a_j, alike
-spaced, from a link free at W leave it free at max(W + m d, a_i + m d, a_j + d)); the last
-member's own message follows the rest of its train. A weight without a head: its messages
-hold the link weight times in turn, arriving with the last.
+sent). Fair shares: geodc.rules.fairshare, over the links that can fill. Alike replicas (same
+DCs, so same routes) may be folded (geodc.predict.predict does): a replica with a weight stands
+for the members behind the one before it (its head: `heads`), a chain of such parts for a group.
+On fair-shared links the weight's messages are weight flows at the rate each gets. On a link
+serving one at a time, the head's message registers the part's middle members (a train), sent
+after it at even spacing and served in the order sent among the other messages (one train's
+members a_i ... a_j from a link free at W leave it free at max(W + m d, a_i + m d, a_j + d);
+members of trains that interleave are served one by one); the part's last member's own message
+follows the rest of its train. The spacing is the gap between head and last member at the
+latest op both started in a first pass, then what the last pass found (`simulate`). A weight
+without a head: its messages hold the link weight times in turn, arriving with the last.
 """
 
 from __future__ import annotations
@@ -140,10 +142,36 @@ class SimResult:
     link_bits: dict[LinkDir, dict[int, float]]   # link direction -> iteration -> wire bits sent
     # link direction -> iteration -> wire bytes its queue dropped (and were sent again)
     link_drops: dict[LinkDir, dict[int, float]] = field(default_factory=dict)
+    # a train head's message key -> how far apart its members sent theirs (ms): the tail's send
+    # time less the head's, over the members behind the head
+    train_gaps: dict[tuple, float] = field(default_factory=dict)
+    # how far the last member of a train moved between the spacing the pass assumed and the one
+    # it found (ms, the most over trains): 0 when the pass agrees with itself
+    train_shift_ms: float = 0.0
+
+
+TRAIN_PASSES = 8           # at most, until the trains' spacing settles
+TRAIN_SETTLED = 1e-4       # a train's last member moving less, relative to the run, is settled
 
 
 def simulate(m: PipelineModel, iterations: int) -> SimResult:
-    """Run `iterations` iterations back to back from time 0 (module docstring)."""
+    """Run `iterations` iterations back to back from time 0 (module docstring).
+
+    With trains (folded alike replicas behind a head on links serving one message at a time),
+    when the members send is known only once the tail has sent: a first pass estimates it from
+    the latest op the head and tail both started, and each further pass takes it from the last
+    pass's head and tail, until the result settles (a fixed point: members spaced evenly between
+    head and tail, as they are when they behave alike)."""
+    res = _simulate(m, iterations, None)
+    for _ in range(TRAIN_PASSES - 1):
+        end = max((o.end_ms for o in res.ops), default=0.0)
+        if res.train_shift_ms <= TRAIN_SETTLED * max(1.0, end):
+            break
+        res = _simulate(m, iterations, res.train_gaps)
+    return res
+
+
+def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None) -> SimResult:
     P, D = len(m.table), m.replicas
     weight = list(m.weights) if m.weights is not None else [1] * D
     heads = list(m.heads) if m.heads is not None else [None] * D
@@ -179,21 +207,32 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     latest: dict[tuple[int, int], tuple[int, int]] = {}    # (s, r) -> (it, pos) last started
 
     def serve_middles(link: LinkDir, t: float) -> None:
-        """Serve, in the order sent, every train member sent by t (before a message sent at t):
-        members sent a_i ... a_j, spaced alike, from a link free at W, leave it free at
-        max(W + m d, a_i + m d, a_j + d)."""
-        W = clock.get(link, 0.0)
-        trains = middles.get(link, {})
+        """Serve, in the order sent, every train member sent by t (before a message sent at t).
+        One train's members a_i ... a_j, spaced alike, from a link free at W, leave it free at
+        max(W + m d, a_i + m d, a_j + d); members of several trains interleave, so they are
+        served one by one in the order sent."""
+        trains = middles.get(link)
+        if not trains:
+            return
+        due: list[tuple[float, int, float, float, float]] = []   # (first, members, gap, d, last)
         for k in list(trains):
             b = trains[k]
             i, n, t0, gap, d = b
             if t0 + i * gap > t + EPS:
                 continue
             j = n - 1 if gap <= 0 else min(n - 1, int((t - t0) / gap + EPS))
-            W = max(W + (j - i + 1) * d, t0 + i * gap + (j - i + 1) * d, t0 + j * gap + d)
+            due.append((t0 + i * gap, j - i + 1, gap, d, t0 + j * gap))
             b[0] = j + 1
             if b[0] >= n:
                 del trains[k]
+        W = clock.get(link, 0.0)
+        if len(due) == 1:
+            first, count, _, d, last = due[0]
+            W = max(W + count * d, first + count * d, last + d)
+        elif due:
+            for a, d in sorted((first + x * gap, d) for first, count, gap, d, _ in due
+                               for x in range(count)):
+                W = max(W, a) + d
         clock[link] = W
 
     def spacing(s: int, head: int, tail: int, n: int) -> float:
@@ -222,7 +261,11 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
         clock[link] = start + hold * one_ms
         if r in tail_of and tail_of[r][1] > 1:  # a train's head: its middle follows it
             tail, n = tail_of[r]
-            middles.setdefault(link, {})[key] = [1, n, now, spacing(sender, r, tail, n), one_ms]
+            gap = gaps.get(key) if gaps is not None else None
+            if gap is None:
+                gap = spacing(sender, r, tail, n)
+            used_gaps[key] = gap
+            middles.setdefault(link, {})[key] = [1, n, now, gap, one_ms]
         if m.sharing == "temporal":
             arrive = clock[link] + route.one_way_ms            # the last of them
         else:                           # never before its solo time
@@ -349,13 +392,18 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 push(now + f.left_bits / (f.rate_mbit * 1e3), "flow_end", (f.key, f.ver))
 
     last_sent: dict[int, float] = {}
+    sent_at: dict[tuple, float] = {}          # with trains: when each message was sent
+    used_gaps: dict[tuple, float] = {}        # the spacing each train was served at
 
     def send(now: float, key: tuple, route: Route, it: int, sender: int) -> None:
         """A message leaves now: key = (kind, s, r, it, mb) of the op that needs it."""
+        if tail_of:
+            sent_at[key] = now
         w = weight[key[2]]
         solo = route.solo(now - last_sent.get(id(route), float("-inf")))
         last_sent[id(route)] = now
-        route = replace(route, solo_ms=solo)
+        if solo != route.solo_ms:
+            route = replace(route, solo_ms=solo)
         for l in route.links:
             link_bits.setdefault(l, {}).setdefault(it, 0.0)
             link_bits[l][it] += route.wire_bytes * 8 * w
@@ -375,6 +423,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
             reshare_soon(now, route.links)
 
     parsed = [[parse_action(a) for a in row] for row in rows]   # (kind, mb) per action
+    action = {a: parse_action(a) for row in rows for a in row}
 
     def ready(s: int, r: int) -> tuple[str, float] | None:
         """The next op of worker (s, r) and the earliest time its input allows it."""
@@ -415,7 +464,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                 dur = m.allreduce_ms[s] if name == "ALLREDUCE" else m.opt_ms[s]
                 op = Op(s, r, it, name, None, now, now + dur)
             else:
-                kind, mb = parse_action(name)
+                kind, mb = action[name]
                 dur = m.forward_ms[s] if kind == "F" else m.backward_ms[s]
                 op = Op(s, r, it, kind, mb, now, now + dur)
             if dur > 0 or name not in ("ALLREDUCE",):
@@ -449,7 +498,7 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
                         per_it[it] = per_it.get(it, 0.0) + bits
             else:
                 pos[w] += 1
-                k, mb = parse_action(name)
+                k, mb = action[name]
                 if k == "F":
                     f_end[(s, r, it, mb)] = now
                 if k == "F" and s < P - 1:
@@ -488,7 +537,18 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     left = {w: it_of[w] for w in it_of if it_of[w] < iterations}
     if left:
         raise ValueError(f"model deadlocked: workers {left} did not finish")
-    return SimResult(ops=ops, link_bits=link_bits, link_drops=result_drops)
+    train_gaps, shift = {}, 0.0
+    for key, t in sent_at.items():
+        r = key[2]
+        if r in tail_of and tail_of[r][1] > 1:
+            tail, n = tail_of[r]
+            t_tail = sent_at.get((*key[:2], tail, *key[3:]))
+            if t_tail is not None:
+                train_gaps[key] = max(0.0, (t_tail - t) / n)
+                if key in used_gaps:
+                    shift = max(shift, abs(train_gaps[key] - used_gaps[key]) * n)
+    return SimResult(ops=ops, link_bits=link_bits, link_drops=result_drops,
+                     train_gaps=train_gaps, train_shift_ms=shift)
 
 
 # ---- the compute-only case ----------------------------------------------------------------------
