@@ -24,9 +24,9 @@ def write_scenario(folder: Path, data: dict) -> Path:
 
 def generated_scenario(rng, slow_start: bool = False) -> dict:
     """A predict-only scenario document drawn with rng (random.Random): P stages x D replicas
-    (2-4 x 9-48) over a chain of DCs, a whole stage per DC or DC sizes that split stages; 1, 4
+    (2-4 x 9-64) over a chain of DCs, a whole stage per DC or DC sizes that split stages; 1, 4
     or auto connections; several delays, rates, widths; 1F1B or GPipe."""
-    P, D = rng.randint(2, 4), rng.randint(9, 48)
+    P, D = rng.randint(2, 4), rng.randint(9, 64)
     if rng.random() < 0.5:
         sizes = [D] * P
     else:

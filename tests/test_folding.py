@@ -1,5 +1,5 @@
 """The model's folding of alike replicas against simulating every replica, over generated
-scenarios (tests.scenarios.generated_scenario: 9 to 48 replicas, a whole stage per DC or DC
+scenarios (tests.scenarios.generated_scenario: 9 to 64 replicas, a whole stage per DC or DC
 sizes that split stages, 1, 4 or auto connections, several delays and rates, 1F1B and GPipe),
 for baseline, multitcp and atlas: hosts WAN-tuned (no slow start after idle, as the paper-scale
 scenarios), the folded iteration time within 2% of the unfolded one; with slow start after idle
