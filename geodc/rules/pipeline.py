@@ -158,10 +158,10 @@ def simulate(m: PipelineModel, iterations: int) -> SimResult:
     """Run `iterations` iterations back to back from time 0 (module docstring).
 
     With trains (folded alike replicas behind a head on links serving one message at a time),
-    when the members send is known only once the tail has sent: a first pass estimates it from
-    the latest op the head and tail both started, and each further pass takes it from the last
-    pass's head and tail, until the result settles (a fixed point: members spaced evenly between
-    head and tail, as they are when they behave alike)."""
+    the members' send times are known only once the part's last member has sent: a first pass
+    spaces them as head and last member were at the latest op both started, and each further
+    pass as the last pass found them, until that moves the last member less than TRAIN_SETTLED
+    of the run (a fixed point: members evenly spaced between the two simulated replicas)."""
     res = _simulate(m, iterations, None)
     for _ in range(TRAIN_PASSES - 1):
         end = max((o.end_ms for o in res.ops), default=0.0)
