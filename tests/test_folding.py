@@ -40,30 +40,26 @@ def folded_and_unfolded(doc: dict, system: str, monkeypatch) -> tuple[float, flo
     return folded, unfolded
 
 
+def assert_folded_within(doc: dict, rel: float, monkeypatch) -> None:
+    for system in doc["systems"]:
+        got = folded_and_unfolded(doc, system, monkeypatch)
+        if got is not None:
+            folded, unfolded = got
+            assert folded == pytest.approx(unfolded, rel=rel), (system, doc)
+
+
 @settings(max_examples=4, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rng=st.randoms(use_true_random=False))
 def test_folded_within_two_percent_of_every_replica_simulated(rng, monkeypatch):
-    doc = generated_scenario(rng)
-    for system in doc["systems"]:
-        got = folded_and_unfolded(doc, system, monkeypatch)
-        if got is None:
-            continue
-        folded, unfolded = got
-        assert folded == pytest.approx(unfolded, rel=0.02), (system, doc)
+    assert_folded_within(generated_scenario(rng), 0.02, monkeypatch)
 
 
 @settings(max_examples=2, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rng=st.randoms(use_true_random=False))
 def test_folded_within_five_percent_with_slow_start_after_idle(rng, monkeypatch):
-    doc = generated_scenario(rng, slow_start=True)
-    for system in doc["systems"]:
-        got = folded_and_unfolded(doc, system, monkeypatch)
-        if got is None:
-            continue
-        folded, unfolded = got
-        assert folded == pytest.approx(unfolded, rel=0.05), (system, doc)
+    assert_folded_within(generated_scenario(rng, slow_start=True), 0.05, monkeypatch)
 
 
 def test_the_fold_simulates_a_train_in_parts_and_a_fair_share_as_two():
