@@ -38,10 +38,10 @@ folded (geodc.rules.pipeline's trains, `simulated_for`): on fair-shared links as
 replica and one with a weight for the rest (exact); where its messages meet links that serve one
 message at a time, as its first replica and the ends of TRAIN_SEGMENTS even parts of the rest,
 the members between two of them spaced evenly. Against every replica simulated
-(tests/test_folding.py, bench/bench_folding.py, generated scenarios of 9-48 replicas): within
-1.2% with WAN-tuned hosts (480 predictions), within 2.9% with slow start after idle (alike
-replicas are then not alike under temporal slots); gpt160b_5dc's atlas 69.168 s folded, 69.157 s
-unfolded.
+(tests/test_folding.py, bench/bench_folding.py, generated scenarios of 9-64 replicas): within
+1.2% with WAN-tuned hosts (about 400 predictions), within 6.1% with slow start after idle (each
+member's slots warm or slow as its own idle time says, its spread between the simulated ones
+taken as even); gpt160b_5dc's atlas 69.168 s folded, 69.157 s unfolded.
 Not modelled: CPU contention of the emulation, the delay line's own lateness, TCP's window
 reduction after a loss, the temporal arbiter's grant latency, prefill (BubbleTea) traffic on the
 links.

@@ -203,37 +203,49 @@ def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None
     # trains' members still to be served ([next member, members, first sent, spacing, ms each])
     clock: dict[LinkDir, float] = {}
     middles: dict[LinkDir, dict[tuple, list]] = {}
+    # a head's channel (kind, s, r) -> its last train's (first sent, spacing): when each member
+    # sent its previous message, so how long its connections sat idle
+    last_train: dict[tuple, tuple[float, float]] = {}
     started: dict[tuple, float] = {}          # (s, r, it, pos) -> when that op started
     latest: dict[tuple[int, int], tuple[int, int]] = {}    # (s, r) -> (it, pos) last started
 
     def serve_middles(link: LinkDir, t: float) -> None:
         """Serve, in the order sent, every train member sent by t (before a message sent at t).
-        One train's members a_i ... a_j, spaced alike, from a link free at W, leave it free at
-        max(W + m d, a_i + m d, a_j + d); members of several trains interleave, so they are
-        served one by one in the order sent."""
+        One train's members a_i ... a_j, spaced alike and served alike, from a link free at W,
+        leave it free at max(W + m d, a_i + m d, a_j + d); members of several trains interleave,
+        and members in slow start after idle take longer, so those are served one by one in the
+        order sent."""
         trains = middles.get(link)
         if not trains:
             return
-        due: list[tuple[float, int, float, float, float]] = []   # (first, members, gap, d, last)
+        due: list[tuple[list, int, int]] = []        # (train, first member, last member)
         for k in list(trains):
             b = trains[k]
-            i, n, t0, gap, d = b
+            i, n, t0, gap = b[:4]
             if t0 + i * gap > t + EPS:
                 continue
             j = n - 1 if gap <= 0 else min(n - 1, int((t - t0) / gap + EPS))
-            due.append((t0 + i * gap, j - i + 1, gap, d, t0 + j * gap))
+            due.append((b, i, j))
             b[0] = j + 1
             if b[0] >= n:
                 del trains[k]
         W = clock.get(link, 0.0)
-        if len(due) == 1:
-            first, count, _, d, last = due[0]
-            W = max(W + count * d, first + count * d, last + d)
+        if len(due) == 1 and member_ms(due[0][0], due[0][1]) == member_ms(due[0][0], due[0][2]):
+            b, i, j = due[0]
+            count, d = j - i + 1, member_ms(b, i)
+            W = max(W + count * d, b[2] + i * b[3] + count * d, b[2] + j * b[3] + d)
         elif due:
-            for a, d in sorted((first + x * gap, d) for first, count, gap, d, _ in due
-                               for x in range(count)):
+            for a, d in sorted((b[2] + x * b[3], member_ms(b, x)) for b, i, j in due
+                               for x in range(i, j + 1)):
                 W = max(W, a) + d
         clock[link] = W
+
+    def member_ms(b: list, x: int) -> float:
+        """How long train member x holds the link: slow start after idle where its connections
+        sat idle past the RTO since its previous message (idle = the head's + x times the change
+        of spacing), else as the head's warm ones."""
+        _, _, _, _, d, d_idle, idle0, slope, rto = b
+        return d_idle if idle0 + x * slope > rto else d
 
     def spacing(s: int, head: int, tail: int, n: int) -> float:
         """How far apart a train's members are now: the gap between its head and its last
@@ -244,8 +256,10 @@ def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None
         h = started.get((s, head, it, k))
         return 0.0 if h is None else max(0.0, (started[(s, tail, it, k)] - h) / n)
 
-    def send_one_at_a_time(now: float, key: tuple, route: Route, w: int, sender: int) -> None:
-        """A message on a link serving one at a time, in the order sent (module docstring)."""
+    def send_one_at_a_time(now: float, key: tuple, route: Route, w: int, sender: int,
+                           warm_ms: float) -> None:
+        """A message on a link serving one at a time, in the order sent (module docstring);
+        warm_ms: its solo time with its connections warm."""
         link = route.links[0]
         one_ms = (route.solo_ms - route.one_way_ms if m.sharing == "temporal"
                   else route.wire_bytes * 8 / (m.link_rate_mbit[link] * 1e3))
@@ -255,7 +269,8 @@ def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None
         if heads[r] is not None:        # the train's last: its middle is through first
             mid = middles.get(link, {}).pop((*key[:2], heads[r], *key[3:]), None)
             if mid is not None:
-                clock[link] = max(clock[link], now) + (mid[1] - mid[0]) * mid[4]
+                clock[link] = max(clock[link], now) + sum(member_ms(mid, x)
+                                                          for x in range(mid[0], mid[1]))
             hold = 1
         start = max(now, clock.get(link, 0.0))
         clock[link] = start + hold * one_ms
@@ -265,7 +280,15 @@ def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None
             if gap is None:
                 gap = spacing(sender, r, tail, n)
             used_gaps[key] = gap
-            middles.setdefault(link, {})[key] = [1, n, now, gap, one_ms]
+            d, d_idle, idle0, slope = one_ms, one_ms, 0.0, 0.0
+            if m.sharing == "temporal" and route.solo_idle_ms is not None:
+                d, d_idle = warm_ms - route.one_way_ms, route.solo_idle_ms - route.one_way_ms
+                prev = last_train.get(key[:3])
+                idle0, slope = ((float("inf"), 0.0) if prev is None
+                                else (now - prev[0], gap - prev[1]))
+            last_train[key[:3]] = (now, gap)
+            middles.setdefault(link, {})[key] = [1, n, now, gap, d, d_idle, idle0, slope,
+                                                 route.rto_ms]
         if m.sharing == "temporal":
             arrive = clock[link] + route.one_way_ms            # the last of them
         else:                           # never before its solo time
@@ -400,6 +423,7 @@ def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None
         if tail_of:
             sent_at[key] = now
         w = weight[key[2]]
+        warm_ms = route.solo_ms
         solo = route.solo(now - last_sent.get(id(route), float("-inf")))
         last_sent[id(route)] = now
         if solo != route.solo_ms:
@@ -410,7 +434,7 @@ def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None
         if not route.links:
             push(now + route.solo_ms, "arrive", (key,))
         elif m.sharing == "temporal" or route.links[0] in fifo_links:
-            send_one_at_a_time(now, key, route, w, sender)
+            send_one_at_a_time(now, key, route, w, sender, warm_ms)
         else:
             progress(now)
             data_ms = max(EPS, route.solo_ms - route.one_way_ms)
