@@ -13,8 +13,8 @@ here: QEMU cannot set MSR 0x10a), so under TCG: slow, and timing in it is noisy.
 $GEODC_KERNEL_TREE): virtme-ng in its own venv there (a host tool, not a dependency of geodc,
 so the project's .venv stays as requirements.txt pins it), the package unpacked with
 dpkg-deb -x and its modules indexed with depmod -b. virtme-ng finds the modules beside the
-image and links them to /lib/modules/<version> in the guest; the tree is not under /tmp or
-/var/tmp, which the guest gets empty. Running it again reuses what is there. `run` never
+image and links them to /lib/modules/<version> in the guest; the tree is under /opt because
+the guest gets an empty /tmp, /var/tmp and /var/cache (virtme-ng-init mounts tmpfs on them). Running it again reuses what is there. `run` never
 downloads: what is missing is a one-line error (exit 2) saying what to do.
 
 The guest gets its own empty /tmp (iperf3 fails on the host's, passed read-write) and the
@@ -31,17 +31,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import NoReturn
 
-KERNEL_TREE = Path(os.environ.get("GEODC_KERNEL_TREE", "/var/cache/geodc-kernel"))
+KERNEL_TREE = Path(os.environ.get("GEODC_KERNEL_TREE", "/opt/geodc-kernel"))
 PACKAGE = "linux-image-6.12-amd64"   # Debian 12's 6.12 kernel (a meta package: its newest build)
 VIRTME_NG = "virtme-ng==1.42"
 CPUS, MEMORY = 2, "4G"
 REPO = Path(__file__).resolve().parent.parent
 # tool -> the Debian package that has it
+# (udevadm: virtme-ng-init starts udevd, which names the guest's script I/O ports; without it
+# the command runs on the console and its output and exit code are lost)
 TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "dpkg-deb": "dpkg", "depmod": "kmod",
-         "apt-get": "apt"}
+         "apt-get": "apt", "udevadm": "udev"}
 NEEDED_MODULES = ("sch_netem", "sch_htb", "sch_fq", "nfnetlink_queue", "veth")
 
 
@@ -165,7 +168,7 @@ def guest_argv(version: str, command: list[str], rwdirs: list[str]) -> list[str]
 
 
 def run(command: list[str], rwdirs: list[str], timeout_s: float) -> int:
-    need_tools(["qemu-system-x86_64"])
+    need_tools(["qemu-system-x86_64", "udevadm"])
     need_static_busybox()
     version = current_version()
     if not vng_path().exists():
@@ -177,10 +180,20 @@ def run(command: list[str], rwdirs: list[str], timeout_s: float) -> int:
             raise Missing(f"--rwdir {d}: no such folder")
     # own session: a timeout ends QEMU and what it started, nothing else
     env = dict(os.environ, PATH=f"{vng_path().parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    # QEMU reopens its stdout and stderr by name (/proc/self/fd/N) without O_APPEND: two
+    # opens of one regular file (`> log 2>&1`) overwrite each other. Pipes, copied through.
     proc = subprocess.Popen(guest_argv(version, command, rwdirs), stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    copies = [threading.Thread(target=_copy, args=(src, dst), daemon=True)
+              for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+    for t in copies:
+        t.start()
     try:
-        return proc.wait(timeout=timeout_s)
+        rc = proc.wait(timeout=timeout_s)
+        for t in copies:
+            t.join()
+        return rc
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -190,6 +203,12 @@ def run(command: list[str], rwdirs: list[str], timeout_s: float) -> int:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return 130
+
+
+def _copy(src, dst) -> None:
+    for chunk in iter(lambda: src.read1(65536), b""):
+        dst.buffer.write(chunk)
+        dst.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
