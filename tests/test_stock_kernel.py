@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,16 @@ def stock(monkeypatch, tmp_path):
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "KERNEL_TREE", tmp_path / "tree")   # an empty kernel tree
     return module
+
+
+def host_tool_missing(stock) -> str:
+    """What `run` says first on this machine if one of its host tools is missing, or ''."""
+    try:
+        stock.need_tools(["qemu-system-x86_64", "udevadm"])
+        stock.need_static_busybox()
+    except stock.Missing as exc:
+        return str(exc)
+    return ""
 
 
 def test_guest_command_line(stock, tmp_path):
@@ -42,12 +51,10 @@ def test_run_with_nothing_prepared_says_what_to_do(stock, capsys):
         stock.main(["run", "--", "true"])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    if shutil.which("qemu-system-x86_64") is None:
-        want = "error: qemu-system-x86_64 is not installed: apt-get install qemu-system-x86\n"
-    else:
-        want = (f"error: no prepared kernel in {stock.KERNEL_TREE}: run scripts/stock_kernel.py "
-                f"--prepare\n")
-    assert err == want
+    missing = host_tool_missing(stock)
+    assert err == (f"error: {missing}\n" if missing else
+                   f"error: no prepared kernel in {stock.KERNEL_TREE}: run scripts/stock_kernel.py "
+                   f"--prepare\n")
 
 
 @pytest.mark.parametrize("argv", [[], ["run"], ["run", "--"]], ids=["nothing", "run", "run --"])
@@ -61,8 +68,9 @@ def test_no_step_or_no_command_is_refused(stock, capsys, argv):
         stock.main(argv)
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    if argv and shutil.which("qemu-system-x86_64") is None:
-        assert err == ["error: qemu-system-x86_64 is not installed: apt-get install qemu-system-x86"]
+    missing = host_tool_missing(stock)
+    if argv and missing:
+        assert err == [f"error: {missing}"]
     else:
         assert err[-1] in ("error: give --prepare, or run -- CMD ...",
                            "error: no command: scripts/stock_kernel.py run -- CMD ..."), err
