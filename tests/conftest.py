@@ -26,6 +26,10 @@ each of them and fails the test if anything new remains:
       geodc.hostproc.traffic.capture (temporal WAN sharing)
     - named network namespaces (`ip netns list`)
 
+GEODC_TEST_BACKEND=netem|delayline (tests/scenarios.py) forces the backend of the scenarios the
+tests write; with netem forced on a kernel without it, every `network` test is skipped with
+that reason (the stock-kernel ring, `make test-stock-kernel`, boots a kernel that has it).
+
 Every test, network or not, is also checked against the root namespace's sysctls (this process
 runs in it) under net.core, net.ipv4, net.ipv6.conf.all, kernel.pty and fs.file-max: a test that
 changes one fails, naming it with its value before and after. Each test is compared with the
@@ -62,6 +66,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scenarios import BACKENDS, TEST_BACKEND
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_RUNTIME_DIR = Path("/run/geotestbed")
 PROC_MARKERS = ("mnexec", "iperf3", "geodc.emulation.delayline", "bash --norc", "geodc.hostproc.trainer.worker",
@@ -82,6 +88,9 @@ _unit_tests_unchecked: list[str] = []   # unit tests run since the sysctls were 
 
 def pytest_configure(config: pytest.Config) -> None:
     global _session_runtime_dir
+    if TEST_BACKEND and TEST_BACKEND not in BACKENDS:
+        raise pytest.UsageError(f"GEODC_TEST_BACKEND={TEST_BACKEND!r} is not a backend: use "
+                                f"{' or '.join(BACKENDS)}, or leave it unset (auto)")
     # Mininet's LinuxBridge.setup() reports bridge-nf sysctls through logging's deprecated warn().
     config.addinivalue_line(
         "filterwarnings", "ignore:The 'warn' method is deprecated:DeprecationWarning")
@@ -327,11 +336,28 @@ def _guarded(item: pytest.Item, phase: str):
     return result
 
 
+_netem_here: bool | None = None   # does this kernel have netem (probed at the first need)
+
+
+def _forced_netem_missing() -> bool:
+    """GEODC_TEST_BACKEND=netem on a kernel without netem."""
+    global _netem_here
+    if TEST_BACKEND != "netem":
+        return False
+    if _netem_here is None:
+        from geodc.emulation.network import kernel_has_netem
+        _netem_here = kernel_has_netem()
+    return not _netem_here
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
     # Before any fixture (module-scoped networks included) is built.
     if item.get_closest_marker("network") is not None and os.geteuid() != 0:
         pytest.skip("needs root")
+    if item.get_closest_marker("network") is not None and _forced_netem_missing():
+        pytest.skip("GEODC_TEST_BACKEND=netem but this kernel lacks netem (make "
+                    "test-stock-kernel boots one that has it)")
     return (yield from _guarded(item, "setup"))
 
 

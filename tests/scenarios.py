@@ -1,7 +1,15 @@
-"""Small scenarios the network tests build, and writing them as YAML files."""
+"""Small scenarios the network tests build, and writing them as YAML files.
+
+GEODC_TEST_BACKEND=netem|delayline forces the backend of every scenario the tests write (or
+pass through with_test_backend) that names none, so each backend's tests run on either kind
+of kernel: the stock-kernel ring (`make test-stock-kernel`) runs them once per backend in a
+guest whose kernel has netem. Unset: the scenario's own field (auto). With netem forced on a
+kernel without it, tests/conftest.py skips the network tests, saying so.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -15,8 +23,20 @@ def two_dc(prefix: str, delay_ms: float = 5, rate_mbit: float = 20) -> dict:
             "wan": [{"between": [a, b], "delay_ms": delay_ms, "rate_mbit": rate_mbit}]}
 
 
+BACKENDS = ("netem", "delayline")
+TEST_BACKEND = os.environ.get("GEODC_TEST_BACKEND", "")
+
+
+def with_test_backend(data: dict) -> dict:
+    """data with `backend` set to GEODC_TEST_BACKEND when that is set and data names none."""
+    if TEST_BACKEND and "backend" not in data:
+        return {**data, "backend": TEST_BACKEND}
+    return data
+
+
 def write_scenario(folder: Path, data: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    data = with_test_backend(data)
     path = folder / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

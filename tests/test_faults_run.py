@@ -19,7 +19,7 @@ from geodc.emulation import shaping
 from geodc.features.faults.run import FaultRunner
 from geodc.emulation.network import Network
 from geodc.spec.scenario import parse_scenario
-from tests.scenarios import two_dc
+from tests.scenarios import two_dc, with_test_backend
 
 pytestmark = pytest.mark.network
 
@@ -38,10 +38,8 @@ def pings(output: str, t0: float) -> dict[int, tuple[float, float]]:
 
 
 def test_faults_take_effect_on_the_wire_at_their_times(tmp_path):
-    sc = parse_scenario(dict(two_dc("f"), faults=FAULTS))
+    sc = parse_scenario(with_test_backend(dict(two_dc("f"), faults=FAULTS)))
     with Network(sc, tmp_path / "run") as net:
-        if net.backend != "delayline":
-            pytest.skip(f"backend is {net.backend}: the delay changes go to netem")
         ping = net.spawn("fa-h1", ["ping", "-D", "-n", "-i", "0.02", "-c", "260", "-W", "2",
                                    net.host_ip("fb-h1")], tmp_path / "ping.log")
         runner = FaultRunner(net, sc.faults).start()

@@ -27,6 +27,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_NEWTCLASS, tcmsg
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
+from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
 from geodc.spec.scenario import MTU_BYTES
 
@@ -116,7 +117,9 @@ def change_class_msg(index: int, handle: int, parent: int, params: dict[str, Any
 
 
 def read_back(ipr: IPRoute, intf: str) -> dict[str, Any]:
-    """What the kernel holds on intf: {'rate_bps': .., 'leaf': kind, 'limit': ..}."""
+    """What the kernel holds on intf: {'rate_bps': .., 'leaf': kind, 'limit': ..}, and with a
+    netem leaf its 'delay_us', 'jitter_us' and 'loss_pct' (the kernel keeps delays in psched
+    ticks and loss as a share of 2^32 - 1: converted back here)."""
     index = _index(ipr, intf)
     out: dict[str, Any] = {}
     for cls in ipr.get_classes(index=index):
@@ -132,6 +135,11 @@ def read_back(ipr: IPRoute, intf: str) -> dict[str, Any]:
             opts = q.get_attr("TCA_OPTIONS")
             if out["leaf"] == "bfifo" and opts is not None:
                 out["limit"] = int(opts["limit"])
+            elif out["leaf"] == "netem" and opts is not None:
+                out["limit"] = int(opts["limit"])
+                out["delay_us"] = round(opts["delay"] / tick_in_usec)
+                out["jitter_us"] = round(opts["jitter"] / tick_in_usec)
+                out["loss_pct"] = round(opts["loss"] / 0xFFFFFFFF * 100, 4)
     return out
 
 

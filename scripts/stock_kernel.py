@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Run a command on Debian's stock kernel (with netem), booted here under QEMU by virtme-ng.
+
+This project's machines run a kernel without netem, so the netem backend is tested in a guest:
+Debian's `linux-image-6.12-amd64` over this machine's own filesystem (the guest sees the same
+files, the project's .venv included), 2 vCPUs, 4 GB, without KVM (a KVM guest dies at start
+here: QEMU cannot set MSR 0x10a), so under TCG: slow, and timing in it is noisy.
+
+    scripts/stock_kernel.py --prepare          # once: virtme-ng, the kernel package, its modules
+    scripts/stock_kernel.py run -- CMD ...     # boot, run CMD in the repository, exit with its code
+
+--prepare downloads (pip, apt-get download) and unpacks into the kernel tree (KERNEL_TREE, or
+$GEODC_KERNEL_TREE): virtme-ng in its own venv there (a host tool, not a dependency of geodc,
+so the project's .venv stays as requirements.txt pins it), the package unpacked with
+dpkg-deb -x and its modules indexed with depmod -b. virtme-ng finds the modules beside the
+image and links them to /lib/modules/<version> in the guest; the tree is under /opt because
+the guest gets an empty /tmp, /var/tmp and /var/cache (virtme-ng-init mounts tmpfs on them). Running it again reuses what is there. `run` never
+downloads: what is missing is a one-line error (exit 2) saying what to do.
+
+The guest gets its own empty /tmp (iperf3 fails on the host's, passed read-write) and the
+host's root read-only; --rwdir DIR makes DIR writable there (results to bring back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import NoReturn
+
+KERNEL_TREE = Path(os.environ.get("GEODC_KERNEL_TREE", "/opt/geodc-kernel"))
+PACKAGE = "linux-image-6.12-amd64"   # Debian 12's 6.12 kernel (a meta package: its newest build)
+VIRTME_NG = "virtme-ng==1.42"
+CPUS, MEMORY = 2, "4G"
+REPO = Path(__file__).resolve().parent.parent
+# tool -> the Debian package that has it
+# (udevadm: virtme-ng-init starts udevd, which names the guest's script I/O ports; without it
+# the command runs on the console and its output and exit code are lost)
+TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "dpkg-deb": "dpkg", "depmod": "kmod",
+         "apt-get": "apt", "udevadm": "udev"}
+NEEDED_MODULES = ("sch_netem", "sch_htb", "sch_fq", "nfnetlink_queue", "veth")
+
+
+class Missing(Exception):
+    """Something the step needs is not here; the message says what to do."""
+
+
+def fail(msg: str) -> NoReturn:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def need_tools(names) -> None:
+    for tool in names:
+        if shutil.which(tool) is None:
+            raise Missing(f"{tool} is not installed: apt-get install {TOOLS[tool]}")
+
+
+def need_static_busybox() -> None:
+    """virtme-ng builds the guest's initramfs (Debian loads 9p and virtio as modules) around a
+    statically linked busybox."""
+    path = shutil.which("busybox")
+    with open(path or "/dev/null", "rb") as f:
+        dynamic = b"ld-linux" in f.read(8192)
+    if path is None or dynamic:
+        raise Missing("a statically linked busybox is not installed: apt-get install busybox-static")
+
+
+def vng_path() -> Path:
+    return KERNEL_TREE / "venv" / "bin" / "vng"
+
+
+def current_version() -> str:
+    """The prepared kernel's version (KERNEL_TREE/current), or Missing."""
+    try:
+        version = (KERNEL_TREE / "current").read_text().strip()
+    except OSError:
+        version = ""
+    if not version or not (KERNEL_TREE / version / ".ready").exists():
+        raise Missing(f"no prepared kernel in {KERNEL_TREE}: run scripts/stock_kernel.py --prepare")
+    return version
+
+
+def kernel_image(version: str) -> Path:
+    return KERNEL_TREE / version / "boot" / f"vmlinuz-{version}"
+
+
+def sh(argv: list[str], what: str, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise Missing(f"{what} failed (exit {proc.returncode}): {last[0]}")
+    return proc
+
+
+# ---- set-up ---------------------------------------------------------------------------------
+def prepare(package: str) -> str:
+    need_tools(TOOLS)
+    need_static_busybox()
+    KERNEL_TREE.mkdir(parents=True, exist_ok=True)
+    if not vng_path().exists():
+        print(f"installing {VIRTME_NG} into {KERNEL_TREE / 'venv'}")
+        sh([sys.executable, "-m", "venv", str(KERNEL_TREE / "venv")],
+           "python3 -m venv (apt-get install python3-venv)")
+        sh([str(KERNEL_TREE / "venv" / "bin" / "pip"), "install", "-q", VIRTME_NG],
+           f"pip install {VIRTME_NG}")
+    target = resolve_package(package)
+    version = target.removeprefix("linux-image-").removesuffix("-unsigned")
+    root = KERNEL_TREE / version
+    if (root / ".ready").exists():
+        print(f"kernel {version} already prepared in {root}")
+    else:
+        debs = KERNEL_TREE / "debs"
+        debs.mkdir(exist_ok=True)
+        deb = next(debs.glob(f"{target}_*.deb"), None)
+        if deb is None:
+            print(f"downloading {target}")
+            sh(["apt-get", "download", target], f"apt-get download {target} (apt-get update?)",
+               cwd=debs)
+            deb = next(debs.glob(f"{target}_*.deb"))
+        print(f"unpacking {deb.name} into {root}")
+        sh(["dpkg-deb", "-x", str(deb), str(root)], f"dpkg-deb -x {deb.name}")
+        sh(["depmod", "-b", str(root), version], "depmod")
+        check_tree(root, version)
+        (root / ".ready").write_text(deb.name + "\n")
+    (KERNEL_TREE / "current").write_text(version + "\n")
+    print(f"ready: {kernel_image(version)}")
+    return version
+
+
+def resolve_package(package: str) -> str:
+    """A meta package (linux-image-6.12-amd64) -> the versioned one it depends on."""
+    if re.fullmatch(r"linux-image-\d+\.\d+\.\d+\+.*", package):   # already versioned
+        return package
+    out = sh(["apt-cache", "depends", package], f"apt-cache depends {package} (apt-get update?)")
+    for line in out.stdout.splitlines():
+        word = line.strip().removeprefix("Depends:").strip()
+        if line.strip().startswith("Depends:") and word.startswith("linux-image-"):
+            return word
+    raise Missing(f"{package} names no linux-image package: pass --package linux-image-<version>")
+
+
+def check_tree(root: Path, version: str) -> None:
+    if not kernel_image(version).exists():
+        raise Missing(f"{kernel_image(version)} is not in the package")
+    mods = root / "lib" / "modules" / version
+    dep = (mods / "modules.dep").read_text()
+    absent = [m for m in NEEDED_MODULES if f"/{m}.ko" not in dep]
+    if absent:
+        raise Missing(f"the kernel's modules lack {', '.join(absent)}")
+
+
+# ---- a command in the guest -----------------------------------------------------------------
+def guest_argv(version: str, command: list[str], rwdirs: list[str]) -> list[str]:
+    """vng's command line: the prepared kernel over this machine's filesystem, TCG."""
+    argv = [str(vng_path()), "--run", str(kernel_image(version)), "--disable-kvm",
+            "--cpus", str(CPUS), "--memory", MEMORY, "--cwd", str(REPO), "--user", "root"]
+    for d in rwdirs:
+        argv += ["--rwdir", str(Path(d).resolve())]
+    return argv + ["--exec", shlex.join(command)]
+
+
+def run(command: list[str], rwdirs: list[str], timeout_s: float) -> int:
+    need_tools(["qemu-system-x86_64", "udevadm"])
+    need_static_busybox()
+    version = current_version()
+    if not vng_path().exists():
+        raise Missing(f"{vng_path()} is missing: run scripts/stock_kernel.py --prepare")
+    if not command:
+        raise Missing("no command: scripts/stock_kernel.py run -- CMD ...")
+    for d in rwdirs:
+        if not Path(d).is_dir():
+            raise Missing(f"--rwdir {d}: no such folder")
+    # own session: a timeout ends QEMU and what it started, nothing else
+    env = dict(os.environ, PATH=f"{vng_path().parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    # QEMU reopens its stdout and stderr by name (/proc/self/fd/N) without O_APPEND: two
+    # opens of one regular file (`> log 2>&1`) overwrite each other. Pipes, copied through.
+    proc = subprocess.Popen(guest_argv(version, command, rwdirs), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    copies = [threading.Thread(target=_copy, args=(src, dst), daemon=True)
+              for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+    for t in copies:
+        t.start()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+        for t in copies:
+            t.join()
+        return rc
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        print(f"error: the guest ran past --timeout {timeout_s:g} s and was stopped", file=sys.stderr)
+        return 124
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return 130
+
+
+def _copy(src, dst) -> None:
+    for chunk in iter(lambda: src.read1(65536), b""):
+        dst.buffer.write(chunk)
+        dst.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prepare", action="store_true",
+                        help="install virtme-ng, download and unpack the kernel (once)")
+    parser.add_argument("--package", default=PACKAGE,
+                        help=f"the Debian kernel package (default {PACKAGE})")
+    sub = parser.add_subparsers(dest="step")
+    r = sub.add_parser("run", help="run a command in the guest: run [--rwdir DIR] -- CMD ...")
+    r.add_argument("--rwdir", action="append", default=[], help="a folder the guest may write")
+    r.add_argument("--timeout", type=float, default=3600, help="seconds (default 3600)")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if not args.prepare and args.step is None:
+        parser.print_usage(sys.stderr)
+        fail("give --prepare, or run -- CMD ...")
+    try:
+        if args.prepare:
+            prepare(args.package)
+        if args.step == "run":
+            command = args.command[1:] if args.command[:1] == ["--"] else args.command
+            return run(command, args.rwdir, args.timeout)
+    except Missing as exc:
+        fail(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

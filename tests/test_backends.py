@@ -1,0 +1,168 @@
+"""The netem backend on a kernel that has netem, and calibration of either backend at the
+stock-kernel guest's tolerance (root, `network`).
+
+This project's machines have no netem, so these run in the stock-kernel ring
+(`make test-stock-kernel`: Debian's 6.12 kernel under QEMU without KVM, scripts/stock_kernel.py),
+once per backend (GEODC_TEST_BACKEND). Here the netem tests skip, saying the kernel lacks
+netem, and the calibration test skips outside the ring (tests/test_calibrate.py holds the
+tight one).
+
+- the netem leaf: the kernel holds each link end's delay, jitter, loss and rate as configured;
+- faults through netem: a delay and a loss fault change the netem leaf of both ends, and their
+  restore puts back the configured figures (read from the kernel while the runner runs);
+- temporal WAN sharing on netem is refused with a one-line error naming `backend` and its fix,
+  and nothing it would start is left;
+- calibration: idle RTT median and N-flow goodput of a 20 ms, 50 Mbit/s link against the
+  configured figures, within the guest's wide tolerance (TCG emulates the CPU: ping replies
+  are late by a few ms and iperf3 is CPU-bound; no time_scale: measured in real time, the
+  figures the tolerance is set from are in docs/network.md).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from geodc.emulation import shaping
+from geodc.emulation.network import Network, kernel_has_netem
+from geodc.spec.errors import ScenarioError
+from geodc.spec.scenario import load_scenario, parse_scenario
+from tests.scenarios import TEST_BACKEND, write_scenario
+from tests.tolerance import assert_within
+
+pytestmark = pytest.mark.network
+
+LEAF = {"name": "nleaf", "backend": "netem",
+        "dcs": [{"name": "na", "hosts": 1}, {"name": "nb", "hosts": 1}],
+        "wan": [{"between": ["na", "nb"], "delay_ms": 10, "jitter_ms": 2, "loss_pct": 1,
+                 "rate_mbit": 20}]}
+# Calibration in the guest: RTT median within 15% (+ 1 ms) of 2 x delay, never under it by
+# more than 0.5 ms; N-flow goodput within -20% / +2% of 95.6% of the rate (HTB's TCP ceiling).
+CAL = {"name": "ncal", "dcs": [{"name": "ca", "hosts": 1}, {"name": "cb", "hosts": 1}],
+       "wan": [{"between": ["ca", "cb"], "delay_ms": 20, "rate_mbit": 50}]}
+RTT_REL, RTT_ABS_MS = 0.15, 1.0
+GOODPUT_BELOW, GOODPUT_ABOVE = 0.20, 0.02
+
+
+@pytest.fixture
+def netem_here() -> None:
+    if not kernel_has_netem():
+        pytest.skip("this kernel lacks netem (make test-stock-kernel boots one that has it)")
+
+
+def leaf_of(net: Network, gateway: str, intf: str) -> dict:
+    with net._ipr(gateway) as ipr:
+        return shaping.read_back(ipr, intf)
+
+
+def test_netem_leaf_holds_each_links_delay_jitter_loss(netem_here, tmp_path, leftovers):
+    before = leftovers.snapshot()
+    with Network(load_scenario(write_scenario(tmp_path, LEAF)), tmp_path / "run") as net:
+        assert net.backend == "netem" and not net.delaylines
+        w = net.plan.wan[0]
+        want = {"rate_bps": 20_000_000, "leaf": "netem", "delay_us": 10_000, "jitter_us": 2_000,
+                "loss_pct": 1.0, "limit": max(1000, w.link.queue_bytes // 1500)}
+        got = {end.intf: leaf_of(net, end.gateway, end.intf) for end in w.ends()}
+    assert got == {end.intf: want for end in w.ends()}, got
+    leftovers.assert_nothing_new(before, "after the netem leaf test")
+
+
+def test_faults_change_the_netem_leaf_and_restore_it(netem_here, tmp_path):
+    from geodc.features.faults.run import FaultRunner
+
+    faults = [{"kind": "delay", "link": ["na", "nb"], "at_s": 0.5, "delay_ms": 30,
+               "jitter_ms": 0, "for_s": 1.5},
+              {"kind": "loss", "link": ["na", "nb"], "at_s": 3.0, "loss_pct": 20, "for_s": 1.5}]
+    sc = parse_scenario(dict(LEAF, faults=faults))
+    seen: dict[str, list[tuple[int, int, float]]] = {}
+    with Network(sc, tmp_path / "run") as net:
+        ends = list(net.plan.wan[0].ends())
+        runner = FaultRunner(net, sc.faults).start()
+        try:
+            deadline = time.monotonic() + 6.0
+            while time.monotonic() < deadline:
+                for end in ends:
+                    g = leaf_of(net, end.gateway, end.intf)
+                    state = (g["delay_us"], g["jitter_us"], g["loss_pct"])
+                    states = seen.setdefault(end.intf, [])
+                    if not states or states[-1] != state:
+                        states.append(state)
+                time.sleep(0.05)
+        finally:
+            runner.stop()
+    events = runner.results()["events"]
+    assert [(e["fault"], e["restore"]) for e in events] == [
+        ("faults[0]", False), ("faults[0]", True), ("faults[1]", False), ("faults[1]", True)]
+    assert all("error" not in e for e in events), events
+    configured = (10_000, 2_000, 1.0)
+    want = [configured, (30_000, 0, 1.0), configured, (10_000, 2_000, 20.0), configured]
+    assert seen == {end.intf: want for end in ends}, seen
+
+
+def test_temporal_sharing_is_refused_on_netem(netem_here, tmp_path, leftovers):
+    from geodc.features.base import Clock, RunContext, SystemJob
+    from geodc.features.temporal.run import start_feature
+    from geodc.features.registry import plan_all
+    from geodc.plans.placement import place_for_system
+    from geodc.spec.systems import get_system
+    from geodc.spec.training import TrainConfig
+
+    sc = load_scenario(write_scenario(tmp_path, {
+        "name": "ntemp", "scale": 100, "backend": "netem",
+        "dcs": [{"name": "ta", "hosts": 1}, {"name": "tb", "hosts": 1}],
+        "wan": [{"between": ["ta", "tb"], "delay_ms": 5, "rate_mbit": 100}],
+        "training": {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
+                               "vocab_size": 64},
+                     "stages": 2, "replicas": 1, "micro_batches": 2, "iterations": 2}}))
+    cfg = TrainConfig.from_dict(sc.training)
+    system = get_system("atlas")
+    placement = place_for_system(sc, cfg, system)
+    job = SystemJob(scenario=sc, cfg=replace(cfg, placement=placement.hosts, placement_dcs=None),
+                    placement=placement, system=system)
+    plans = {f.name: p for f, p in plan_all(job)}
+    assert "temporal" in plans, plans
+    before = leftovers.snapshot()
+    with Network(sc, tmp_path / "run") as net:
+        assert net.backend == "netem"
+        ctx = RunContext(job=job, net=net, sys_dir=tmp_path / "atlas", progress=print,
+                         clock=Clock(sc.dilation))
+        up = leftovers.snapshot()   # the network's own shells are up: only what the feature adds
+        with pytest.raises(ScenarioError) as info:
+            start_feature(plans["temporal"], ctx)
+        inside = leftovers.new_since(up)
+    msg = str(info.value)
+    assert msg.startswith("backend: ") and "delayline backend only" in msg and \
+        "set backend: delayline" in msg and "\n" not in msg, msg
+    assert not inside, f"temporal sharing started something: {inside}"
+    leftovers.assert_nothing_new(before, "after the refused temporal sharing")
+
+
+def test_calibrate_against_the_configured_link(start_child, tmp_path):
+    if not TEST_BACKEND:
+        pytest.skip("the stock-kernel ring's calibration (GEODC_TEST_BACKEND unset); "
+                    "tests/test_calibrate.py checks calibrate at the project's tolerance")
+    path = write_scenario(tmp_path, CAL)
+    child = start_child(["run_testbed.py", "calibrate", str(path), "--out",
+                         str(tmp_path / "results"), "--seconds", "4", "--streams", "2"])
+    rc = child.wait(timeout_s=400)
+    assert rc == 0, child.describe()
+    last = child.stdout.strip().splitlines()[-1]
+    assert last.startswith("results: "), child.describe()
+    doc = json.loads(Path(last.removeprefix("results: ")).read_text())
+    assert doc["backend"] == TEST_BACKEND, doc["backend"]
+    link = doc["links"][0]
+    rtts = link["samples"]["rtt_ms"]
+    want_rtt = 2 * CAL["wan"][0]["delay_ms"]
+    print(f"{TEST_BACKEND}: RTT median {statistics.median(rtts)} ms for {want_rtt} ms; "
+          f"goodput {link['measured']['goodput_mbit']} Mbit/s for "
+          f"{0.956 * CAL['wan'][0]['rate_mbit']:.1f}")
+    assert_within(rtts, want_rtt, below=0.5, above=max(RTT_ABS_MS, RTT_REL * want_rtt),
+                  center="median", what=f"{TEST_BACKEND} idle RTT (ms)")
+    expected = 0.956 * CAL["wan"][0]["rate_mbit"]
+    assert_within([link["measured"]["goodput_mbit"]], expected, below=GOODPUT_BELOW * expected,
+                  above=GOODPUT_ABOVE * expected, what=f"{TEST_BACKEND} goodput (Mbit/s)")

@@ -1,0 +1,76 @@
+"""scripts/stock_kernel.py without booting anything (unit): the guest's command line, and the
+one-line errors (exit 2) of a `run` with nothing prepared or no command. The boot itself is
+the stock-kernel ring (`make test-stock-kernel`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "stock_kernel.py"
+
+
+@pytest.fixture
+def stock(monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("stock_kernel", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "KERNEL_TREE", tmp_path / "tree")   # an empty kernel tree
+    return module
+
+
+def host_tool_missing(stock) -> str:
+    """What `run` says first on this machine if one of its host tools is missing, or ''."""
+    try:
+        stock.need_tools(["qemu-system-x86_64", "udevadm"])
+        stock.need_static_busybox()
+    except stock.Missing as exc:
+        return str(exc)
+    return ""
+
+
+def test_guest_command_line(stock, tmp_path):
+    argv = stock.guest_argv("6.12.1+deb12-amd64", ["env", "A=b c", "pytest", "-q"], [str(tmp_path)])
+    assert argv[:3] == [str(tmp_path / "tree/venv/bin/vng"), "--run",
+                        str(tmp_path / "tree/6.12.1+deb12-amd64/boot/vmlinuz-6.12.1+deb12-amd64")]
+    for flag, value in (("--cpus", "2"), ("--memory", "4G"), ("--cwd", str(stock.REPO)),
+                        ("--rwdir", str(tmp_path))):
+        assert argv[argv.index(flag) + 1] == value, argv
+    assert "--disable-kvm" in argv
+    assert argv[-2:] == ["--exec", "env 'A=b c' pytest -q"]
+    assert shlex.split(argv[-1]) == ["env", "A=b c", "pytest", "-q"]
+
+
+def test_run_with_nothing_prepared_says_what_to_do(stock, capsys):
+    with pytest.raises(SystemExit) as info:
+        stock.main(["run", "--", "true"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    missing = host_tool_missing(stock)
+    assert err == (f"error: {missing}\n" if missing else
+                   f"error: no prepared kernel in {stock.KERNEL_TREE}: run scripts/stock_kernel.py "
+                   f"--prepare\n")
+
+
+@pytest.mark.parametrize("argv", [[], ["run"], ["run", "--"]], ids=["nothing", "run", "run --"])
+def test_no_step_or_no_command_is_refused(stock, capsys, argv):
+    (stock.KERNEL_TREE / "v1" / "boot").mkdir(parents=True)
+    (stock.KERNEL_TREE / "v1" / ".ready").write_text("x\n")
+    (stock.KERNEL_TREE / "current").write_text("v1\n")
+    (stock.KERNEL_TREE / "venv" / "bin").mkdir(parents=True)
+    (stock.KERNEL_TREE / "venv" / "bin" / "vng").write_text("")
+    with pytest.raises(SystemExit) as info:
+        stock.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    missing = host_tool_missing(stock)
+    if argv and missing:
+        assert err == [f"error: {missing}"]
+    else:
+        assert err[-1] in ("error: give --prepare, or run -- CMD ...",
+                           "error: no command: scripts/stock_kernel.py run -- CMD ..."), err
