@@ -32,7 +32,7 @@ from geodc.emulation import shaping
 from geodc.emulation.network import Network, kernel_has_netem
 from geodc.spec.errors import ScenarioError
 from geodc.spec.scenario import load_scenario, parse_scenario
-from tests.scenarios import TEST_BACKEND, write_scenario
+from tests.scenarios import BACKENDS, TEST_BACKEND, write_scenario
 from tests.tolerance import assert_within
 
 pytestmark = pytest.mark.network
@@ -143,9 +143,8 @@ def test_temporal_sharing_is_refused_on_netem(netem_here, tmp_path, leftovers):
 
 
 def test_calibrate_against_the_configured_link(start_child, tmp_path):
-    if not TEST_BACKEND:
-        pytest.skip("the stock-kernel ring's calibration (GEODC_TEST_BACKEND unset); "
-                    "tests/test_calibrate.py checks calibrate at the project's tolerance")
+    """At the guest's wide tolerance (TCG), so it holds on either kind of kernel;
+    tests/test_calibrate.py checks calibrate at the project's own tolerance."""
     path = write_scenario(tmp_path, CAL)
     child = start_child(["run_testbed.py", "calibrate", str(path), "--out",
                          str(tmp_path / "results"), "--seconds", "4", "--streams", "2"])
@@ -154,15 +153,16 @@ def test_calibrate_against_the_configured_link(start_child, tmp_path):
     last = child.stdout.strip().splitlines()[-1]
     assert last.startswith("results: "), child.describe()
     doc = json.loads(Path(last.removeprefix("results: ")).read_text())
-    assert doc["backend"] == TEST_BACKEND, doc["backend"]
+    assert doc["backend"] == (TEST_BACKEND or doc["backend"]) and doc["backend"] in BACKENDS, \
+        doc["backend"]
     link = doc["links"][0]
     rtts = link["samples"]["rtt_ms"]
     want_rtt = 2 * CAL["wan"][0]["delay_ms"]
-    print(f"{TEST_BACKEND}: RTT median {statistics.median(rtts)} ms for {want_rtt} ms; "
+    print(f"{doc['backend']}: RTT median {statistics.median(rtts)} ms for {want_rtt} ms; "
           f"goodput {link['measured']['goodput_mbit']} Mbit/s for "
           f"{0.956 * CAL['wan'][0]['rate_mbit']:.1f}")
     assert_within(rtts, want_rtt, below=0.5, above=max(RTT_ABS_MS, RTT_REL * want_rtt),
-                  center="median", what=f"{TEST_BACKEND} idle RTT (ms)")
+                  center="median", what=f"{doc['backend']} idle RTT (ms)")
     expected = 0.956 * CAL["wan"][0]["rate_mbit"]
     assert_within([link["measured"]["goodput_mbit"]], expected, below=GOODPUT_BELOW * expected,
-                  above=GOODPUT_ABOVE * expected, what=f"{TEST_BACKEND} goodput (Mbit/s)")
+                  above=GOODPUT_ABOVE * expected, what=f"{doc['backend']} goodput (Mbit/s)")
