@@ -66,7 +66,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.scenarios import BACKENDS, TEST_BACKEND
+# as tests/scenarios.py reads them (read here too: tests/test_rings.py runs this file alone)
+BACKENDS = ("netem", "delayline")
+TEST_BACKEND = os.environ.get("GEODC_TEST_BACKEND", "")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_RUNTIME_DIR = Path("/run/geotestbed")
