@@ -208,9 +208,11 @@ def _segment_ends(n: int, segments: int) -> list[int]:
 
 
 def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
-          placement: "Placement | None" = None) -> PipelineModel:
+          placement: "Placement | None" = None,
+          classes: list[Simulated] | None = None) -> PipelineModel:
     """geodc.rules.pipeline's inputs for `system` running cfg on scenario (module docstring);
-    placement: the system's (geodc.plans.placement), computed here when not given."""
+    placement: the system's (geodc.plans.placement), classes: its simulated replicas
+    (`simulated_for`), each computed here when not given."""
     from geodc.rules.costs import stage_costs
     if cfg.compute != "profile" or cfg.profile is None:
         raise ValueError("the model needs compute: profile (measured op times are not known "
@@ -221,7 +223,8 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     costs = stage_costs(cfg.profile, P)
     buffers = [int(c.gradient_bytes / scenario.scale) for c in costs]
     payloads = message_payload_bytes(cfg, scenario.scale)
-    classes = simulated_for(scenario, cfg, system, placement)
+    if classes is None:
+        classes = simulated_for(scenario, cfg, system, placement)
     fwd, bwd = {}, {}
     for s in range(P - 1):
         for c, (r, _, _) in enumerate(classes):
@@ -291,7 +294,8 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     if system.fill_bubbles:   # BubbleTea's window: from its first notices, two iterations or more
         n = max(n, WARMUP_ITERATIONS + MIN_HISTORY + 2)
     placement = place_for_system(scenario, cfg, system)
-    model = build(scenario, cfg, system, placement)
+    classes = simulated_for(scenario, cfg, system, placement)
+    model = build(scenario, cfg, system, placement, classes)
     result = simulate(model, n)
     plan = {"config": dict(cfg.to_dict(), replicas=model.replicas), "workers": [
         {"stage": s, "replica": r, "host": f"s{s}r{r}", "dc": ""}
@@ -318,7 +322,7 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                       wan_utilization=wan, allreduce_ms=list(model.allreduce_ms),
                       iterations=n, wan_drop_packets=drops,
                       simulated_replicas=model.replicas,
-                      bubbletea=_bubbletea(scenario, cfg, system, placement, result)
+                      bubbletea=_bubbletea(scenario, cfg, system, placement, classes, result)
                       if system.fill_bubbles else None)
 
 
@@ -332,7 +336,8 @@ def group_of(classes: list[Simulated], c: int) -> int:
 
 
 def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
-               placement: "Placement", result: SimResult) -> dict[str, Any]:
+               placement: "Placement", classes: list[Simulated],
+               result: SimResult) -> dict[str, Any]:
     """geodc.predict.bubbletea's figures for the simulated run under the load a run would replay (same
     requests, same DC split). Unfolded, every GPU is its own host; folded (above
     FOLD_ABOVE_REPLICAS), each group's last simulated replica stands for its alike GPUs with
@@ -341,7 +346,6 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     from geodc.predict.bubbletea import predict_bubbletea, thin_load, unthin
     from geodc.features.bubbletea.plan import check, hosts_by_dc
     bt = check(scenario, placement, system.name)
-    classes = simulated_for(scenario, cfg, system, placement)
     folded = any(c.n > 1 for c in classes)
     # folded, a group's last replica stands for all of it (its first is one GPU of hundreds;
     # the others are the last's timeline at a spacing)
@@ -352,7 +356,7 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
         s, c = span["stage"], span["replica"]
         if folded and c in heads:
             continue
-        first, n, head = classes[c]
+        first = classes[c].first
         host = f"s{s}r{c}"
         spans.append(dict(span, host=host))
         host_dc[host] = placement.stage_dcs[s][first]
