@@ -157,7 +157,7 @@ def test_a_huge_value_gives_a_short_line_quickly():
 def test_a_file_over_the_size_cap_is_refused(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text(TWO_DC + "description: x\n" + "# padding\n" * 200_000)
-    with pytest.raises(ScenarioError, match="is over 1048576 bytes"):
+    with pytest.raises(ScenarioError, match="is over 262144 bytes"):
         load_scenario(path)
 
 

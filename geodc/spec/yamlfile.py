@@ -26,7 +26,7 @@ from ruamel.yaml.events import AliasEvent
 from geodc.spec.errors import ScenarioError, shown
 from geodc.spec.inputfile import read_text
 
-MAX_FILE_BYTES = 1 << 20    # the largest shipped scenario is under 3 KB
+MAX_FILE_BYTES = 1 << 18    # 256 KiB: the largest shipped scenario is under 3 KB, a generated 1,000-DC ring about 100 KB
 MAX_DEPTH = 20              # the deepest shipped scenario nests 5 levels
 
 
