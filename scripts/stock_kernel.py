@@ -9,13 +9,15 @@ here: QEMU cannot set MSR 0x10a), so under TCG: slow, and timing in it is noisy.
     scripts/stock_kernel.py --prepare          # once: virtme-ng, the kernel package, its modules
     scripts/stock_kernel.py run -- CMD ...     # boot, run CMD in the repository, exit with its code
 
---prepare downloads (pip, apt-get download) and unpacks into the kernel tree (KERNEL_TREE, or
-$GEODC_KERNEL_TREE): virtme-ng in its own venv there (a host tool, not a dependency of geodc,
-so the project's .venv stays as requirements.txt pins it), the package unpacked with
-dpkg-deb -x and its modules indexed with depmod -b. virtme-ng finds the modules beside the
-image and links them to /lib/modules/<version> in the guest; the tree is under /opt because
-the guest gets an empty /tmp, /var/tmp and /var/cache (virtme-ng-init mounts tmpfs on them). Running it again reuses what is there. `run` never
-downloads: what is missing is a one-line error (exit 2) saying what to do.
+--prepare installs the Debian packages the guest needs when they are missing (as root, as
+scripts/setup.sh does), then downloads (pip, apt-get download) and unpacks into the kernel
+tree (KERNEL_TREE, or $GEODC_KERNEL_TREE): virtme-ng in its own venv there (a host tool, not a
+dependency of geodc, so the project's .venv stays as requirements.txt pins it), the package
+unpacked with dpkg-deb -x and its modules indexed with depmod -b. virtme-ng finds the modules
+beside the image and links them to /lib/modules/<version> in the guest; the tree is under /opt
+because the guest gets an empty /tmp, /var/tmp and /var/cache (virtme-ng-init mounts tmpfs on
+them). Running it again reuses what is there. `run` never downloads: what is missing is a
+one-line error (exit 2) saying what to do.
 
 The guest gets its own empty /tmp (iperf3 fails on the host's, passed read-write) and the
 host's root read-only; --rwdir DIR makes DIR writable there (results to bring back).
@@ -63,14 +65,35 @@ def need_tools(names) -> None:
             raise Missing(f"{tool} is not installed: apt-get install {TOOLS[tool]}")
 
 
-def need_static_busybox() -> None:
+def static_busybox() -> bool:
     """virtme-ng builds the guest's initramfs (Debian loads 9p and virtio as modules) around a
     statically linked busybox."""
     path = shutil.which("busybox")
     with open(path or "/dev/null", "rb") as f:
         dynamic = b"ld-linux" in f.read(8192)
-    if path is None or dynamic:
+    return path is not None and not dynamic
+
+
+def need_static_busybox() -> None:
+    if not static_busybox():
         raise Missing("a statically linked busybox is not installed: apt-get install busybox-static")
+
+
+def install_packages() -> None:
+    """The Debian packages of TOOLS and busybox-static that are missing, installed as
+    scripts/setup.sh installs the project's (root only; otherwise the one-line error)."""
+    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None}
+                     | (set() if static_busybox() else {"busybox-static"}))
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise Missing(f"the guest needs Debian packages ({' '.join(missing)}): run as root, "
+                      f"or apt-get install {' '.join(missing)}")
+    print(f"installing Debian packages: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    sh(["apt-get", "update", "-qq"], "apt-get update", env=env)
+    sh(["apt-get", "install", "-y", "-qq", *missing], f"apt-get install {' '.join(missing)}",
+       env=env)
 
 
 def vng_path() -> Path:
@@ -102,6 +125,7 @@ def sh(argv: list[str], what: str, **kw) -> subprocess.CompletedProcess:
 
 # ---- set-up ---------------------------------------------------------------------------------
 def prepare(package: str) -> str:
+    install_packages()
     need_tools(TOOLS)
     need_static_busybox()
     KERNEL_TREE.mkdir(parents=True, exist_ok=True)

@@ -74,3 +74,16 @@ def test_no_step_or_no_command_is_refused(stock, capsys, argv):
     else:
         assert err[-1] in ("error: give --prepare, or run -- CMD ...",
                            "error: no command: scripts/stock_kernel.py run -- CMD ..."), err
+
+
+def test_prepare_without_root_names_the_debian_packages(stock, capsys, monkeypatch, tmp_path):
+    """--prepare installs what is missing only as root (scripts/setup.sh's rule); otherwise it
+    says which packages, in one line. A PATH with nothing on it: every host tool is missing."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(stock.os, "geteuid", lambda: 1000)
+    with pytest.raises(SystemExit) as info:
+        stock.main(["--prepare"])
+    assert info.value.code == 2
+    packages = "apt busybox-static dpkg kmod qemu-system-x86 udev"
+    assert capsys.readouterr().err == (f"error: the guest needs Debian packages ({packages}): run "
+                                       f"as root, or apt-get install {packages}\n")

@@ -54,6 +54,11 @@ REQUIRED_TOOLS = {"mnexec": "mininet", "brctl": "bridge-utils", "iptables": "ipt
                   "ifconfig": "net-tools", "ip": "iproute2"}
 LINUX_TCP_RTO_MIN_US = 200_000   # TCP_RTO_MIN, the default of net.ipv4.tcp_rto_min_us
 RTNH_F_ONLINK = 4
+# How long a delay line may take to print READY. One that dies is reported at once (its exit is
+# polled), so this bounds only a hung start; it is long because Python's own start is slow on an
+# emulated CPU: 5-12 s for two delay lines starting at once in the stock-kernel guest (QEMU
+# without KVM: scripts/stock_kernel.py), where this machine takes 0.06 s.
+DELAYLINE_READY_TIMEOUT_S = 60.0
 CLONE_NEWNET = 0x40000000
 
 
@@ -537,7 +542,7 @@ class Network:
                                                  stats_path=stats_path,
                                                  control_path=control_path))
         for dl, items in zip(self.delaylines, per_gw.values()):
-            self.realtime_status[dl.gateway] = _wait_ready(dl.proc, timeout_s=10)
+            self.realtime_status[dl.gateway] = _wait_ready(dl.proc, timeout_s=DELAYLINE_READY_TIMEOUT_S)
             for spec, intf, _name in items:
                 out = self.node(dl.gateway).cmd(f"iptables -w -A FORWARD -i {intf} -j NFQUEUE "
                                                 f"--queue-num {spec.num} && echo ok")
