@@ -1,21 +1,33 @@
 # The testbed in a container: Debian 12 and the README's two set-up commands. Network namespaces,
 # qdiscs, iptables and real-time priority need a privileged container:
-#   docker build -t geo-dc-testbed .
+#   docker build --network host -t geo-dc-testbed .
 #   docker run --privileged --rm geo-dc-testbed              # make test (the default command)
 #   docker run --privileged --rm geo-dc-testbed make run     # the default scenario
-# Without real-time scheduling the delay lines run at normal priority (recorded in each run's
-# env.json, and late releases are counted and warned about); without netem (this project's
-# machines have none) the delayline backend is used.
+# scripts/container_check.sh builds it, runs both inside and checks what differs in a container
+# (CI runs that script). Without real-time scheduling the delay lines run at normal priority
+# (recorded in each run's env.json, and late releases are counted and warned about); without
+# netem the delayline backend is used.
 FROM debian:12
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 \
-    PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
-# (torch==2.13.0 then resolves to the CPU build, 2.13.0+cpu, instead of PyPI's CUDA one)
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends python3 python3-venv python3-pip make git \
       ca-certificates mininet iperf3 iptables bridge-utils net-tools iproute2 iputils-ping \
       libpcap0.8 procps \
  && rm -rf /var/lib/apt/lists/*
+# Where pip finds the pins. By default PyPI, with PyTorch's CPU index beside it, so that
+# torch==2.13.0 resolves to the CPU build (2.13.0+cpu) instead of PyPI's CUDA one. A machine
+# without those (scripts/container_check.sh on one whose pip has local wheels) passes its own:
+# --build-arg PIP_INDEX_URL=... PIP_EXTRA_INDEX_URL=... PIP_FIND_LINKS=... PIP_NO_INDEX=1.
+# Build arguments reach the RUN steps only, not the image.
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_FIND_LINKS=
+ARG PIP_NO_INDEX=0
 WORKDIR /testbed
+# requirements.txt alone first: the pins' layer (torch, a few hundred MB) is kept while only
+# the code changes; `make setup` below then checks them and installs geodc itself.
+COPY requirements.txt .
+RUN python3 -m venv .venv && .venv/bin/python -m pip install -q -r requirements.txt
 COPY . .
 # the set-up (Debian packages present already, .venv from requirements.txt) baked in
 RUN make setup

@@ -34,6 +34,7 @@ from geodc.spec.bubbletea import BubbleTeaConfig
 from geodc.hostproc.prefill.controller import prompt_for
 from geodc.hostproc.prefill.decoder import InferenceConfig, build_model, greedy_generate
 from geodc.hostproc.prefill.server import FAULT_EXIT_ENV
+from tests.realtime_here import expected
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.network
@@ -162,8 +163,9 @@ def test_the_arrival_bound_is_used_and_holds(result):
     doc, spans, records, _ = result
     bt = doc["systems"]["baseline+bubbletea"]["bubbletea"]
     assert bt["arrival_bound"] == "on" and isinstance(bt["notices_lost"], int)
-    # the controllers heard the notices at real-time priority (as the workers' I/O threads)
-    assert {r["notice_realtime"] for r in records if r["name"] == "SUMMARY"} == {"fifo:10"}
+    # the controllers heard the notices at real-time priority (as the workers' I/O threads),
+    # where the kernel grants it
+    assert {r["notice_realtime"] for r in records if r["name"] == "SUMMARY"} == {expected(10)}
     bubbles = {(r["host"], r["t_idle_ns"]): r for r in records if r["name"] == "BUBBLE"}
     assert [b for b in bubbles.values() if b["wire_ns"] and b["host"] == "we-h1"]
     starts: dict[str, list[int]] = {}

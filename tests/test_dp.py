@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.realtime_here import expected, refusal
+
 REPO = Path(__file__).resolve().parent.parent
 
 WORKER = """
@@ -69,14 +71,18 @@ def run_pair(prio: str) -> list[dict]:
 @pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root (CAP_SYS_NICE)")
 def test_gloo_threads_get_the_io_priority_and_the_caller_does_not():
     for doc in run_pair("10"):
-        assert doc["status"] == "fifo:10", doc
+        assert doc["status"] == expected(10), doc
         assert doc["main"] == os.SCHED_OTHER, doc          # the caller went back to normal
         gloo = {k: v for k, v in doc["threads"].items() if "gloo" in k}
-        # the all-reduce's workers and gloo's transport loop, both real-time
+        # the all-reduce's workers and gloo's transport loop, both real-time where the kernel
+        # grants it (a container's cgroup without RT runtime refuses: all at normal priority)
         assert {"pt_gloo_runloop", "gloo_tcp_loop"} <= set(gloo), doc
-        assert all(v == [os.SCHED_FIFO] for v in gloo.values()), doc
-        # and what they fork or start is not real-time
-        assert all(doc["reset_on_fork"][k] == [os.SCHED_RESET_ON_FORK] for k in gloo), doc
+        if refusal() is None:
+            assert all(v == [os.SCHED_FIFO] for v in gloo.values()), doc
+            # and what they fork or start is not real-time
+            assert all(doc["reset_on_fork"][k] == [os.SCHED_RESET_ON_FORK] for k in gloo), doc
+        else:
+            assert all(v == [os.SCHED_OTHER] for v in doc["threads"].values()), doc
         assert doc["grad"] == [1.5, 1.5, 1.5] and doc["bytes"] == 4096, doc
 
 
