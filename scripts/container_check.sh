@@ -136,10 +136,9 @@ started=$(date +%s)
 # net.core) and the host namespace's net.ipv4 and net.ipv6.conf.all. Left out: per-interface
 # entries (other jobs' interfaces come and go) and kernel.pty.nr (the ptys open now, a count).
 sysctls() {
-  (cd /proc/sys && find net/core net/ipv4 net/ipv6/conf/all kernel/pty fs/file-max -type f -readable 2>/dev/null \
-    | grep -Ev '^net/ipv4/(conf|neigh)/' | grep -vx kernel/pty/nr | sort \
-    | while read -r f; do printf '%s=%s\n' "$f" "$(tr '\t\n' '  ' < "$f" 2>/dev/null)"; done
-   find net/ipv4/conf/all net/ipv4/conf/default net/ipv4/neigh/default -type f -readable | sort \
+  (cd /proc/sys && { find net/core net/ipv4 net/ipv6/conf/all kernel/pty fs/file-max -type f -readable 2>/dev/null \
+       | grep -Ev '^net/ipv4/(conf|neigh)/' | grep -vx kernel/pty/nr | sort
+     find net/ipv4/conf/all net/ipv4/conf/default net/ipv4/neigh/default -type f -readable | sort; } \
     | while read -r f; do printf '%s=%s\n' "$f" "$(tr '\t\n' '  ' < "$f" 2>/dev/null)"; done)
 }
 netns_held() { for p in /proc/[0-9]*; do readlink "$p/ns/net" 2>/dev/null || true; done | sort -u; }
