@@ -512,6 +512,53 @@ def test_hostile_notices_are_refused_and_the_agent_lives_on(tmp_path):
 
 
 @pytest.mark.loopback
+def test_an_agent_whose_idle_connection_was_closed_sends_on_a_new_one(tmp_path):
+    """A prefill server closes idle connections at its cap (geodc/hostproc/prefill/service.py):
+    the host's agent, finding its connection closed at the next bubble, sends the request on
+    a new connection instead of counting the host down."""
+    import json
+    import socket
+    import threading
+    import time
+    from geodc.hostproc.prefill.controller import Controller, ControllerSpec, Endpoint
+    from geodc.hostproc.prefill.wire import recv_msg, send_msg
+    with socket.create_server(("127.0.0.1", 0)) as fake:     # a-h1's prefill server
+        fake.settimeout(10)
+        (tmp_path / "requests.json").write_text(json.dumps(
+            [{"id": "r1", "arrival_s": 0.2, "target_tokens": 128, "output_tokens": 4}]))
+        spec = ControllerSpec(dc="a", host="a-d1", ip="127.0.0.1", notice_port=0,
+                              records_path=str(tmp_path / "ctl.jsonl"),
+                              requests_path=str(tmp_path / "requests.json"),
+                              prefill_servers=[Endpoint(host="a-h1", ip="127.0.0.1",
+                                                        port=fake.getsockname()[1])],
+                              decode_servers=[Endpoint(host="a-d1", ip="127.0.0.1", port=9)],
+                              bubbletea=BubbleTeaConfig().to_dict(), connect_timeout_s=5.0)
+        ctl = Controller(spec)
+        addr = ctl._sock.getsockname()
+        runner = threading.Thread(target=ctl.run, daemon=True)
+        runner.start()
+        try:
+            first, _ = fake.accept()
+            first.close()                        # the server makes room: the idle one goes
+            time.sleep(0.5)
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            good = {"kind": "bubble", "host": "a-h1", "t_idle_ns": time.time_ns(),
+                    "t_pred_end_ns": time.time_ns() + 5 * 10**9, "seq": 0}
+            udp.sendto(json.dumps(good).encode(), addr)
+            conn, _ = fake.accept()
+            conn.settimeout(10)
+            msg = recv_msg(conn, max_payload_bytes=0, max_pad_bytes=0)
+            assert msg.header["type"] == "prefill" and msg.header["id"] == "r1", msg.header
+            send_msg(conn, {"ok": False, "id": "r1", "error": "test", "retry": False})
+        finally:
+            ctl.stop.set()
+            runner.join(15)
+        assert not runner.is_alive()
+    records = [json.loads(x) for x in (tmp_path / "ctl.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["name"] == "HOST_DOWN"], records
+
+
+@pytest.mark.loopback
 def test_a_controller_thread_that_dies_marks_its_host_down(tmp_path):
     ctl = make_controller(tmp_path)
     try:

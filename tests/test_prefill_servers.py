@@ -581,11 +581,65 @@ def test_connections_over_the_cap_are_refused(servers):
 
 
 @pytest.mark.loopback
+def test_silent_connections_at_the_cap_give_way_to_a_real_client(servers, tmp_path):
+    """Connections that send nothing fill a decode server's cap: once they have sat idle for
+    evict_idle_s, a new connection closes the idlest one and is served, and the prefill
+    server's KV sender gets through; connections inside a message are never closed for it."""
+    prefill, port = servers["measured"], servers["spare_port"]
+    spec = DecodeSpec(host="d9", dc="dc0", ip=IP, port=port, model=MODEL.to_dict(),
+                      records_path=str(tmp_path / "d9.jsonl"))
+    dec = DecodeServer(spec)
+    svc = Service("decode server d9", IP, port, dec.handle, max_connections=8,
+                  evict_idle_s=0.5, refuse=dec.refuse)
+    t = threading.Thread(target=svc.serve_forever, daemon=True)
+    t.start()
+    silent = [socket.create_connection((IP, port), timeout=10) for _ in range(8)]
+    try:
+        time.sleep(0.2)
+        with socket.create_connection((IP, port), timeout=10) as over:   # not idle long yet
+            assert recv_msg(over, max_payload_bytes=0, max_pad_bytes=0).header["ok"] is False
+        time.sleep(0.6)
+        with connect(prefill) as sock:
+            assert ask(sock, request("past-the-silent", [4, 5], port))["ok"] is True
+        assert len(wait_record(Path(spec.records_path), "DECODE", "past-the-silent")["tokens"]) == 12
+        assert svc.evicted >= 1
+        for s in silent:                 # inside a message: one byte of the prefix each
+            try:
+                s.sendall(MAGIC[:1])
+            except OSError:
+                pass                     # one of those the server closed
+        time.sleep(0.6)
+        refused = svc.refused
+        # the KV sender's connection, idle since its ack, gives way to this one ...
+        with socket.create_connection((IP, port), timeout=10):
+            time.sleep(0.1)
+            # ... and then none is idle long enough: the next is refused
+            with socket.create_connection((IP, port), timeout=10) as over:
+                reply = recv_msg(over, max_payload_bytes=0, max_pad_bytes=0)
+        assert reply is not None and reply.header["ok"] is False, reply
+        assert reply.header["error"].startswith("busy: ") and svc.refused == refused + 1
+        for s in silent:
+            s.close()
+        with connect(prefill) as sock:   # the KV sender finds its connection closed: a new one
+            assert ask(sock, request("after-eviction", [6], port))["ok"] is True
+        sent = wait_record(prefill, "KV_SEND", "after-eviction")
+        assert sent["error"] is None and sent["attempt"] == 2, sent
+        wait_record(Path(spec.records_path), "DECODE", "after-eviction")
+    finally:
+        for s in silent:
+            s.close()
+        svc.stop_event.set()
+        t.join(5)
+        svc.close(5.0)
+        dec.close(5.0)
+
+
+@pytest.mark.loopback
 def test_a_thread_that_dies_stops_its_service():
     """service.start_thread (the KV senders, the decode generator): a thread that raises says
     so in one line and ends serve_forever, so the server exits 1 and the run sees it crashed."""
     code = ("from geodc.hostproc.prefill.service import Service, failures, start_thread\n"
-            "svc = Service('t', '127.0.0.1', 0, lambda conn, peer: None)\n"
+            "svc = Service('t', '127.0.0.1', 0, lambda conn, peer, activity: None)\n"
             "start_thread('kv-test', lambda: 1 / 0)\n"
             "svc.serve_forever()\n"
             "print(len(failures()))\n")

@@ -287,6 +287,50 @@ def test_who_may_ask_and_how_many(tmp_path):
 
 
 @pytest.mark.loopback
+def test_silent_connections_at_the_cap_give_way_to_a_slot_client(tmp_path, monkeypatch):
+    """Connections that send nothing, from a sending host, fill the arbiter's cap: once they
+    have sat idle EVICT_IDLE_S, a new connection closes the idlest and is served; a slot
+    client whose idle connection was closed so asks again on a new one; a connection with a
+    request in flight is never closed for it."""
+    monkeypatch.setattr(arbiter, "MAX_CONNS", 8)
+    monkeypatch.setattr(arbiter, "EVICT_IDLE_S", 0.5)
+    arb, share, port, stop = start_fake_arbiter(tmp_path, {0: ["127.0.0.1"], 1: ["127.0.0.1"]})
+    client = SlotClient("127.0.0.1", port, "sa->sb", 0, timeout_s=3)
+    silent: list[socket.socket] = []
+    try:
+        with client.gate(100):               # its connection stays open, idle, after DONE
+            share.sent[0] += 200
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(7)]
+        time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", port)) as over:   # none idle long enough
+            assert _reply(over).startswith(b"ERR 8 connections open")
+        time.sleep(0.5)
+        with SlotClient("127.0.0.1", port, "sa->sb", 1, timeout_s=3).gate(100):
+            share.sent[1] += 200             # took the place of the idlest: the first client's
+        with client.gate(100):               # ... which asks again on a new connection
+            share.sent[0] += 200
+        assert len(client.grants) == 2
+        waiting = SlotClient("127.0.0.1", port, "sa->sb", 1, timeout_s=3)
+        with waiting.gate(100):              # holds a slot: in flight, never closed for a newcomer
+            time.sleep(0.6)
+            for _ in range(3):
+                silent.append(socket.create_connection(("127.0.0.1", port)))
+            time.sleep(0.1)
+            share.sent[1] += 200
+        assert len(waiting.grants) == 1
+        evicted = [r for r in map(json.loads, open(tmp_path / "arb.jsonl"))
+                   if str(r.get("reason", "")).startswith("evicted: idle")]
+        assert len(evicted) >= 2, evicted
+        slots = [r for r in map(json.loads, open(tmp_path / "arb.jsonl")) if r["kind"] == "slot"]
+        assert slots and "disconnect" not in {r["reason"] for r in slots}, slots
+    finally:
+        client.close()
+        for c in silent:
+            c.close()
+        assert stop()
+
+
+@pytest.mark.loopback
 def test_the_arbiter_serves_file_descriptors_past_1024(tmp_path):
     """select.select() refuses a descriptor >= 1024 (FD_SETSIZE), which would end the loop;
     here the arbiter's listener and clients all get numbers past 1024."""

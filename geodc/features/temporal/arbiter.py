@@ -52,7 +52,10 @@ stall_s.
 
 Who may ask: a connection from an address that is no sending host of the arbiter's pipelines
 (the spec's `pipelines` IPs) is refused at once (ERR, closed, logged), as is a REQ for a
-pipeline the asking host is not a sending host of, and connections past MAX_CONNS. The loop
+pipeline the asking host is not a sending host of, and connections past MAX_CONNS unless one of
+the open ones has sat idle (no request in flight, no partial line) for EVICT_IDLE_S: the idlest
+is then closed for the new one, so connections that send nothing cannot keep a real client
+out (the slot client reconnects when its idle connection was closed). The loop
 uses `selectors` (epoll), so file descriptors past 1024 are served like the rest.
 
 Log (JSON lines, log_path): {"kind": "start"|"slot"|"cancel"|"error"|"stop", ...}; a slot line
@@ -91,7 +94,8 @@ MAX_POLL_S = 0.005
 DONE_SHARE = 0.99
 DEFAULT_PORT = 7700
 SLOT_MARGIN = 4.0          # a slot lasts at most granted bytes / rate x this + stall_s
-MAX_CONNS = 256            # open client connections (one more is refused)
+MAX_CONNS = 256            # open client connections (one more evicts the idlest, or is refused)
+EVICT_IDLE_S = 5.0         # at the cap, a connection idle this long gives way to a new one
 
 
 # ---- spec ---------------------------------------------------------------------------------
@@ -306,6 +310,12 @@ class Conn:
     buf: bytearray = field(default_factory=bytearray)
     req: Request | None = None    # in flight: waiting, or granted and not DONE yet
     closed: bool = False
+    last_byte: float = field(default_factory=time.monotonic)   # connect, or the last byte in
+
+    def idle_s(self, now: float) -> float | None:
+        """How long the connection has sat with nothing in flight and no partial line; None
+        while it has either."""
+        return None if self.req is not None or self.buf else now - self.last_byte
 
 
 class BadRequest(Exception):
@@ -417,11 +427,24 @@ class Arbiter:
             conn = Conn(sock=sock, peer=f"{addr[0]}:{addr[1]}")
             if addr[0] not in self.senders:
                 self._refuse(conn, f"{addr[0]} is no sending host of this arbiter's pipelines")
-            elif len(self.conns) >= MAX_CONNS:
+            elif len(self.conns) >= MAX_CONNS and not self._evict_idlest():
                 self._refuse(conn, f"{MAX_CONNS} connections open, the arbiter's cap")
             else:
                 self.conns[sock.fileno()] = conn
                 self.selector.register(sock, selectors.EVENT_READ)
+
+    def _evict_idlest(self) -> bool:
+        """At the cap: close the connection idle longest, if idle EVICT_IDLE_S or more (a client
+        reconnects for its next request), so connections that send nothing cannot keep a real
+        client out. False if none is idle that long."""
+        now = time.monotonic()
+        idle = [(c.idle_s(now), c) for c in self.conns.values()]
+        idle = [(s, c) for s, c in idle if s is not None and s >= EVICT_IDLE_S]
+        if not idle:
+            return False
+        secs, victim = max(idle, key=lambda x: x[0])
+        self._close(victim, f"evicted: idle {secs:.1f} s with {MAX_CONNS} connections open")
+        return True
 
     def _refuse(self, conn: Conn, reason: str) -> None:
         """ERR to a connection that is not served, then closed and logged."""
@@ -439,6 +462,7 @@ class Arbiter:
         if not data:
             self._close(conn, "disconnected", error=False)
             return
+        conn.last_byte = time.monotonic()
         conn.buf += data
         try:
             while not conn.closed:

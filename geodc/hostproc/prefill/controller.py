@@ -399,6 +399,15 @@ class Controller:
                 jobs = [self._job(b, r, chunk, not_after, pick_at, bubble_end)]
             try:
                 sock.settimeout(r.predicted_ns / 1e9 + REPLY_MARGIN_S)
+                if _closed_by_peer(sock):
+                    # the server closed this idle connection (it makes room at its connection
+                    # cap): the request goes on a new one
+                    sock.close()
+                    sock = self._connect(server) or sock
+                    if sock.fileno() < 0:
+                        raise ConnectionError("the prefill server closed the idle connection "
+                                              "and cannot be reached again")
+                    sock.settimeout(r.predicted_ns / 1e9 + REPLY_MARGIN_S)
                 send_msg(sock, self._message(jobs[0]))
                 jobs[0].t_dispatch_ns = time.time_ns()
                 behind = self._behind(host, jobs[0]) if self.cfg.pipeline else None
@@ -600,6 +609,21 @@ class Controller:
             self.log.close()
 
 
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the peer has closed this connection (its end of stream is waiting), without
+    reading or blocking."""
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.settimeout(timeout)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, type=Path, help="controller spec JSON")
@@ -622,3 +646,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -35,7 +35,7 @@ import torch
 
 from geodc.hostproc.prefill.decoder import InferenceConfig, build_model, generate_from_cache, prefill
 from geodc.host.records import RecordLog
-from geodc.hostproc.prefill.service import close_gently, serve_main, start_thread
+from geodc.hostproc.prefill.service import Activity, close_gently, serve_main, start_thread
 from geodc.host.specfiles import SpecFile
 from geodc.hostproc.prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, send_msg
 from geodc.spec.errors import shown
@@ -120,13 +120,15 @@ class DecodeServer:
         generate_from_cache(self.model, kv, tok, 2)
         self._worker = start_thread("decode", self._generate)
 
-    def handle(self, conn: socket.socket, peer: str) -> None:  # noqa: ARG002
+    def handle(self, conn: socket.socket, peer: str, activity: Activity) -> None:  # noqa: ARG002
         while True:
+            activity.idle()
             try:
                 msg = recv_msg(conn, max_payload_bytes=self.cfg.kv_bytes(self.cfg.context),
                                max_pad_bytes=MAX_PAD_BYTES,
                                check=lambda h: check_kv_header(h, self.cfg),
-                               header_deadline_s=HEADER_DEADLINE_S)
+                               header_deadline_s=HEADER_DEADLINE_S,
+                               on_first_byte=activity.busy)
             except WireError as exc:
                 rid = exc.header.get("id") if exc.header else None
                 send_msg(conn, {"ok": False, "id": rid if isinstance(rid, str) else None,

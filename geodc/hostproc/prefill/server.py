@@ -69,7 +69,7 @@ from geodc.hostproc.prefill.kv import KvJob, KvSender
 from geodc.hostproc.prefill.decoder import InferenceConfig, InferenceGPT, build_model, prefill, prefill_chunk
 from geodc.rules.prefill_profile import PrefillProfile
 from geodc.host.records import RecordLog
-from geodc.hostproc.prefill.service import close_gently, serve_main
+from geodc.hostproc.prefill.service import Activity, close_gently, serve_main
 from geodc.hostproc.prefill.wire import HEADER_DEADLINE_S, WireError, recv_msg, send_msg
 from geodc.spec.errors import shown
 from geodc.host.gpulock import GpuLock
@@ -284,11 +284,13 @@ class PrefillServer:
         prefill(self.model, [0])                # warm up: the first call is slow
 
     # ---- connections ----------------------------------------------------------------------
-    def handle(self, conn: socket.socket, peer: str) -> None:  # noqa: ARG002
+    def handle(self, conn: socket.socket, peer: str, activity: Activity) -> None:  # noqa: ARG002
         while True:
+            activity.idle()
             try:
                 msg = recv_msg(conn, max_payload_bytes=0, max_pad_bytes=0,
-                               header_deadline_s=HEADER_DEADLINE_S)
+                               header_deadline_s=HEADER_DEADLINE_S,
+                               on_first_byte=activity.busy)
             except WireError as exc:
                 self._fail(conn, _valid_id(exc.header.get("id") if exc.header else None),
                            f"bad message: {exc}", retry=False)

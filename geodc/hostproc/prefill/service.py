@@ -4,15 +4,19 @@ One job: listen on (ip, port), run a handler in its own thread for every accepte
 and stop cleanly on SIGTERM or SIGINT. It knows nothing about messages (geodc/hostproc/prefill/wire.py) or what
 a server does with them (geodc/hostproc/prefill/server.py, geodc/hostproc/prefill/decode_server.py).
 
-A handler gets the connected socket (TCP_NODELAY set) and the peer's "ip:port"; when it returns
+A handler gets the connected socket (TCP_NODELAY set), the peer's "ip:port" and the connection's
+Activity (busy() at a message's first byte, idle() once its reply is sent); when it returns
 or raises, the connection is closed; an exception other than OSError is printed to stderr as
 one line and ends only that connection. Stopping: the accept loop ends, the listener closes, the
 read side of every open connection is shut down (a handler waiting for its next message sees a
 clean EOF, one in the middle of a request still sends its reply), and the handler threads get
 `grace_s` to return.
 
-Limits on what a peer can hold: at most `max_connections` open connections (one more is
-answered by `refuse(conn, why)`, if given, and closed; the handlers read each message with
+Limits on what a peer can hold: at most `max_connections` open connections. One more closes the
+connection that has sat idle (between messages) longest, if for `evict_idle_s` or more, so
+connections that send nothing cannot keep a real client out (the clients reconnect: the KV
+sender and the controller resend a request their idle connection lost); else it is answered
+by `refuse(conn, why)`, if given, and closed. The handlers read each message with
 wire.HEADER_DEADLINE_S, so a trickled header holds its thread no longer). Threads that must not end
 (a KV sender, the decode server's generator) are started with `start_thread`: one that ends by
 an exception prints one line, and the process's service stops and serve_main exits 1, so the
@@ -30,9 +34,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-Handler = Callable[[socket.socket, str], None]
+Handler = Callable[[socket.socket, str, "Activity"], None]
 LISTEN_BACKLOG = 64
 MAX_CONNECTIONS = 64         # open connections a service serves at once
+EVICT_IDLE_S = 10.0          # at the cap, a connection idle this long gives way to a new one
 ACCEPT_POLL_S = 0.2          # how soon the accept loop notices a stop
 DRAIN_S = 1.0                # close_gently: how long to read what the peer still sends
 REFUSE_TIMEOUT_S = 0.5       # sending the refusal to a connection over the cap
@@ -64,17 +69,35 @@ def failures() -> list[str]:
     return list(_failed)
 
 
+class Activity:
+    """Whether a connection is inside a message (busy) or between messages (idle, since when)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.idle_since: float | None = time.monotonic()
+
+    def busy(self) -> None:
+        with self._lock:
+            self.idle_since = None
+
+    def idle(self) -> None:
+        with self._lock:
+            self.idle_since = time.monotonic()
+
+
 class Service:
     def __init__(self, name: str, ip: str, port: int, handler: Handler, *,
-                 max_connections: int = MAX_CONNECTIONS,
+                 max_connections: int = MAX_CONNECTIONS, evict_idle_s: float = EVICT_IDLE_S,
                  refuse: Callable[[socket.socket, str], None] | None = None) -> None:
         self.name = name
         self.handler = handler
         self.max_connections = max_connections
+        self.evict_idle_s = evict_idle_s
+        self.evicted = 0
         self.refuse = refuse
         self.refused = 0
         self.stop_event = threading.Event()
-        self._conns: dict[int, socket.socket] = {}
+        self._conns: dict[int, tuple[socket.socket, Activity]] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -107,17 +130,39 @@ class Service:
             peer = f"{addr[0]}:{addr[1]}"
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
-                full = len(self._conns) >= self.max_connections
+                full = len(self._conns) >= self.max_connections and not self._evict_idlest()
             if full:
                 self._refuse(conn, peer)
                 continue
             conn.settimeout(None)
-            t = threading.Thread(target=self._run, args=(conn, peer),
+            activity = Activity(self._lock)
+            t = threading.Thread(target=self._run, args=(conn, peer, activity),
                                  name=f"{self.name}-conn", daemon=True)
             with self._lock:
-                self._conns[id(conn)] = conn
+                self._conns[id(conn)] = (conn, activity)
                 self._threads = [x for x in self._threads if x.is_alive()] + [t]
             t.start()
+
+    def _evict_idlest(self) -> bool:
+        """(Under self._lock.) Shut down the connection idle longest, if idle evict_idle_s or
+        more; its handler sees the end of the stream and returns. False if none is."""
+        now = time.monotonic()
+        idle = [(now - a.idle_since, key, c) for key, (c, a) in self._conns.items()
+                if a.idle_since is not None and now - a.idle_since >= self.evict_idle_s]
+        if not idle:
+            return False
+        secs, key, victim = max(idle, key=lambda x: x[0])
+        del self._conns[key]
+        self.evicted += 1
+        if self.evicted == 1:
+            print(f"{self.name}: closed a connection idle {secs:.0f} s for a new one "
+                  f"({self.max_connections} open, the cap); further ones are not printed",
+                  file=sys.stderr, flush=True)
+        try:
+            victim.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return True
 
     def _refuse(self, conn: socket.socket, peer: str) -> None:
         """A connection over the cap: the refusal (if any), then closed; the first one of a
@@ -136,9 +181,9 @@ class Service:
             pass
         conn.close()
 
-    def _run(self, conn: socket.socket, peer: str) -> None:
+    def _run(self, conn: socket.socket, peer: str, activity: Activity) -> None:
         try:
-            self.handler(conn, peer)
+            self.handler(conn, peer, activity)
         except OSError:
             pass               # the peer reset or timed out: only this connection ends
         except Exception as exc:  # noqa: BLE001 - a bug in one request must not stop the server
@@ -154,7 +199,8 @@ class Service:
         self.stop_event.set()
         self.listener.close()
         with self._lock:
-            conns, threads = list(self._conns.values()), list(self._threads)
+            conns = [c for c, _ in self._conns.values()]
+            threads = list(self._threads)
         for conn in conns:
             try:
                 conn.shutdown(socket.SHUT_RD)

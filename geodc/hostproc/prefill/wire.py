@@ -150,18 +150,22 @@ def _size(header: dict, key: str) -> int:
 
 def recv_msg(sock: socket.socket, *, max_payload_bytes: int, max_pad_bytes: int,
              check: Callable[[dict[str, Any]], None] | None = None,
-             header_deadline_s: float | None = None) -> Message | None:
+             header_deadline_s: float | None = None,
+             on_first_byte: Callable[[], None] | None = None) -> Message | None:
     """Read one message; None if the peer closed cleanly before its first byte. check(header),
     if given, may raise ValueError to refuse the message before its payload is read (it then
     comes back as WireError with in_sync=True, the message consumed). header_deadline_s: the
     prefix and header must be in this long after the first byte (else WireError, out of
-    sync); the socket's timeout is put back after the header."""
+    sync); the socket's timeout is put back after the header. on_first_byte() is called as the
+    message's first byte is in (a service marks the connection busy)."""
     prefix = bytearray(PREFIX.size)
     view = memoryview(prefix)
     n = sock.recv_into(view)
     if n == 0:
         return None
     t_first_ns = time.time_ns()
+    if on_first_byte is not None:
+        on_first_byte()
     timeout = sock.gettimeout()
     deadline = None if header_deadline_s is None else time.monotonic() + header_deadline_s
     try:

@@ -12,8 +12,9 @@ One job: the client side of the arbiter's line protocol (see geodc.features.temp
 (gate(wire_bytes: int) -> ContextManager[None]). wire_bytes is the TCP payload the transfer
 hands to the kernel (the arbiter converts it to the link-layer bytes HTB counts). A client is
 thread-safe: one request in flight at a time, other threads wait for it (within timeout_s).
-One TCP connection per client, opened at the first gate and reopened after an error; closing
-it (close(), or the process ending) gives up a waiting request or a held slot.
+One TCP connection per client, opened at the first gate and reopened after an error, or when
+the arbiter closed it while idle (the REQ is sent again once on a new one); closing it
+(close(), or the process ending) gives up a waiting request or a held slot.
 
 Also a small load generator for tests and measurements (`python -m geodc.hostproc.trainer.slotclient`):
     sink --ip IP --port P                           accept TCP connections on IP (this host's
@@ -101,10 +102,21 @@ class SlotClient:
     # ---- protocol --------------------------------------------------------------------------
     def _request(self, wire_bytes: int) -> tuple[int, int]:
         deadline = time.monotonic() + self.timeout_s
+        reused = self._sock is not None
         sock = self._connect()
         try:
-            sock.sendall(f"REQ {self.link} {self.pipeline} {wire_bytes}\n".encode())
-            line = self._readline(deadline)
+            try:
+                sock.sendall(f"REQ {self.link} {self.pipeline} {wire_bytes}\n".encode())
+                line = self._readline(deadline)
+            except (ConnectionResetError, BrokenPipeError):
+                if not reused:
+                    raise
+                # the arbiter closed the idle connection (it evicts the idlest at its cap)
+                # before reading this REQ: once more on a new one
+                self._disconnect()
+                sock = self._connect()
+                sock.sendall(f"REQ {self.link} {self.pipeline} {wire_bytes}\n".encode())
+                line = self._readline(deadline)
         except TimeoutError:
             self._disconnect()  # the arbiter drops the waiting request with the connection
             raise TimeoutError(f"link {self.link}: no grant for pipeline {self.pipeline} "
