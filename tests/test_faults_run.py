@@ -10,6 +10,9 @@ new rate.
 from __future__ import annotations
 
 import re
+import signal
+import threading
+import time
 import statistics
 from pathlib import Path
 
@@ -256,3 +259,40 @@ def test_a_crash_beside_cross_traffic_keeps_each_features_partial_block(tmp_path
     samples = part["faults"]["wire_mbit"]["east->west"]
     assert samples and samples[-1][0] > part["stopped_s"] - 1, samples[-3:]
     assert Path(part["faults"]["plot_png"]).stat().st_size > 10_000
+
+
+def test_a_fault_on_a_reaped_delay_line_is_an_error_not_a_signal(tmp_path):
+    """A delay line that died (and was reaped) before a fault: the fault's record says it has
+    exited, and no SIGUSR2 is sent to its old pid (signal() is refused after the reap, so a
+    process that got the number since is never signalled). The network is built in a thread of
+    its own, where its supervisor records the death instead of interrupting (it interrupts only
+    the main thread): the fault path is reached, as it is when a delay line dies mid-run."""
+    doc = dict(two_dc("fr"), backend="delayline",
+               faults=[{"kind": "delay", "link": ["fra", "frb"], "at_s": 0.2, "delay_ms": 25}])
+    sc = parse_scenario(doc)
+    seen: dict = {}
+
+    def body() -> None:
+        try:
+            with Network(sc, tmp_path / "run") as net:
+                for dl in net.delaylines:
+                    dl.proc.signal(signal.SIGKILL, group=False)
+                deadline = time.monotonic() + 5
+                while any(dl.proc.poll() is None for dl in net.delaylines):
+                    assert time.monotonic() < deadline, "a killed delay line was not reaped"
+                    time.sleep(0.01)
+                runner = FaultRunner(net, sc.faults).start()
+                time.sleep(1.0)
+                runner.stop()
+                seen["records"] = runner.records
+        except Exception as exc:  # noqa: BLE001 - the network's own report of the death
+            seen["exit"] = exc
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    (event,) = seen["records"]
+    assert "has exited" in event.get("error", ""), event
+    assert event["applied_s"] is None, event
+    assert "died with exit code -9" in str(seen.get("exit")), seen.get("exit")
