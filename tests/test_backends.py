@@ -75,16 +75,18 @@ def test_netem_leaf_holds_each_links_delay_jitter_loss(netem_here, tmp_path, lef
 def test_faults_change_the_netem_leaf_and_restore_it(netem_here, tmp_path):
     from geodc.features.faults.run import FaultRunner
 
+    # each state held 3 s: in the guest (TCG) one poll of both leaves (two `tc` processes) took
+    # long enough to miss a 1.5 s delay fault entirely (2026-12-03)
     faults = [{"kind": "delay", "link": ["na", "nb"], "at_s": 0.5, "delay_ms": 30,
-               "jitter_ms": 0, "for_s": 1.5},
-              {"kind": "loss", "link": ["na", "nb"], "at_s": 3.0, "loss_pct": 20, "for_s": 1.5}]
+               "jitter_ms": 0, "for_s": 3.0},
+              {"kind": "loss", "link": ["na", "nb"], "at_s": 6.5, "loss_pct": 20, "for_s": 3.0}]
     sc = parse_scenario(dict(LEAF, faults=faults))
     seen: dict[str, list[tuple[int, int, float]]] = {}
     with Network(sc, tmp_path / "run") as net:
         ends = list(net.plan.wan[0].ends())
         runner = FaultRunner(net, sc.faults).start()
         try:
-            deadline = time.monotonic() + 6.0
+            deadline = time.monotonic() + 12.5
             while time.monotonic() < deadline:
                 for end in ends:
                     g = leaf_of(net, end.gateway, end.intf)
