@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
 # tool -> Debian package
-declare -A NEED=([mnexec]=mininet [iperf3]=iperf3 [iptables]=iptables [brctl]=bridge-utils
+declare -A NEED=([sshd]=openssh-server [mnexec]=mininet [iperf3]=iperf3 [iptables]=iptables [brctl]=bridge-utils
                  [ifconfig]=net-tools [ip]=iproute2 [ping]=iputils-ping [make]=make)
 missing=()
 for tool in "${!NEED[@]}"; do

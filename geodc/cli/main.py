@@ -64,12 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("scenario", nargs="+")
     val.add_argument("-q", "--quiet", action="store_true",
                      help="one line per file: leave out the routes (checked all the same)")
+    val.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
+                     help="also show which server each DC runs on (docs/cluster.md)")
     plan = sub.add_parser("plan", help="print each system's placement, WAN crossings and slot "
                           "plan (no root, builds nothing)")
     _scenario_systems_json(plan)
     plan.add_argument("--full", action="store_true",
                       help="every replica, pipeline and host (default: as ranges, such as "
                            "usw-h[1-250]); with --json, each link's slot-by-slot order too")
+    plan.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
+                      help="also show which server each DC runs on and the WAN links that "
+                           "cross servers (docs/cluster.md)")
     pred = sub.add_parser("predict", help="the model's iteration time, bubbles and WAN use per "
                           "system (no root, builds nothing)")
     _scenario_systems_json(pred)
@@ -146,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             from geodc.cli.planview import plan_command
             systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
-            print(plan_command(args.scenario, systems, as_json=args.json, full=args.full))
+            print(plan_command(args.scenario, systems, as_json=args.json, full=args.full,
+                               cluster=args.cluster))
             return 0
         if args.command == "predict":
             from geodc.cli.predict import predict_command
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = 0
             for path in args.scenario:   # every file; with several, each error names its file
                 try:
-                    print(_validate(path, routes=not args.quiet))
+                    print(_validate(path, routes=not args.quiet, cluster=args.cluster))
                 except ScenarioError as exc:
                     name = f"{path}: " if len(args.scenario) > 1 else ""
                     print(f"error: {name}{exc}", file=sys.stderr)
@@ -224,9 +230,9 @@ def _dead_runs_notice() -> None:
         print(notice, file=sys.stderr)
 
 
-def _validate(path: str, routes: bool = True) -> str:
-    """What `validate` prints for one scenario file (routes: the route lines too); ScenarioError
-    on any problem."""
+def _validate(path: str, routes: bool = True, cluster: str | None = None) -> str:
+    """What `validate` prints for one scenario file (routes: the route lines too; cluster: a
+    cluster file, the placement on its servers too); ScenarioError on any problem."""
     from geodc.plans.routing import dc_paths
     from geodc.features.checks import load_run
     from geodc.spec.scenario import load_scenario
@@ -248,9 +254,14 @@ def _validate(path: str, routes: bool = True) -> str:
         what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
     head = f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, {what})"
     paths = {(p.src, p.dst): p for p in dc_paths(scenario)}   # routed either way: a check too
+    servers: list[str] = []
+    if cluster is not None:
+        from geodc.spec.cluster import load_cluster, scenario_placement
+        spec = load_cluster(cluster)
+        servers = scenario_placement(spec, scenario).lines(spec)
     if not routes:
-        return head
-    lines = [head, f"  routes ({scenario.routing}):"]
+        return "\n".join([head] + servers)
+    lines = [head] + servers + [f"  routes ({scenario.routing}):"]
     for p in paths.values():
         rtt_ms = p.delay_ms + paths[(p.dst, p.src)].delay_ms
         lines.append(f"    {p.describe()}, RTT {rtt_ms:g} ms")

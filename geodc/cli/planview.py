@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from geodc.spec.errors import ScenarioError
+from geodc.spec.cluster import load_cluster, scenario_placement
 from geodc.spec.links import LinkDir, hops
 from geodc.spec.ranges import host_list, number_ranges, split_host
 from geodc.plans.placement import Placement, place_for_system
@@ -231,12 +232,23 @@ def plan_text(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan
 
 
 def plan_command(path: str, systems: Sequence[str] | None = None, as_json: bool = False,
-                 full: bool = False) -> str:
-    """What `run_testbed.py plan` prints (module docstring; full: every host and slot). Raises
+                 full: bool = False, cluster: str | None = None) -> str:
+    """What `run_testbed.py plan` prints (module docstring; full: every host and slot; cluster:
+    a cluster file, whose placement on servers is shown, under `servers` with --json). Raises
     ScenarioError on bad input."""
     scenario = load_scenario(path)
     cfg = load_training(scenario)
+    spec = placement = None
+    if cluster is not None:
+        spec = load_cluster(cluster)
+        placement = scenario_placement(spec, scenario)
     plans = [plan_system(scenario, cfg, s) for s in resolve_systems(scenario, systems)]
     if as_json:
-        return json.dumps(plan_document(scenario, cfg, plans, full), indent=1)
-    return plan_text(scenario, cfg, plans, full)
+        doc = plan_document(scenario, cfg, plans, full)
+        if placement is not None:
+            doc["servers"] = placement.to_dict(spec)
+        return json.dumps(doc, indent=1)
+    text = plan_text(scenario, cfg, plans, full)
+    if placement is not None:
+        text += "\n" + "\n".join(placement.lines(spec))
+    return text

@@ -47,10 +47,10 @@ class _Refused(Exception):
         self.line, self.problem, self.fix = line, problem, fix
 
 
-def load_yaml(path: str | Path, fix: str) -> Any:
-    """One YAML 1.2 document from a scenario file (module docstring); ScenarioError("scenario")
-    naming the file and line on any problem."""
-    text = read_text(path, "scenario", MAX_FILE_BYTES, fix)
+def load_yaml(path: str | Path, fix: str, field: str = "scenario") -> Any:
+    """One YAML 1.2 document from a scenario file (module docstring); ScenarioError(field)
+    naming the file and line on any problem (field: "cluster" for a cluster file)."""
+    text = read_text(path, field, MAX_FILE_BYTES, fix)
     yaml = YAML(typ="safe", pure=True)
     yaml.Composer = _NoAnchors
     yaml.allow_duplicate_keys = False
@@ -59,32 +59,32 @@ def load_yaml(path: str | Path, fix: str) -> Any:
     try:
         return yaml.load(text)
     except _Refused as exc:
-        raise ScenarioError("scenario", f"{name} line {exc.line + 1}: {exc.problem}",
+        raise ScenarioError(field, f"{name} line {exc.line + 1}: {exc.problem}",
                             exc.fix) from None
     except DuplicateKeyError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
         key = re.search(r'duplicate key "(.*?)" with value', exc.problem or "")
-        raise ScenarioError("scenario", f"{name} line {line}: key "
+        raise ScenarioError(field, f"{name} line {line}: key "
                             f"{shown(key.group(1)) if key else '?'} appears twice in one mapping",
                             "keep one of them") from None
     except MaxDepthExceededError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
-        raise ScenarioError("scenario", f"{name} line {line}: nested deeper than {MAX_DEPTH} "
+        raise ScenarioError(field, f"{name} line {line}: nested deeper than {MAX_DEPTH} "
                             "levels", "flatten it") from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}" if mark else ""
         problem = _first_line(exc.problem or exc.context)
-        raise ScenarioError("scenario", f"{name} is not valid YAML{where}: {problem}",
+        raise ScenarioError(field, f"{name} is not valid YAML{where}: {problem}",
                             "fix the syntax") from None
     except ValueError as exc:   # an integer of over 4300 digits, a date like 2024-13-01
-        raise ScenarioError("scenario", f"{name} holds a value that cannot be read "
+        raise ScenarioError(field, f"{name} holds a value that cannot be read "
                             f"({_first_line(str(exc))[:60]})", "correct or quote it") from None
     except TypeError:           # a mapping key that is itself a mapping (? {a: 1} : x)
-        raise ScenarioError("scenario", f"{name} has a key that is a mapping",
+        raise ScenarioError(field, f"{name} has a key that is a mapping",
                             "use plain names as keys") from None
     except (YAMLError, RecursionError) as exc:
-        raise ScenarioError("scenario", f"{name} is not valid YAML: "
+        raise ScenarioError(field, f"{name} is not valid YAML: "
                             f"{_first_line(str(exc))}", "fix the syntax") from None
 
 
