@@ -11,8 +11,10 @@ CPU per second falls by T (rates / T, bytes kept). The machine's CPU load at T i
     rho(T) = (sum over workers of their CPU per iteration / (iteration_s * T)
               + delay-line packets/s * cost per packet / T + prefill CPU per s / T) / cores
 
-and, the cores shared as a processor-sharing server, an op of CPU time c takes c / (1 - rho)
-(c once rho is 0). With a safety factor S on every measured cost:
+and an op of CPU time c takes c * k on the wall clock (`stretch`): the D replicas of a stage start
+each op together, so they share the cores at once, the other workers add their average duty, and
+the delay lines' and prefill's share of the cores is taken off. With a safety factor S on every
+measured cost:
 
 - compute overruns: sum over ops of max(0, S*c/(1-rho) - hold*T), as a fraction of the dilated
   compute sum(hold*T), must stay under OVERRUN_BOUND (2%);
@@ -57,6 +59,9 @@ class Load:
     delay_line_pps: float = 0.0         # at T = 1, all delay lines together
     prefill_cpu_per_s: float = 0.0      # CPU seconds per second of the prefill side at T = 1
     us_per_packet: float = DELAY_LINE_US_PER_PACKET
+    lockstep: int = 1                   # workers that start each op together (D: the replicas)
+    bytes_per_iteration: float = 0.0    # every message and all-reduce byte the workers move
+    ns_per_byte: float = 0.0            # CPU to send and receive one byte (measured here)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,18 +89,38 @@ def cpu_load(load: Load, t: float, safety: float = SAFETY) -> float:
     compute_s = sum(op.cpu_ms * op.per_iteration for op in load.ops) * safety / 1000.0
     per_s = (compute_s / (load.iteration_s * t)
              + load.delay_line_pps * load.us_per_packet * 1e-6 * safety / t
-             + load.prefill_cpu_per_s * safety / t)
+             + load.prefill_cpu_per_s * safety / t
+             + load.bytes_per_iteration * load.ns_per_byte * 1e-9 * safety / (load.iteration_s * t))
     return per_s / max(1, load.cores)
 
 
-def overrun_fraction(load: Load, t: float, safety: float = SAFETY) -> float:
+def stretch(load: Load, op: Op, t: float, safety: float = SAFETY) -> float:
+    """How many times its CPU time an op takes on the wall clock at T: the replicas of its
+    stage start it together (the same schedule, the same holds), so `lockstep` workers contend
+    for the cores at once, and the other workers add their average duty; the delay lines' and
+    prefill's share of the cores is taken off first."""
     rho = cpu_load(load, t, safety)
-    stretch = float("inf") if rho >= 1.0 else 1.0 / (1.0 - rho)
+    background = (load.delay_line_pps * load.us_per_packet * 1e-6 + load.prefill_cpu_per_s
+                  + load.bytes_per_iteration * load.ns_per_byte * 1e-9 / load.iteration_s) \
+        * safety / t
+    cores = load.cores - background
+    if rho >= 1.0 or cores <= 0:
+        return float("inf")
+    duty = min(1.0, rho * load.cores / max(1, load.workers))     # per worker
+    concurrent = load.lockstep + (load.workers - load.lockstep) * duty
+    return max(1.0, concurrent / cores)
+
+
+def overrun_fraction(load: Load, t: float, safety: float = SAFETY) -> float:
     total = sum(op.hold_ms * t * op.per_iteration for op in load.ops)
     if total <= 0:
         return 0.0
-    over = sum(max(0.0, safety * op.cpu_ms * stretch - op.hold_ms * t) * op.per_iteration
-               for op in load.ops)
+    over = 0.0
+    for op in load.ops:
+        k = stretch(load, op, t, safety)
+        if k == float("inf"):
+            return float("inf")
+        over += max(0.0, safety * op.cpu_ms * k - op.hold_ms * t) * op.per_iteration
     return over / total
 
 
@@ -117,7 +142,9 @@ def _reasons(load: Load, t: float, rho: float, over: float, rho1: float, over1: 
     worst = max(load.ops, key=lambda op: op.cpu_ms / op.hold_ms if op.hold_ms else 0.0,
                 default=None)
     out = [f"{load.workers} workers on {load.cores} cores; delay lines "
-           f"{load.delay_line_pps:,.0f} packets/s at T=1 x {load.us_per_packet:g} us; "
+           f"{load.delay_line_pps:,.0f} packets/s at T=1 x {load.us_per_packet:g} us; workers "
+           f"move {load.bytes_per_iteration / 1e6:,.0f} MB per iteration x "
+           f"{load.ns_per_byte:.2f} ns/byte; "
            f"safety factor {safety:g} on every measured CPU cost",
            f"at T=1: CPU load {rho1:.0%} (bound {RHO_MAX:.0%}, for release lateness p99 under "
            f"{LATENESS_BOUND_MS:g} ms), overruns {over1:.1%} of compute (bound "
