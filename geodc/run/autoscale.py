@@ -138,12 +138,13 @@ def plan_load(scenario: Scenario, cfg: TrainConfig, cpu: list[dict[str, float]],
     wire = sum(2 * D * M * c.activation_bytes for c in costs[:-1])
     packets = wire / max(1.0, scenario.scale) / MTU_BYTES * 1.5
     pps = packets / iteration_s if scenario.wan else 0.0
+    # lockstep: every worker contends (geodc.predict.autoscale's docstring: fitted).
     # Bytes the workers move: those messages, and each worker's ring all-reduce (2 (D-1)/D of
     # its stage's gradient bytes), all divided by the run's scale as the workers pad them.
     moved = (wire + sum(D * 2 * (D - 1) / D * c.gradient_bytes for c in costs)) \
         / max(1.0, scenario.scale)
     return Load(ops=tuple(ops), cores=cores, iteration_s=iteration_s, workers=P * D,
-                delay_line_pps=pps, lockstep=D, bytes_per_iteration=moved,
+                delay_line_pps=pps, lockstep=P * D, bytes_per_iteration=moved,
                 ns_per_byte=ns_per_byte)
 
 
