@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from geodc.predict.autoscale import (LATENESS_BOUND_MS, OVERRUN_BOUND, Choice, Load, Op, choose,
                                      would_hold)
-from geodc.spec.timescale import MAX_TIME_SCALE
+from geodc.spec.timescale import MAX_TIME_SCALE, TimeScale
 from geodc.rules.costs import stage_costs
 from geodc.rules.pipeline import compute_only
 from geodc.rules.schedule import schedule_table
@@ -180,7 +180,7 @@ def resolve(scenario: Scenario, cfg: TrainConfig | None,
 def wall_clock_s(iteration_s: float, cfg: TrainConfig, t: float, systems: int) -> float:
     """Training's wall-clock time at T (each system's iterations, T times slower), without the
     networks' build and teardown."""
-    return iteration_s * t * cfg.iterations * systems
+    return TimeScale(t).emulated_span(iteration_s * cfg.iterations * systems)
 
 
 def check_after(record: dict | None, scenario: Scenario, cfg: TrainConfig,
@@ -201,7 +201,7 @@ def check_after(record: dict | None, scenario: Scenario, cfg: TrainConfig,
                      record["model_iteration_s"], record["ns_per_byte"])
     t = would_hold(load, max(frac, OVERRUN_BOUND * 1.01), scenario.time_scale)
     if p99 > LATENESS_BOUND_MS:     # lateness grows with the load, which falls as 1/T
-        t = min(MAX_TIME_SCALE, max(t, scenario.time_scale * p99 / LATENESS_BOUND_MS))
+        t = min(MAX_TIME_SCALE, max(t, scenario.dilation.emulated_span(p99 / LATENESS_BOUND_MS)))
     t = float(round(t, 2))
     record["would_hold_time_scale"] = t
     return (f"warning: time_scale auto chose {scenario.time_scale:g} but compute overruns were "
