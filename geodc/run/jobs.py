@@ -45,6 +45,9 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
         raise ScenarioError("--streams", f"{streams} is not a flow count", "use 1 or more")
     scenario = load_scenario(scenario_path)
     scenario.check_emulable()
+    if scenario.time_scale_auto:   # the T a run of it would take (its training sizes it)
+        from geodc.run.autoscale import resolve
+        scenario, _ = resolve(*load_run(scenario_path)[:2])
     run_dir = _prepare(scenario, out_dir)
     other_runs = live_runs()   # their load on the machine skews the measurements
     with Network(scenario, run_dir, backend=backend) as net:
