@@ -755,7 +755,7 @@ def test_time_scale_dilates_delays_and_rates_but_not_bytes():
     assert em.emulated() is em                         # emulating twice never dilates twice
     with pytest.raises(TypeError, match="pass scenario.emulated"):
         make_plan(plain)
-    with pytest.raises(ScenarioError, match="^time_scale: 0.5 is out of range"):
+    with pytest.raises(ScenarioError, match="^time_scale: 0.5 is not a valid time_scale.*a number 1..100 or auto"):
         parse_scenario(dict(TRIANGLE, time_scale=0.5))
 
 

@@ -90,6 +90,13 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
     for p in rows:
         if p.bubbletea is not None:
             out.append(bubbletea_text(p.system, p.bubbletea))
+    if scenario.time_scale_auto and not scenario.predict_only:
+        from geodc.cli.show import auto_line, auto_record
+        out.append(auto_line(auto_record(scenario)))
+    else:
+        wall = scenario.dilation.emulated_span(sum(p.iteration_time_s for p in rows) * cfg.iterations)
+        out.append(f"time_scale {scenario.time_scale:g}: training takes about {wall:,.0f} s of "
+                   "wall clock (the model's iteration times x T x iterations)")
     return "\n".join(out)
 
 

@@ -78,7 +78,24 @@ def describe(scenario: Scenario) -> dict[str, Any]:
         doc["cross_traffic"] = [f.describe() for f in scenario.cross_traffic]
         from geodc.spec.cross import tenant_host
         doc["tenant_hosts"] = [tenant_host(dc) for dc in scenario.tenant_dcs()]
+    if scenario.time_scale_auto:
+        doc["time_scale_auto"] = auto_record(scenario)
     return doc
+
+
+def auto_record(scenario: Scenario) -> dict[str, Any]:
+    """What `time_scale: auto` would pick here now (measured: geodc.run.autoscale)."""
+    from geodc.cli.planview import load_training
+    from geodc.run.autoscale import resolve
+    _, record = resolve(scenario, load_training(scenario), say=lambda line: None)
+    return record or {}
+
+
+def auto_line(record: dict[str, Any]) -> str:
+    return (f"time_scale auto: T={record['time_scale']:g} on this machine; training takes about "
+            f"{record['wall_clock_s']:,.0f} s of wall clock (the model's "
+            f"{record['model_iteration_s']:.3f} s per iteration x T x iterations x systems); "
+            + "; ".join(record["reasons"]))
 
 
 def _runs(row: tuple[str, ...]) -> str:
@@ -96,13 +113,16 @@ def show_text(doc: dict[str, Any]) -> str:
     s = doc["settings"]
     lines = [f"{doc['name']} ({doc['path']}): {doc['description'] or '(no description)'}",
              f"kind: {doc['kind']}",
-             f"settings: scale {s['scale']:g}, time_scale {s['time_scale']:g}, backend "
+             f"settings: scale {s['scale']:g}, time_scale "
+             f"{'auto' if 'time_scale_auto' in doc else format(s['time_scale'], 'g')}, backend "
              f"{s['backend']}, routing {s['routing']}, congestion control "
              f"{s['congestion_control']}, connections {s['connections']}, slow start after "
              f"idle {'on' if s['tcp_slow_start_after_idle'] else 'off'}",
              f"  per host: tcp_rmem max {s['tcp_rmem_max_bytes']:,} B -> a window of "
-             f"{s['window_bytes_per_connection']:,} B per connection",
-             "DCs:"]
+             f"{s['window_bytes_per_connection']:,} B per connection"]
+    if doc.get("time_scale_auto"):
+        lines.append(auto_line(doc["time_scale_auto"]))
+    lines.append("DCs:")
     for dc in doc["dcs"]:
         link = "unshaped" if dc["host_link_mbit"] is None else f"{dc['host_link_mbit']:g} Mbit/s"
         lines.append(f"  {dc['name']}: {dc['hosts']:,} hosts ({dc['first_host']}.."

@@ -45,6 +45,9 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
         raise ScenarioError("--streams", f"{streams} is not a flow count", "use 1 or more")
     scenario = load_scenario(scenario_path)
     scenario.check_emulable()
+    if scenario.time_scale_auto:   # the T a run of it would take (its training sizes it)
+        from geodc.run.autoscale import resolve
+        scenario, _ = resolve(*load_run(scenario_path)[:2])
     run_dir = _prepare(scenario, out_dir)
     other_runs = live_runs()   # their load on the machine skews the measurements
     with Network(scenario, run_dir, backend=backend) as net:
@@ -85,6 +88,8 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     from geodc.run.systemrun import RunIncomplete, run_system, summary_lines
 
     scenario, cfg, systems = load_run(scenario_path, systems=systems, iterations=iterations)
+    from geodc.run.autoscale import check_after, resolve
+    scenario, auto = resolve(scenario, cfg, say=print if progress is None else progress.line)
     run_dir = _prepare(scenario, out_dir)
     other_runs = live_runs()   # their load on the machine skews this run's timings
     own = progress is None
@@ -98,6 +103,8 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                "routing": scenario.routing, "congestion_control": scenario.congestion_control,
                "connections": scenario.connections, "run_dir": str(run_dir), "complete": True,
                "systems": {}}
+        if auto is not None:
+            doc["time_scale_auto"] = auto
         for name in systems:
             interrupts.check()
             progress.where(f"{scenario.name} {name}")
@@ -122,6 +129,11 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                 raise
             doc["systems"][name] = metrics
             doc["backend"] = metrics["network"]["backend"]
+            late = check_after(auto, scenario, cfg, metrics)
+            if auto is not None:
+                metrics["time_scale_auto"] = dict(auto)
+            if late:
+                say("  " + late)
             for line in summary_lines(metrics, cfg):
                 say("  " + line)
             report.steal_note(metrics["wan_warnings"], metrics["cpu"], indent="  ", say=say)
@@ -130,7 +142,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
         write_json(run_dir / "env.json", dict(
             provenance(), network=next(iter(doc["systems"].values()))["network"],
             networks={n: m["network"] for n, m in doc["systems"].items()},
-            other_runs=other_runs))
+            other_runs=other_runs, **({"time_scale_auto": auto} if auto else {})))
         if "baseline" in doc["systems"]:
             base = doc["systems"]["baseline"]["iteration_time_s"]
             for name, m in doc["systems"].items():

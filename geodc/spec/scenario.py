@@ -9,6 +9,7 @@ Form (every WAN link: one-way delay per direction, rate per direction):
     name: three_dc
     scale: 100                 # optional: emulated WAN is this many times slower than the real one
     time_scale: 1              # optional: time dilation (delays x T, rates / T, bytes kept)
+                               # or auto: the smallest T this machine keeps on time
     backend: auto              # optional: auto | netem | delayline
     routing: direct            # optional: direct | shortest-delay (see geodc.plans.routing)
     congestion_control: cubic  # optional: cubic | reno | bbr, every TCP socket the testbed opens
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from geodc.spec.errors import ScenarioError, shown, unknown_field
 from geodc.spec.dcs import DataCenter, WanLink
 from geodc.spec.fields import checked_number
-from geodc.spec.timescale import TimeScale
+from geodc.spec.timescale import MAX_TIME_SCALE, TimeScale
 from geodc.spec.names import ROUTING_POLICIES
 from geodc.spec.systems import BUBBLETEA_SUFFIX, SYSTEMS
 from geodc.spec.yamlfile import load_yaml
@@ -103,6 +104,9 @@ class Scenario:
     wan: tuple[WanLink, ...]
     scale: float = 1.0
     time_scale: float = 1.0
+    # `time_scale: auto`: the run layer picks T before training (geodc.predict.autoscale);
+    # until then time_scale is 1.
+    time_scale_auto: bool = False
     backend: str = "auto"
     routing: str = "direct"
     congestion_control: str = "cubic"
@@ -185,6 +189,14 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(data, path=str(Path(path)))
 
 
+def _time_scale(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 1.0 <= float(value) <= MAX_TIME_SCALE:
+        raise ScenarioError("time_scale", f"{shown(value)} is not a valid time_scale",
+                            f"use a number 1..{MAX_TIME_SCALE:g} or auto")
+    return float(value)
+
+
 def parse_scenario(data: Any, path: str = "") -> Scenario:
     top = _mapping(data, "scenario")
     _no_unknown(top, "", {"name", "dcs", "wan", "scale", "time_scale", "backend", "routing",
@@ -212,7 +224,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
                                 "are capped at 15 characters)")
     scale = checked_number(top.get("scale", 1.0), "scale", low=1.0, high=1e6)
     # At most 100: the dilated minimum RTO (200 ms x T) must stay under the kernel's 120 s cap.
-    time_scale = checked_number(top.get("time_scale", 1.0), "time_scale", low=1.0, high=100.0)
+    time_scale_auto = top.get("time_scale") == "auto"
+    time_scale = 1.0 if time_scale_auto else _time_scale(top.get("time_scale", 1.0))
     backend = _choice(top.get("backend", "auto"), "backend", BACKENDS)
     routing = _choice(top.get("routing", "direct"), "routing", ROUTING_POLICIES)
     congestion_control = _choice(top.get("congestion_control", "cubic"), "congestion_control",
@@ -263,6 +276,7 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
             from geodc.spec.bubbletea import check_poisson_size
             check_poisson_size(bubbletea.load.poisson_per_s, bubbletea.load.window_s)
     return Scenario(name=name, dcs=dcs, wan=wan, scale=scale, time_scale=time_scale,
+                    time_scale_auto=time_scale_auto,
                     backend=backend, routing=routing, congestion_control=congestion_control,
                     connections=connections, systems=tuple(systems), training=training,
                     bubbletea=bubbletea, path=path, raw=top, predict_only=predict_only,

@@ -1,0 +1,222 @@
+"""`time_scale: auto`, the measuring half (issue 25 part 1): the small model's CPU time per op
+and stage measured here at start-up, the machine's cores, the plan's delay-line packets per second,
+given to the pure chooser (geodc.predict.autoscale) for T; and after the run, the check of the
+measured overruns against the bound, with the T that would have held.
+
+Measured: each stage's forward, backward and optimizer step of the small model, one thread (as
+every worker runs, geodc.hostproc.trainer.worker), CPU time (thread_time), the median of a few.
+Not measured (yet): the prefill side's CPU per request (BubbleTea scenarios: 0 is assumed and
+the reasons say so).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from geodc.predict.autoscale import (LATENESS_BOUND_MS, OVERRUN_BOUND, Choice, Load, Op, choose,
+                                     would_hold)
+from geodc.spec.timescale import MAX_TIME_SCALE, TimeScale
+from geodc.rules.costs import stage_costs
+from geodc.rules.pipeline import compute_only
+from geodc.rules.schedule import schedule_table
+from geodc.spec.errors import ScenarioError
+from geodc.spec.scenario import MTU_BYTES, Scenario
+from geodc.spec.training import TrainConfig
+
+REPS, WARMUP = 3, 1
+
+
+def measure_op_cpu_ms(cfg: TrainConfig) -> list[dict[str, float]]:
+    """Per stage: {"F", "B", "OPT"} CPU ms of one micro-batch of the small model, here."""
+    import torch
+
+    from geodc.hostproc.gpt import GPTConfig
+    from geodc.hostproc.trainer.data import MarkovTokens
+    from geodc.hostproc.trainer.stage import build_stage
+    from geodc.hostproc.trainer.worker import make_optimizer
+    from geodc.rules.stages import plan_stages
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = []
+        data = MarkovTokens(cfg.model.vocab_size, cfg.seed)
+        x_ids, y = data.micro_batch(0, 0, cfg.micro_batch_size, cfg.model.seq_len)
+        for plan in plan_stages(cfg.model.n_layer, cfg.stages):
+            module = build_stage(GPTConfig.of(cfg.model), plan, cfg.seed)
+            opt = make_optimizer(cfg, list(module.parameters()))
+            f, b, o = [], [], []
+            for i in range(WARMUP + REPS):
+                x = x_ids if plan.first else torch.randn(
+                    cfg.micro_batch_size, cfg.model.seq_len, cfg.model.n_embd, requires_grad=True)
+                t0 = time.thread_time_ns()
+                out_t = module(x, y if plan.last else None)
+                t1 = time.thread_time_ns()
+                if plan.last:
+                    out_t.backward()
+                else:
+                    out_t.backward(torch.ones_like(out_t))
+                t2 = time.thread_time_ns()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                t3 = time.thread_time_ns()
+                if i >= WARMUP:
+                    f.append((t1 - t0) / 1e6)
+                    b.append((t2 - t1) / 1e6)
+                    o.append((t3 - t2) / 1e6)
+            out.append({"F": statistics.median(f), "B": statistics.median(b),
+                        "OPT": statistics.median(o)})
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure_ns_per_byte(total: int = 64 << 20, chunk: int = 1 << 20) -> float:
+    """CPU (both ends) to move one byte through a TCP connection on loopback, here (the
+    workers' messages and all-reduce go over TCP; veths and shaping add more: a lower bound)."""
+    import socket
+    import threading
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    srv.close()
+    buf = bytes(chunk)
+
+    def sink() -> None:
+        got = 0
+        while got < total:
+            got += len(b.recv(chunk))
+
+    t = threading.Thread(target=sink)
+    c0 = time.process_time_ns()
+    t.start()
+    for _ in range(total // chunk):
+        a.sendall(buf)
+    t.join()
+    c1 = time.process_time_ns()
+    a.close()
+    b.close()
+    return (c1 - c0) / total
+
+
+def machine_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def model_iteration_s(scenario: Scenario, cfg: TrainConfig) -> float:
+    """The model's iteration time (geodc.predict.predict) of the fastest of the scenario's
+    systems, at T = 1: the busiest the machine will be."""
+    from geodc.spec.systems import get_system
+    from geodc.predict.predict import predict
+    return min(predict(scenario, cfg, get_system(s)).iteration_time_s for s in scenario.systems)
+
+
+def plan_load(scenario: Scenario, cfg: TrainConfig, cpu: list[dict[str, float]],
+              cores: int, iteration_s: float | None = None, ns_per_byte: float = 0.0) -> Load:
+    """The chooser's input from the plan (configured values, T = 1) and the measured costs."""
+    if cfg.compute != "profile" or cfg.profile is None:
+        raise ScenarioError("time_scale", "auto needs training.compute: profile (holds to keep)",
+                            "set compute: profile, or give time_scale a number 1..100")
+    P, D, M = cfg.stages, cfg.replicas, cfg.micro_batches
+    costs = stage_costs(cfg.profile, P)
+    ops = []
+    for s in range(P):
+        ops += [Op(s, "F", cpu[s]["F"], costs[s].forward_ms, D * M),
+                Op(s, "B", cpu[s]["B"], costs[s].backward_ms, D * M),
+                Op(s, "OPT", cpu[s]["OPT"], costs[s].optimizer_ms, D)]
+    sim = compute_only(schedule_table(cfg.schedule, P, M), [c.forward_ms for c in costs],
+                       [c.backward_ms for c in costs], opt_ms=[c.optimizer_ms for c in costs])
+    # iteration_s: the model's (else the compute-only lower bound, which overstates the load)
+    iteration_s = max(1e-6, iteration_s or sim.window_ms / 1e3)
+    # Packets through the delay lines (on the WAN links) per iteration: every activation and
+    # gradient message between stages, each counted as crossing a WAN (an upper bound: stages
+    # in one DC cross none), plus one ACK per two. The all-reduce stays inside a DC.
+    wire = sum(2 * D * M * c.activation_bytes for c in costs[:-1])
+    packets = wire / max(1.0, scenario.scale) / MTU_BYTES * 1.5
+    pps = packets / iteration_s if scenario.wan else 0.0
+    # lockstep: every worker contends (geodc.predict.autoscale's docstring: fitted).
+    # Bytes the workers move: those messages, and each worker's ring all-reduce (2 (D-1)/D of
+    # its stage's gradient bytes), all divided by the run's scale as the workers pad them.
+    moved = (wire + sum(D * 2 * (D - 1) / D * c.gradient_bytes for c in costs)) \
+        / max(1.0, scenario.scale)
+    return Load(ops=tuple(ops), cores=cores, iteration_s=iteration_s, workers=P * D,
+                delay_line_pps=pps, lockstep=P * D, bytes_per_iteration=moved,
+                ns_per_byte=ns_per_byte)
+
+
+def resolve(scenario: Scenario, cfg: TrainConfig | None,
+            say: Callable[[str], None] = print) -> tuple[Scenario, dict[str, Any] | None]:
+    """scenario with T chosen when it says `time_scale: auto` (else as it is), and the record
+    of the choice (env.json and metrics.json's `time_scale_auto`), or None."""
+    if not scenario.time_scale_auto:
+        return scenario, None
+    if cfg is None:
+        raise ScenarioError("time_scale", "auto needs a training section (it sizes T from the "
+                            "workers' load)", "give time_scale a number 1..100")
+    t0 = time.monotonic()
+    cpu = measure_op_cpu_ms(cfg)
+    model_s = model_iteration_s(scenario, cfg)
+    nspb = measure_ns_per_byte()
+    load = plan_load(scenario, cfg, cpu, machine_cores(), model_s, nspb)
+    choice = choose(load)
+    record = dict(choice.to_dict(), measured_cpu_ms=[{k: round(v, 4) for k, v in s.items()}
+                                                      for s in cpu],
+                  cores=load.cores, workers=load.workers, ns_per_byte=round(nspb, 4),
+                  bytes_per_iteration=round(load.bytes_per_iteration),
+                  delay_line_packets_per_s=round(load.delay_line_pps, 1),
+                  model_iteration_s=round(load.iteration_s, 4),
+                  prefill_cpu="not measured (0 assumed)" if scenario.bubbletea else "no prefill",
+                  wall_clock_s=round(wall_clock_s(load.iteration_s, cfg, choice.time_scale,
+                                                  len(scenario.systems)), 1),
+                  measure_s=round(time.monotonic() - t0, 2))
+    say(f"time_scale auto: T={choice.time_scale:g} ({'; '.join(choice.reasons)})")
+    return replace(scenario, time_scale=choice.time_scale), record
+
+
+def wall_clock_s(iteration_s: float, cfg: TrainConfig, t: float, systems: int) -> float:
+    """Training's wall-clock time at T (each system's iterations, T times slower), without the
+    networks' build and teardown."""
+    return TimeScale(t).emulated_span(iteration_s * cfg.iterations * systems)
+
+
+def check_after(record: dict | None, scenario: Scenario, cfg: TrainConfig,
+                metrics: dict) -> str | None:
+    """After one system's run: the measured compute overruns (as a fraction of compute) and the
+    delay lines' release lateness p99 into the record; one line when either passed its bound,
+    naming the T that would have held; None when both stayed under."""
+    if record is None:
+        return None
+    over = metrics.get("compute_overruns") or {}
+    frac = overrun_fraction_measured(over, cfg, scenario.time_scale) if over else 0.0
+    p99 = max([float((v.get("lateness_ms") or {}).get("p99") or 0.0)
+               for v in (metrics.get("wan_links") or {}).values()] or [0.0])
+    record.update(measured_overrun_fraction=round(frac, 5), measured_lateness_p99_ms=round(p99, 4))
+    if frac <= OVERRUN_BOUND and p99 <= LATENESS_BOUND_MS:
+        return None
+    load = plan_load(scenario, cfg, record["measured_cpu_ms"], record["cores"],
+                     record["model_iteration_s"], record["ns_per_byte"])
+    t = would_hold(load, max(frac, OVERRUN_BOUND * 1.01), scenario.time_scale)
+    if p99 > LATENESS_BOUND_MS:     # lateness grows with the load, which falls as 1/T
+        t = min(MAX_TIME_SCALE, max(t, scenario.dilation.emulated_span(p99 / LATENESS_BOUND_MS)))
+    t = float(round(t, 2))
+    record["would_hold_time_scale"] = t
+    return (f"warning: time_scale auto chose {scenario.time_scale:g} but compute overruns were "
+            f"{frac:.1%} of compute (bound {OVERRUN_BOUND:.0%}) and delay-line release lateness "
+            f"p99 {p99:.3f} ms (bound {LATENESS_BOUND_MS:g} ms); time_scale {t:g} would have held")
+
+
+def overrun_fraction_measured(overruns: dict, cfg: TrainConfig, t: float) -> float:
+    """Measured overrun ms (real time, metrics' compute_overruns) over the dilated compute."""
+    costs = stage_costs(cfg.profile, cfg.stages)
+    per_it = sum(cfg.replicas * (cfg.micro_batches * (c.forward_ms + c.backward_ms)
+                                 + c.optimizer_ms) for c in costs)
+    ops_per_it = cfg.stages * cfg.replicas * (2 * cfg.micro_batches + 1)
+    its = max(1.0, overruns.get("ops", 0) / ops_per_it)     # the iterations counted
+    return overruns.get("total_ms", 0.0) / (per_it * its)
+
+
+__all__ = ["Choice", "resolve", "check_after", "plan_load", "measure_op_cpu_ms"]
