@@ -84,6 +84,11 @@ def test_faults_change_the_netem_leaf_and_restore_it(netem_here, tmp_path):
     seen: dict[str, list[tuple[int, int, float]]] = {}
     with Network(sc, tmp_path / "run") as net:
         ends = list(net.plan.wan[0].ends())
+        # the configured leaves read before the faults start (in the guest one poll of both
+        # leaves outlasted the first fault's 0.5 s start)
+        for end in ends:
+            g = leaf_of(net, end.gateway, end.intf)
+            seen[end.intf] = [(g["delay_us"], g["jitter_us"], g["loss_pct"])]
         runner = FaultRunner(net, sc.faults).start()
         try:
             deadline = time.monotonic() + 12.5
