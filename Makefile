@@ -25,13 +25,15 @@ test-loopback: setup  ## the loopback ring: real processes and sockets on 127.0.
 # runs (importing torch in each worker takes minutes), and the project's tight wall-clock
 # margins, which missed there on netem on 2026-12-02 (idle RTT 1-3 ms over 2 x delay against
 # 0.5 ms; a child Python's network up after over 30 s; a fault applied 0.5 s late against
-# 0.25 s). tests/test_backends.py checks RTT and goodput at the guest's tolerance instead.
+# 0.25 s; on the delay line, release lateness under TCG on 2026-12-03: median 0.7-1.8 ms for
+# pings and 1.2-4.6 ms under iperf3, against 1 ms). tests/test_backends.py checks RTT and
+# goodput at the guest's tolerance instead.
 # Both backends run even when the first fails; the target fails if either did.
 STOCK_RING := tests/test_backends.py tests/test_network.py tests/test_wanstats.py \
               tests/test_faults_run.py tests/test_cleanup.py
 STOCK_SKIP := not training and not crash and not cross_traffic and not path_delay \
               and not rtt_is_twice and not on_signal and not forced_netem and not on_the_wire \
-              and not killed_run
+              and not killed_run and not pings_are_counted and not iperf3_bytes_are_counted
 test-stock-kernel: setup  ## the stock-kernel ring: netem and delayline backends in a guest
 	.venv/bin/python scripts/stock_kernel.py --prepare
 	rc=0; for b in netem delayline; do echo "== backend $$b"; \
