@@ -22,6 +22,7 @@ from geodc.emulation import shaping
 from geodc.features.faults.run import FaultRunner
 from geodc.emulation.network import Network
 from geodc.spec.scenario import parse_scenario
+from tests.realtime_here import without_refusal_warning
 from tests.scenarios import two_dc, with_test_backend
 
 pytestmark = pytest.mark.network
@@ -206,7 +207,7 @@ def test_a_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path, p
     out = tmp_path / "results"
     proc = run_cli(training(tmp_path, "crash", faults, iterations=60), out)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    first = proc.stderr.strip().splitlines()[0]
+    first = without_refusal_warning(proc.stderr).strip().splitlines()[0]
     assert first.startswith(f"error: stopped after the scenario's fault faults[0] (crash "
                             f"{process} on {host} at 4 s)"), proc.stderr
     assert cause in first and ("exited with -9" in first or "exit code -9" in first), first
@@ -242,8 +243,9 @@ def test_a_crash_beside_cross_traffic_keeps_each_features_partial_block(tmp_path
     out = tmp_path / "results"
     proc = run_cli(path, out)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stderr.startswith("error: stopped after the scenario's fault faults[0] (crash "
-                                  "trainer on west-h1 at 4 s)"), proc.stderr
+    assert without_refusal_warning(proc.stderr).startswith(
+        "error: stopped after the scenario's fault faults[0] (crash trainer on west-h1 at 4 s)"), \
+        proc.stderr
     part = metrics_of(out)["systems"]["baseline"]
     assert part["complete"] is False and list(part)[-3:] == ["cross_traffic", "faults",
                                                             "stopped_s"], list(part)
