@@ -1,0 +1,89 @@
+"""The pieces `calibrate --cluster` builds on (issue 25 part 2), as root on the local cluster
+(scripts/local_cluster.py up 2): a host on each server (Mininet's cluster mode through
+geodc.emulation.remote: ssh, the server's registry), joined by a VXLANLink; the underlay's RTT
+measured between the servers; a ping crosses the tunnel, a don't-fragment packet of the hosts'
+MTU (1450) passes and one byte more does not; after teardown no recorded process, registry
+folder or tunnel device is left on either server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mininet.net import Mininet
+
+from geodc.emulation.remote import ServerRegistry, ClusterHost, measure_underlay, server_run
+from geodc.emulation.vxlan import VXLANLink
+from geodc.emulation.tools import ping
+from geodc.plans.crossing import host_mtu
+from geodc.spec.cluster import load_cluster
+
+pytestmark = pytest.mark.network
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = [sys.executable, str(ROOT / "scripts" / "local_cluster.py")]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    out = tmp_path / "cluster.yaml"
+    subprocess.run([*SCRIPT, "up", "2", "--out", str(out)], check=True, timeout=60)
+    try:
+        yield load_cluster(out)
+    finally:
+        subprocess.run([*SCRIPT, "down"], check=True, timeout=60)
+
+
+def server_state(server) -> str:
+    """What a run could leave on a server: its links, and the processes in its namespace."""
+    return server_run(server, "ip -o link show; echo ---; ls /run/geotestbed-remote 2>&1; "
+                      "echo ---; ps -e -o pid=,comm= | grep -v -e sshd -e ' ps$' -e ' sh$' "
+                      "-e ' bash$' -e ' grep$' || true")
+
+
+def test_vxlan_link_across_two_servers_leaves_nothing(cluster):
+    s1, s2 = cluster.servers
+    u = measure_underlay(s2, s1)
+    print(f"underlay s2->s1 RTT avg {u.rtt_ms:.3f} ms, mdev {u.mdev_ms:.3f}, "
+          f"min/max {u.min_ms:.3f}/{u.max_ms:.3f}")
+    assert 0 < u.rtt_ms < 5
+    before = {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in (s1, s2)}
+    mtu = host_mtu(1500)
+    registry = ServerRegistry(f"test-{int(time.time())}")
+    Mininet.inited = True   # skip Mininet's init() (global limits and sysctls)
+    net = Mininet(build=False, controller=None, autoSetMacs=False, waitConnected=False)
+    try:
+        t0 = time.monotonic()
+        h1 = net.addHost("ha", cls=ClusterHost, cluster_server=s1, registry=registry,
+                         ip="10.9.0.1/30")
+        h2 = net.addHost("hb", cls=ClusterHost, cluster_server=s2, registry=registry,
+                         ip="10.9.0.2/30")
+        net.addLink(h1, h2, cls=VXLANLink, vni=4242, mtu=mtu, intfName1="ha-eth0",
+                    intfName2="hb-eth0", params1={"ip": "10.9.0.1/30"},
+                    params2={"ip": "10.9.0.2/30"})
+        print(f"built in {time.monotonic() - t0:.2f} s")
+        assert f"mtu {mtu}" in h1.cmd("ip -o link show ha-eth0")
+        assert "vxlan id 4242" in h2.cmd("ip -d -o link show hb-eth0")
+        r = ping.parse_ping(h1.cmd("ping -n -c 20 -i 0.05 10.9.0.2"))
+        print(f"over VXLAN ha->hb RTT min/avg/max/mdev {r.min_ms}/{r.avg_ms}/{r.max_ms}/"
+              f"{r.mdev_ms} ms")
+        assert r.loss_pct == 0
+        payload = mtu - 28
+        assert " 0% packet loss" in h1.cmd(f"ping -n -c 2 -i 0.1 -M do -s {payload} 10.9.0.2")
+        big = h1.cmd(f"ping -n -c 1 -W 1 -M do -s {payload + 1} 10.9.0.2")
+        assert " 0% packet loss" not in big, big
+        p = h2.popen(["sleep", "300"])
+        assert p.poll() is None
+    finally:
+        net.stop()
+        left = registry.cleanup()
+    assert left == []
+    for s in (s1, s2):
+        state = server_state(s)
+        links, folders, procs = state.split("---\n")
+        assert server_run(s, "ip -o link show | wc -l").strip() == before[s.name], links
+        assert "gdvx" not in links and "test-" not in folders
+        assert "sleep" not in procs and "mnexec" not in procs, procs
