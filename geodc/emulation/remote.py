@@ -16,6 +16,7 @@ enters a remote node's namespace from this machine by pid.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -25,6 +26,7 @@ from mininet.examples.cluster import RemoteMixin
 from mininet.node import Host
 from mininet.nodelib import LinuxBridge
 
+from geodc.emulation import leash
 from geodc.plans.crossing import Underlay
 from geodc.spec.cluster import Server
 from geodc.spec.errors import TestbedError
@@ -107,7 +109,8 @@ class ServerRegistry:
         script = (f'd={self.dir}; [ -d "$d" ] || exit 0; n=0; '
                   'for f in "$d"/*.pid; do [ -f "$f" ] || continue; set -- $(cat "$f"); '
                   '[ -n "$2" ] && [ "$(cut -d" " -f22 /proc/$1/stat 2>/dev/null)" = "$2" ] '
-                  '&& kill -9 "$1" 2>/dev/null && n=$((n+1)); done; rm -rf "$d"; echo "killed $n"')
+                  '&& kill -9 "$1" 2>/dev/null && n=$((n+1)); done; rm -rf "$d"; '
+                  f'rmdir {REMOTE_STATE} 2>/dev/null; echo "killed $n"')
         left = []
         for server in self.servers.values():
             try:
@@ -168,12 +171,24 @@ class ClusterMixin(RemoteMixin):
                                f"its shell: {out.strip()[-200:]}")
 
     def popen(self, *args, **kwargs):
-        """Node.popen, the process first writing itself into the server's registry."""
+        """Node.popen on the node's server: the process first writes itself into the server's
+        registry; env (what differs from ours, never our leash token) and cwd are applied
+        there, not to the local ssh; it runs on ssh's pseudo-terminal and is not detached
+        (mnexec -a, not -da), so it gets SIGHUP, and ends, when its ssh ends."""
+        if not self.isRemote:
+            return super().popen(*args, **kwargs)
         cmd = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else (
             args[0].split() if len(args) == 1 else list(args))
+        env = kwargs.pop("env", None) or {}
+        cwd = kwargs.pop("cwd", None)
+        pairs = [f"{k}={v}" for k, v in env.items()
+                 if os.environ.get(k) != v and k != leash.TOKEN_VAR]
         path = self.registry.entry(f"{self.name}-{cmd[0].rsplit('/', 1)[-1]}")
-        wrapped = ["sh", "-c", self_record(path) + ' && exec "$@"', "sh", *cmd]
-        return super().popen(wrapped, **kwargs)
+        script = self_record(path) + (f" && cd {shlex.quote(str(cwd))}" if cwd else "")
+        wrapped = ["sh", "-c", script + ' && exec env "$@"', "sh", *pairs, *cmd]
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        kwargs.setdefault("stderr", subprocess.PIPE)
+        return self._popen(["mnexec", "-a", str(self.pid), *wrapped], tt=True, **kwargs)
 
 
 class ClusterHost(ClusterMixin, Host):
