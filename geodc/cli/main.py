@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("scenario")
     cal.add_argument("--seconds", type=float, default=6.0, help="per iperf3 test, after a 1 s warm-up (default 6)")
     cal.add_argument("--streams", type=int, default=4, help="parallel TCP flows (default 4)")
+    cal.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
+                     help="spread the DCs over the cluster file's servers (docs/cluster.md)")
     _common(cal)
     val = sub.add_parser("validate", help="check scenario files, build nothing")
     val.add_argument("scenario", nargs="+")
@@ -178,11 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         _check_out_dir(args.out)
         if args.command == "calibrate":
             from geodc.spec.scenario import load_scenario
-            load_scenario(args.scenario).check_emulable()
+            scenario = load_scenario(args.scenario)
+            scenario.check_emulable()
+            cluster = None
+            if args.cluster is not None:   # a bad cluster file is refused before any build
+                from geodc.spec.cluster import load_cluster, scenario_placement
+                cluster = load_cluster(args.cluster)
+                scenario_placement(cluster, scenario)
             _dead_runs_notice()
             from geodc.run.jobs import calibrate_job
             path = calibrate_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
-                                 seconds=args.seconds, streams=args.streams)
+                                 seconds=args.seconds, streams=args.streams, cluster=cluster)
         else:
             from geodc.features.checks import load_run
             from geodc.spec.scenario import load_scenario

@@ -40,6 +40,7 @@ from geodc.emulation import interrupts, leash, limits, losscounters, machine, sh
 from geodc.emulation import results
 from geodc.emulation.delayline import QueueSpec
 from geodc.spec.errors import ScenarioError, TestbedError
+from geodc.emulation.tools import iperf
 from geodc.emulation.procs import HostProcess, open_log, stop_all
 from geodc.emulation.registry import Registry
 from geodc.spec.scenario import (MAX_QUEUE_BYTES, MIN_TCP_BUFFER_BYTES, MTU_BYTES,
@@ -237,9 +238,7 @@ class Network:
         leash.ensure()   # before the first host shell: every process of the run dies with us
         self._install_signal_handlers()
         setLogLevel("error")
-        self.net = _RecordingMininet(self.registry, topo=topo,
-                                     switch=LinuxBridge, controller=None, link=Link, build=False,
-                                     autoSetMacs=False, waitConnected=False)
+        self.net = self._mininet(topo)
         self.net.build()
         self.net.start()
         self._verify_interfaces()
@@ -389,8 +388,49 @@ class Network:
             self.procs[:] = [p for p in self.procs if p.pid != pid]
 
     # ---- building --------------------------------------------------------------------------
+    # Each step below reaches a node through one of these hooks; geodc.emulation.clusternet
+    # gives them versions that go through the node's server (ssh), not its pid.
     def _ipr(self, node_name: str) -> IPRoute:
         return IPRoute(netns=f"/proc/{self.node(node_name).pid}/ns/net")
+
+    def _mininet(self, topo: ScenarioTopo) -> Mininet:
+        return _RecordingMininet(self.registry, topo=topo, switch=LinuxBridge, controller=None,
+                                 link=Link, build=False, autoSetMacs=False, waitConnected=False)
+
+    def _link_states(self, node_name: str) -> dict[str, str]:
+        """Interface name -> operational state ("UP", ...) in a node."""
+        with self._ipr(node_name) as ipr:
+            return {link.get_attr("IFLA_IFNAME"): link.get_attr("IFLA_OPERSTATE")
+                    for link in ipr.get_links()}
+
+    def _add_route(self, node_name: str, dst: str, via: str, intf: str) -> None:
+        with self._ipr(node_name) as ipr:
+            # onlink: the next hop is on this veth; don't wait for its carrier.
+            ipr.route("add", dst=dst, gateway=via, flags=RTNH_F_ONLINK,
+                      oif=ipr.link_lookup(ifname=intf)[0])
+
+    def _route_congestion_control(self, node_name: str, cc: str) -> set[str]:
+        """Give every route of a host cc; the congctls its routes then hold."""
+        with self._ipr(node_name) as ipr:
+            set_route_congestion_control(ipr, cc)
+            return route_congestion_controls(ipr)
+
+    def _apply_tc(self, node_name: str, ops: list) -> None:
+        with self._ipr(node_name) as ipr:
+            shaping.apply(ipr, ops)
+
+    def _held_rate_bps(self, node_name: str, intf: str) -> tuple[int | None, float]:
+        """The rate the kernel holds on intf's shaping class, and the tolerance of its reading."""
+        with self._ipr(node_name) as ipr:
+            return shaping.read_back(ipr, intf).get("rate_bps"), 8
+
+    def underlay_of(self, index: int) -> dict | None:
+        """What carries WAN link index besides the emulation (a cluster's underlay): None here."""
+        return None
+
+    def listening(self, host: str, proc: HostProcess, port: int) -> bool:
+        """Does proc (started in host) listen on TCP port yet?"""
+        return iperf.listening(proc.pid, port)
 
     def _verify_interfaces(self, timeout_s: float = 5.0) -> None:
         """Every host, gateway and bridge holds the interfaces the plan gave it, and each has
@@ -408,31 +448,26 @@ class Network:
             want[bridge] = {bridge, *self.plan.bridge_ports(dc.name)}
         deadline = time.monotonic() + timeout_s
         for name, intfs in want.items():
-            with self._ipr(name) as ipr:
-                while True:
-                    state = {link.get_attr("IFLA_IFNAME"): link.get_attr("IFLA_OPERSTATE")
-                             for link in ipr.get_links()}
-                    if not intfs <= set(state):
-                        raise TestbedError(f"{name} lacks {sorted(intfs - set(state))} after "
-                                           f"Mininet built it (has {sorted(state)}); the build "
-                                           f"was disturbed, run again")
-                    down = sorted(i for i in intfs if state[i] != "UP")
-                    if not down:
-                        break
-                    if time.monotonic() > deadline:
-                        raise TestbedError(f"{name}: {', '.join(down)} had no carrier "
-                                           f"{timeout_s:g} s after the build")
-                    time.sleep(0.02)
+            while True:
+                state = self._link_states(name)
+                if not intfs <= set(state):
+                    raise TestbedError(f"{name} lacks {sorted(intfs - set(state))} after "
+                                       f"Mininet built it (has {sorted(state)}); the build "
+                                       f"was disturbed, run again")
+                down = sorted(i for i in intfs if state[i] != "UP")
+                if not down:
+                    break
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"{name}: {', '.join(down)} had no carrier "
+                                       f"{timeout_s:g} s after the build")
+                time.sleep(0.02)
 
     def _configure_gateways(self) -> None:
         for dc, gw in self.plan.gateways.items():
             self._sysctl(gw, {"net.ipv4.ip_forward": "1"})
-            with self._ipr(gw) as ipr:
-                for route in self.plan.routes:
-                    if route.gateway == gw:
-                        # onlink: the next hop is on this veth; don't wait for its carrier.
-                        ipr.route("add", dst=route.dst, gateway=route.via, flags=RTNH_F_ONLINK,
-                                  oif=ipr.link_lookup(ifname=route.intf)[0])
+            for route in self.plan.routes:
+                if route.gateway == gw:
+                    self._add_route(gw, route.dst, route.via, route.intf)
 
     def _configure_hosts(self) -> None:
         sysctls = host_tcp_sysctls(self.scenario.scale, self.scenario.dilation,
@@ -441,9 +476,7 @@ class Network:
         routes: set[str] = set()
         for h in self.plan.hosts:
             self._sysctl(h.name, sysctls)
-            with self._ipr(h.name) as ipr:
-                set_route_congestion_control(ipr, cc)
-                routes |= route_congestion_controls(ipr)
+            routes |= self._route_congestion_control(h.name, cc)
         if routes != {cc}:
             raise TestbedError(f"host routes hold congestion controls {sorted(routes)}, asked "
                                f"for {cc}")
@@ -456,11 +489,9 @@ class Network:
             configured_mbit = self.scenario.dc(dc.name).rate_mbit
             queue = max(100 * MTU_BYTES, int(configured_mbit * 1e6 / 8 * 0.01))
             for i, h in enumerate(self.plan.hosts_in(dc.name), start=2):
-                with self._ipr(h.name) as ipr:
-                    shaping.apply(ipr, shaping.plan_link(h.intf, dc.rate_mbit, queue))
-                with self._ipr(self.plan.bridges[dc.name]) as ipr:
-                    shaping.apply(ipr, shaping.plan_link(f"{self.plan.bridges[dc.name]}-eth{i}",
-                                                         dc.rate_mbit, queue))
+                self._apply_tc(h.name, shaping.plan_link(h.intf, dc.rate_mbit, queue))
+                bridge = self.plan.bridges[dc.name]
+                self._apply_tc(bridge, shaping.plan_link(f"{bridge}-eth{i}", dc.rate_mbit, queue))
 
     def _sysctl(self, node_name: str, values: dict[str, str]) -> None:
         node = self.node(node_name)
@@ -488,13 +519,12 @@ class Network:
                 netem = {"delay_ms": link.delay_ms, "jitter_ms": link.jitter_ms,
                          "loss_pct": link.loss_pct}
             for end in w.ends():
-                with self._ipr(end.gateway) as ipr:
-                    shaping.apply(ipr, shaping.plan_link(end.intf, link.rate_mbit,
-                                                         link.queue_bytes, netem=netem))
-                    got = shaping.read_back(ipr, end.intf)
+                self._apply_tc(end.gateway, shaping.plan_link(end.intf, link.rate_mbit,
+                                                              link.queue_bytes, netem=netem))
+                got, tol = self._held_rate_bps(end.gateway, end.intf)
                 want = int(link.rate_mbit * 1e6)
-                if abs(got.get("rate_bps", 0) - want) > max(8, want * 0.001):
-                    raise TestbedError(f"{end.intf}: kernel holds rate {got.get('rate_bps')} bit/s, "
+                if abs((got or 0) - want) > max(tol, want * 0.001):
+                    raise TestbedError(f"{end.intf}: kernel holds rate {got} bit/s, "
                                        f"asked for {want}")
 
     def _start_delaylines(self) -> None:
@@ -517,11 +547,13 @@ class Network:
             in_flight = min(rate * 1e6 / 8 * delay / 1e3, MAX_QUEUE_BYTES)
             maxlen = max(1024, int(2 * in_flight // 1000))
             # a->b is delayed as it enters b's gateway, and b->a as it enters a's.
-            for k, (d, dst) in enumerate(zip(link.directions, (w.end_b, w.end_a))):
-                spec = QueueSpec(num=2 * w.index + k + 1, delay_ms=link.delay_ms,
+            for k, (d, src, dst) in enumerate(zip(link.directions, w.ends(),
+                                                  (w.end_b, w.end_a))):
+                spec = QueueSpec(num=2 * w.index + k + 1, delay_ms=self._line_delay_ms(w),
                                  jitter_ms=link.jitter_ms, loss_pct=link.loss_pct, maxlen=maxlen,
                                  gso=link.between not in lossy)
-                per_gw.setdefault(dst.gateway, []).append((spec, dst.intf, str(d)))
+                gw, match = self._delay_at(w, src, dst)
+                per_gw.setdefault(gw, []).append((spec, match, str(d)))
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         for gw, items in per_gw.items():
             # Each delay line draws its own jitter and loss (seeded by its first queue number).
@@ -543,8 +575,8 @@ class Network:
                                                  control_path=control_path))
         for dl, items in zip(self.delaylines, per_gw.values()):
             self.realtime_status[dl.gateway] = _wait_ready(dl.proc, timeout_s=DELAYLINE_READY_TIMEOUT_S)
-            for spec, intf, _name in items:
-                out = self.node(dl.gateway).cmd(f"iptables -w -A FORWARD -i {intf} -j NFQUEUE "
+            for spec, match, _name in items:
+                out = self.node(dl.gateway).cmd(f"iptables -w -A FORWARD {match} -j NFQUEUE "
                                                 f"--queue-num {spec.num} && echo ok")
                 if "ok" not in out:
                     raise TestbedError(f"iptables NFQUEUE rule in {dl.gateway} failed: "
@@ -554,6 +586,15 @@ class Network:
         if refused:
             print(f"warning: real-time priority refused for the delay lines ({', '.join(refused)}); "
                   f"delay may spike while the CPUs are busy", file=sys.stderr)
+
+    def _line_delay_ms(self, w) -> float:
+        """The delay a WAN link's delay line adds (one way, emulated ms)."""
+        return w.link.delay_ms
+
+    def _delay_at(self, w, src, dst) -> tuple[str, str]:
+        """Where a direction src -> dst of WAN link w is delayed: (gateway, iptables match).
+        Here as it enters dst's gateway, after src's rate (queue, then propagation)."""
+        return dst.gateway, f"-i {dst.intf}"
 
     # ---- supervision -----------------------------------------------------------------------
     def _start_supervisor(self) -> None:
@@ -658,12 +699,14 @@ class _RecordingMininet(Mininet):
 
     def addHost(self, name, cls=None, **params):  # noqa: N802 - Mininet's API
         host = super().addHost(name, cls=cls, **params)
-        self._registry.add_pid(host.pid, f"mininet host {name}")
+        if not getattr(host, "isRemote", False):   # a remote one is in its server's registry
+            self._registry.add_pid(host.pid, f"mininet host {name}")
         return host
 
     def addSwitch(self, name, cls=None, **params):  # noqa: N802 - Mininet's API
         switch = super().addSwitch(name, cls=cls, **params)
-        self._registry.add_pid(switch.pid, f"mininet bridge {name}")
+        if not getattr(switch, "isRemote", False):
+            self._registry.add_pid(switch.pid, f"mininet bridge {name}")
         return switch
 
 

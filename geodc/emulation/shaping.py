@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import re
 import socket
 
 from pyroute2 import IPRoute
@@ -148,3 +149,29 @@ def _index(ipr: IPRoute, intf: str) -> int:
     if not found:
         raise FileNotFoundError(f"no interface {intf!r} in this namespace")
     return found[0]
+
+
+def tc_command(op: TcOp) -> str:
+    """The `tc` command line doing what apply() does for op (htb, its class, a bfifo leaf): for
+    a node reached only through a shell, such as one on another server."""
+    p = op.params
+    if op.kind == "htb" and op.command == "add":
+        return (f"tc qdisc add dev {op.intf} root handle {op.handle >> 16:x}: htb "
+                f"default {p['default']:x} r2q {p['r2q']}")
+    if op.kind == "htb" and op.command == "add-class":
+        return (f"tc class add dev {op.intf} parent {p['parent'] >> 16:x}: classid "
+                f"{op.handle >> 16:x}:{op.handle & 0xFFFF:x} htb rate {p['rate']} "
+                f"ceil {p['ceil']} burst {p['burst']} cburst {p['cburst']} quantum {p['quantum']}")
+    if op.kind == "bfifo":
+        return (f"tc qdisc add dev {op.intf} parent {p['parent'] >> 16:x}:{p['parent'] & 0xFFFF:x}"
+                f" handle {op.handle >> 16:x}: bfifo limit {p['limit']}")
+    raise ValueError(f"no tc command for {op.kind} {op.command} (netem is not built here)")
+
+
+_TC_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
+
+
+def parse_tc_rate_bps(text: str) -> int | None:
+    """The `rate` of `tc class show` output in bit/s (tc prints it rounded, e.g. 100Mbit)."""
+    m = re.search(r"\brate (\d+(?:\.\d+)?)([KMG]?)bit", text)
+    return None if m is None else int(float(m.group(1)) * _TC_UNITS[m.group(2)])

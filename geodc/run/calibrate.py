@@ -170,6 +170,9 @@ def calibrate(net: Network, settings: Settings = Settings(),
         # What the delay lines counted on this link while it was measured (both directions).
         stats = net.wan_stats()
         link["wan"] = {d: stats[d] for d in map(str, w.link.directions) if d in stats}
+        underlay = net.underlay_of(w.index)
+        if underlay is not None:   # across servers: the underlay is part of every figure
+            link["underlay"] = underlay
         links.append(link)
     planned = {(p.src, p.dst): p for p in dc_paths(net.plan.scenario)}
     paths = []
@@ -227,6 +230,11 @@ def table(doc: dict[str, Any]) -> str:
         name = "<->".join(link["between"])
         c, m, p = link["configured"], link["measured"], link["predicted"]
         rtt = f"{p['rtt_ms']:g}"
+        u = link.get("underlay")
+        if u is not None:
+            rows.append((name, "underlay_rtt_ms", f"{u['servers'][0]}<->{u['servers'][1]}",
+                         f"line {2 * u['delay_line_ms']:.3f}", f"{u['rtt_ms']:.3f}",
+                         f"jitter {u['jitter_ms']:.3f}"))
         rows.append((name, "rtt_ms", rtt, rtt, f"{m['rtt_ms']:.2f}", _err(m["rtt_ms"], p["rtt_ms"])))
         rows.append((name, "rtt_loaded_ms", rtt, rtt, f"{m['rtt_loaded_ms']:.2f}",
                      _err(m["rtt_loaded_ms"], p["rtt_ms"])))
@@ -278,7 +286,7 @@ def start_iperf_server(net: Network, host: str, port: int):
     """An iperf3 server (one test) in host, returned once it listens on port."""
     proc = net.spawn(host, iperf.server_argv(port), net.run_dir / "logs" / f"{host}-iperf3-s-{port}.log")
     deadline = time.monotonic() + 5
-    while not iperf.listening(proc.pid, port):
+    while not net.listening(host, proc, port):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.stop()
             raise RuntimeError(f"iperf3 server in {host} did not start: {proc.output()}")

@@ -36,8 +36,13 @@ def _prepare(scenario: Scenario, out_dir: Path) -> Path:
     return run_dir
 
 
+def vars_of(obj) -> dict:
+    """A slotted dataclass as a dict."""
+    return {k: getattr(obj, k) for k in obj.__slots__}
+
+
 def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
-                  seconds: float = 6.0, streams: int = 4) -> Path:
+                  seconds: float = 6.0, streams: int = 4, cluster=None) -> Path:
     if seconds < 2:
         raise ScenarioError("--seconds", f"{seconds:g} is too short",
                             "use at least 2 (goodput is the steady state from 2 s on)")
@@ -50,8 +55,21 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
         scenario, _ = resolve(*load_run(scenario_path)[:2])
     run_dir = _prepare(scenario, out_dir)
     other_runs = live_runs()   # their load on the machine skews the measurements
-    with Network(scenario, run_dir, backend=backend) as net:
+    if cluster is None:
+        net = Network(scenario, run_dir, backend=backend)
+    else:   # DCs on the cluster file's servers (geodc.spec.cluster.Cluster)
+        from geodc.emulation.clusternet import ClusterNetwork
+        net = ClusterNetwork(scenario, run_dir, cluster, backend=backend)
+    with net:
         record = report.announce(net, run_dir)
+        if cluster is not None:
+            record["cluster"] = dict(net.placement.to_dict(cluster), host_mtu=net.mtu,
+                                     underlay={f"{a}<->{b}": vars_of(u)
+                                               for (a, b), u in net.underlay.items()})
+            for (a, b), u in net.underlay.items():
+                print(f"underlay {a}<->{b}: RTT {u.rtt_ms:.3f} ms (min {u.min_ms:.3f}, max "
+                      f"{u.max_ms:.3f}), jitter {u.mdev_ms:.3f} ms; hosts' MTU {net.mtu}",
+                      flush=True)
         cpu_before = CpuTimes.now()
         doc = calibrate(net, Settings(seconds=seconds, streams=streams),
                         progress=lambda line: print(line, flush=True))

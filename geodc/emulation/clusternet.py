@@ -1,0 +1,168 @@
+"""The emulated network with its DCs on several servers (issue 25 part 2; docs/cluster.md).
+
+One job: Network (geodc.emulation.network) built through Mininet's cluster mode. Every node is
+a ClusterHost or ClusterBridge (geodc.emulation.remote) on its DC's server, reached over ssh;
+every link a VXLANLink (geodc.emulation.vxlan): a veth within a server, a VXLAN tunnel (one VNI
+per link, geodc.plans.crossing) between servers; every interface gets the hosts' MTU (the
+underlay's less 50 bytes). Before building, the underlay between each pair of servers a
+crossing link joins is measured (ping between their addresses): half its mean RTT is taken off
+that link's delay line (refused, one line, where larger) and it is reported beside the link's
+figures. A crossing link is shaped (HTB) and delayed (delay line, FORWARD -o) at its sending
+gateway, so what goes into the tunnel is the link's traffic already. Each step of the build
+that the one-machine Network does by pid (netlink into a namespace) is done here by a command
+in the node's shell. Teardown ends, on every server, what that server's registry lists.
+Only the delay-line backend (the netem probe would be of this machine's kernel, not theirs).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from geodc.emulation import shaping
+from geodc.emulation.minitopo import ScenarioTopo
+from geodc.emulation.network import Network
+from geodc.emulation.remote import (ClusterBridge, ClusterHost, ServerRegistry,
+                                    measure_underlay, server_run)
+from geodc.emulation.vxlan import VXLANLink
+from geodc.plans.crossing import Crossing, Underlay, crossings, delay_after_underlay, host_mtu
+from geodc.spec.cluster import Cluster, scenario_placement
+from geodc.spec.errors import ScenarioError, TestbedError
+from geodc.spec.scenario import Scenario
+
+_LINK_RE = re.compile(r"^\d+: ([^:@\s]+)(?:@\S+)?: <([^>]*)>.*? state (\S+)", re.MULTILINE)
+
+
+def underlay_mtu(server, peer) -> int:
+    """The MTU of the device by which server reaches peer's address (asked on server)."""
+    out = server_run(server, f"d=$(ip -o route get {peer.address} | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'); "
+                     "cat /sys/class/net/$d/mtu")
+    return int(out.split()[-1])
+
+
+class ClusterNetwork(Network):
+    """`with ClusterNetwork(scenario, run_dir, cluster) as net:` like Network."""
+
+    def __init__(self, scenario: Scenario, run_dir: Path, cluster: Cluster, *,
+                 backend: str | None = None, run_id: str | None = None,
+                 realtime: bool = True) -> None:
+        super().__init__(scenario, run_dir, backend=backend, run_id=run_id, realtime=realtime)
+        if self.requested_backend == "netem":
+            raise ScenarioError(self._backend_field, "netem across servers is not built yet",
+                                "use delayline (or auto) with --cluster")
+        self.requested_backend = "delayline"
+        if scenario.faults:
+            raise ScenarioError("faults", "faults across servers are not built yet",
+                                "drop --cluster or the faults")
+        self.cluster = cluster
+        self.placement = scenario_placement(cluster, scenario)
+        self.crossing: dict[int, Crossing] = {
+            c.index: c for c in crossings([(w.a, w.b) for w in scenario.wan],
+                                          self.placement.dc_server)}
+        self.server_registry = ServerRegistry(self.run_id)
+        self.underlay: dict[tuple[str, str], Underlay] = {}
+        self.mtu = 1500
+        self.line_delay_ms: dict[int, float] = {}
+        names = {h.name: h.dc for h in self.plan.hosts}
+        names.update({gw: dc for dc, gw in self.plan.gateways.items()})
+        names.update({br: dc for dc, br in self.plan.bridges.items()})
+        self._node_dc = names
+
+    # ---- before the build: the underlay ------------------------------------------------------
+    def start(self) -> None:
+        mtus = []
+        for c in self.crossing.values():
+            key = (c.server_a, c.server_b)
+            if key not in self.underlay:
+                a, b = self.cluster.server(c.server_a), self.cluster.server(c.server_b)
+                self.underlay[key] = measure_underlay(a, b)
+                mtus += [underlay_mtu(a, b), underlay_mtu(b, a)]
+        self.mtu = host_mtu(min(mtus)) if mtus else 1500
+        for w in self.plan.wan:
+            c = self.crossing.get(w.index)
+            self.line_delay_ms[w.index] = w.link.delay_ms if c is None else delay_after_underlay(
+                c.name, w.link.delay_ms, self.underlay[(c.server_a, c.server_b)])
+        super().start()
+
+    def underlay_of(self, index: int) -> dict | None:
+        """The underlay figures of WAN link index, if it crosses servers (for its report)."""
+        c = self.crossing.get(index)
+        if c is None:
+            return None
+        u = self.underlay[(c.server_a, c.server_b)]
+        return {"servers": [c.server_a, c.server_b], "vni": c.vni, "rtt_ms": u.rtt_ms,
+                "jitter_ms": u.mdev_ms, "min_ms": u.min_ms, "max_ms": u.max_ms,
+                "delay_line_ms": self.line_delay_ms[index], "host_mtu": self.mtu}
+
+    # ---- the build, through each node's server -----------------------------------------------
+    def _mininet(self, topo: ScenarioTopo):
+        for name in topo.nodes():
+            server = self.cluster.server(self.placement.dc_server[self._node_dc[name]])
+            cls = ClusterBridge if topo.isSwitch(name) else ClusterHost
+            topo.nodeInfo(name).update(cls=cls, cluster_server=server,
+                                       registry=self.server_registry)
+        wan = {(w.end_a.gateway, w.end_b.gateway): w.index for w in self.plan.wan}
+        for a, b, key, info in topo.links(withKeys=True, withInfo=True):
+            index = wan.get((info["node1"], info["node2"]))
+            c = self.crossing.get(index) if index is not None else None
+            info.update(cls=VXLANLink, vni=c.vni if c else 0, mtu=self.mtu)
+        return super()._mininet(topo)
+
+    def _link_states(self, node_name: str) -> dict[str, str]:
+        out = self.node(node_name).cmd("ip -o link show")
+        # A VXLAN device's operstate stays UNKNOWN; its carrier is LOWER_UP.
+        return {name: "UP" if state == "UNKNOWN" and "LOWER_UP" in flags.split(",") else state
+                for name, flags, state in _LINK_RE.findall(out)}
+
+    def _add_route(self, node_name: str, dst: str, via: str, intf: str) -> None:
+        self._sh(node_name, f"ip route add {dst} via {via} dev {intf} onlink")
+
+    def _route_congestion_control(self, node_name: str, cc: str) -> set[str]:
+        out = self._sh(node_name, "ip -4 route show | while read -r r; do "
+                       f"ip route replace $r congctl {cc} || exit 1; done; ip -4 route show")
+        routes = [line for line in out.splitlines() if line.strip() and line.strip() != "ok"]
+        return {(re.search(r"congctl (\S+)", r) or [None, ""])[1] for r in routes}
+
+    def _apply_tc(self, node_name: str, ops: list) -> None:
+        self._sh(node_name, " && ".join(shaping.tc_command(op) for op in ops))
+
+    def _held_rate_bps(self, node_name: str, intf: str) -> tuple[int | None, float]:
+        out = self._sh(node_name, f"tc class show dev {intf} classid 1:10")
+        got = shaping.parse_tc_rate_bps(out)
+        return got, 0.005 * (got or 0)   # tc prints the rate rounded (e.g. 33.3Mbit)
+
+    def listening(self, host, proc, port: int) -> bool:
+        return bool(self.node(host).cmd(f"ss -Htln 'sport = :{port}'").strip())
+
+    def _sh(self, node_name: str, script: str) -> str:
+        """script in node's shell (on its server); its output; TestbedError if it fails."""
+        out = self.node(node_name).cmd(f"{{ {script} ; }} 2>&1 && echo ok")
+        if not out.rstrip().endswith("ok"):
+            raise TestbedError(f"{node_name}: {script[:100]}: {out.strip()[-300:]}")
+        return out.rstrip()[:-2]
+
+    # ---- the WAN: delay where it is sent, underlay taken off -----------------------------
+    def _line_delay_ms(self, w) -> float:
+        return self.line_delay_ms[w.index]
+
+    def _delay_at(self, w, src, dst) -> tuple[str, str]:
+        if w.index in self.crossing:
+            return src.gateway, f"-o {src.intf}"
+        return super()._delay_at(w, src, dst)
+
+    def wan_stats(self) -> dict[str, dict]:
+        return {}   # the delay lines' counters are asked for by a signal: not across ssh yet
+
+    def loss_counters(self) -> dict[str, dict]:
+        return {"tcp": {}, "queues": {}, "errors": ["loss counters are not read across servers"]}
+
+    # ---- teardown on every server --------------------------------------------------------
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            left = self.server_registry.cleanup()
+            if left:
+                print(f"warning: teardown incomplete on servers: {'; '.join(left)}",
+                      file=sys.stderr)
