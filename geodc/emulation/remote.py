@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import threading
 
@@ -125,6 +126,9 @@ def self_record(path: str) -> str:
     return f'echo $$ $(cut -d" " -f22 /proc/$$/stat) > {shlex.quote(path)}'
 
 
+SHELL_EXIT_S = 5.0   # for a node's ssh to end after SIGHUP
+
+
 class ClusterMixin(RemoteMixin):
     """RemoteMixin with the cluster file's ssh options, no sudo where we are root, quoted
     arguments, and every shell and popen'd process in the server's ServerRegistry."""
@@ -148,6 +152,25 @@ class ClusterMixin(RemoteMixin):
         if cmd[:2] == ["sudo", "-E"] and cmd[2:3] == ["-u"]:
             cmd = cmd[4:]
         self._sshcmd = cmd
+
+    @staticmethod
+    def _ignoreSignal() -> None:  # noqa: N802 - Mininet's hook, run in each ssh child
+        """Mininet's (its own process group), and SIGHUP back to its default: a run started
+        under nohup hands ssh SIGHUP ignored, and ssh then outlives the SIGHUP with which
+        Mininet ends a shell, and Mininet's stop waits for it forever."""
+        os.setpgrp()
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+    def terminate(self) -> None:
+        """Mininet's (SIGHUP to the shell's group), then, should the ssh still run after
+        SHELL_EXIT_S, SIGKILL to it: our child, not yet reaped, so its pid is still its own."""
+        if self.shell is not None and self.shell.poll() is None:
+            os.killpg(self.shell.pid, signal.SIGHUP)
+            try:
+                self.shell.wait(SHELL_EXIT_S)
+            except subprocess.TimeoutExpired:
+                self.shell.kill()
+        super().terminate()
 
     def _popen(self, cmd, sudo=True, tt=True, **params):  # noqa: D401 - Mininet's hook
         if isinstance(cmd, str):
