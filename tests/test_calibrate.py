@@ -86,28 +86,35 @@ def test_calibrate_triangle_measures_each_link_over_itself(start_child, tmp_path
     # with only 2-4 of them one loss burst on the 10 Mbit/s, 30 ms link could lift it to 1.05x
     # the rate (2 failures in 8 runs, 2026-11-30)
     # one flow (--streams 1): calibrate then measures it once per direction, not twice
-    child, rc = calibrate(start_child, path, tmp_path / "results", "--seconds", "4",
-                          "--streams", "1")
-    assert rc == 0, child.describe()
-    doc = json.loads(results_path(child).read_text())
-    assert doc["routing"] == "direct" and doc["congestion_control"]["per_socket"] == "cubic"
-    problems = []
-    for link, cfg in zip(doc["links"], TRIANGLE["wan"]):
-        assert link["between"] == cfg["between"]
-        want = 2 * cfg["delay_ms"]
-        idle = statistics.median(link["samples"]["rtt_ms"])
-        if abs(idle - want) > max(0.5, 0.02 * want):
-            problems.append(f"{cfg['between']}: idle RTT median {idle}, want {want}")
-        got = link["measured"]["goodput_mbit"]
-        if not 0.90 * cfg["rate_mbit"] <= got <= 1.01 * cfg["rate_mbit"]:
-            problems.append(f"{cfg['between']}: goodput {got}, rate {cfg['rate_mbit']}")
-        if link["measured"]["congestion_control"] != "cubic":
-            problems.append(f"{cfg['between']}: iperf3 ran {link['measured']['congestion_control']}")
+    # Idle RTTs and goodput are wall-clock figures on a shared 2-core machine: a miss is
+    # retried once, in its own results folder; a real fault misses both.
+    for attempt in range(2):
+        child, rc = calibrate(start_child, path, tmp_path / f"results{attempt or ''}",
+                              "--seconds", "4", "--streams", "1")
+        assert rc == 0, child.describe()
+        doc = json.loads(results_path(child).read_text())
+        assert doc["routing"] == "direct" and doc["congestion_control"]["per_socket"] == "cubic"
+        problems = []
+        for link, cfg in zip(doc["links"], TRIANGLE["wan"]):
+            assert link["between"] == cfg["between"]
+            want = 2 * cfg["delay_ms"]
+            idle = statistics.median(link["samples"]["rtt_ms"])
+            if abs(idle - want) > max(0.5, 0.02 * want):
+                problems.append(f"{cfg['between']}: idle RTT median {idle}, want {want}")
+            got = link["measured"]["goodput_mbit"]
+            if not 0.90 * cfg["rate_mbit"] <= got <= 1.01 * cfg["rate_mbit"]:
+                problems.append(f"{cfg['between']}: goodput {got}, rate {cfg['rate_mbit']}")
+            if link["measured"]["congestion_control"] != "cubic":
+                problems.append(f"{cfg['between']}: iperf3 ran "
+                                f"{link['measured']['congestion_control']}")
+        # every ordered DC pair: its path (all direct here), checked by RTT and TTL
+        assert len(doc["paths"]) == 6
+        assert all(p["hops"] == 1 for p in doc["paths"]), doc["paths"]
+        problems += [f"path: {p}" for p in doc["paths"] if not p["ok"]]
+        if not problems:
+            break
+        print(f"attempt {attempt + 1}: " + "; ".join(problems))
     assert not problems, "\n".join(problems) + "\n" + child.stdout
-    # every ordered DC pair: its path (all direct here), checked by RTT and TTL
-    assert len(doc["paths"]) == 6
-    for p in doc["paths"]:
-        assert p["hops"] == 1 and p["ok"], p
     assert "ta > tc" in child.stdout and "MISMATCH" not in child.stdout, child.stdout
     # one link in full (ta <-> tb: 5 ms, 20 Mbit/s)
     first = results_path(child)

@@ -110,18 +110,24 @@ def test_vxlan_link_across_two_servers_leaves_nothing(cluster):
 
 def test_calibrate_two_dc_across_two_servers(cluster, tmp_path):
     before = {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in cluster.servers}
-    r = subprocess.run([sys.executable, str(ROOT / "run_testbed.py"), "calibrate",
-                        str(ROOT / "topologies" / "two_dc.yaml"), "--cluster", cluster.path,
-                        "--out", str(tmp_path / "out"), "--seconds", "3"],
-                       capture_output=True, text=True, timeout=400)
-    print(r.stdout[-3000:])
-    assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads(next((tmp_path / "out").glob("*/calibration.json")).read_text())
-    assert doc["network"]["cluster"]["host_mtu"] == 1450
-    (link,) = doc["links"]
-    u, m, p = link["underlay"], link["measured"], link["predicted"]
-    assert u["servers"] == ["s1", "s2"] and 0 < u["rtt_ms"] < 5
-    assert u["delay_line_ms"] == pytest.approx(20 - u["rtt_ms"] / 2)
+    # The idle RTT is a wall-clock figure on a shared 2-core machine: a miss is retried once
+    # (as test_network retries its RTT checks); a real offset misses both.
+    for attempt in range(2):
+        out = tmp_path / f"out{attempt}"
+        r = subprocess.run([sys.executable, str(ROOT / "run_testbed.py"), "calibrate",
+                            str(ROOT / "topologies" / "two_dc.yaml"), "--cluster", cluster.path,
+                            "--out", str(out), "--seconds", "3"],
+                           capture_output=True, text=True, timeout=400)
+        print(r.stdout[-3000:])
+        assert r.returncode == 0, r.stderr[-2000:]
+        doc = json.loads(next(out.glob("*/calibration.json")).read_text())
+        assert doc["network"]["cluster"]["host_mtu"] == 1450
+        (link,) = doc["links"]
+        u, m, p = link["underlay"], link["measured"], link["predicted"]
+        assert u["servers"] == ["s1", "s2"] and 0 < u["rtt_ms"] < 5
+        assert u["delay_line_ms"] == pytest.approx(20 - u["rtt_ms"] / 2)
+        if abs(m["rtt_ms"] - p["rtt_ms"]) <= max(0.5, 0.02 * p["rtt_ms"]):
+            break
     assert abs(m["rtt_ms"] - p["rtt_ms"]) <= max(0.5, 0.02 * p["rtt_ms"]), (m, p)
     for key in ("goodput_mbit", "goodput_reverse_mbit"):
         assert m[key] == pytest.approx(p[key], rel=0.10), (key, m[key], p[key])
