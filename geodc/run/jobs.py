@@ -6,6 +6,8 @@ One job per function; the work itself lives in geodc.run.calibrate and trainer/.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,11 +38,6 @@ def _prepare(scenario: Scenario, out_dir: Path) -> Path:
     return run_dir
 
 
-def vars_of(obj) -> dict:
-    """A slotted dataclass as a dict."""
-    return {k: getattr(obj, k) for k in obj.__slots__}
-
-
 def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                   seconds: float = 6.0, streams: int = 4, cluster=None) -> Path:
     if seconds < 2:
@@ -64,7 +61,7 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
         record = report.announce(net, run_dir)
         if cluster is not None:
             record["cluster"] = dict(net.placement.to_dict(cluster), host_mtu=net.mtu,
-                                     underlay={f"{a}<->{b}": vars_of(u)
+                                     underlay={f"{a}<->{b}": dataclasses.asdict(u)
                                                for (a, b), u in net.underlay.items()})
             for (a, b), u in net.underlay.items():
                 print(f"underlay {a}<->{b}: RTT {u.rtt_ms:.3f} ms (min {u.min_ms:.3f}, max "
