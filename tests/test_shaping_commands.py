@@ -1,0 +1,54 @@
+"""The two encodings of one shaping tree give the same kernel state: shaping.apply (pyroute2,
+for a node in this machine's namespaces) and shaping.tc_command (a `tc` command line, for a node
+reached only through its shell on another server). Both build the tree on the two ends of one
+veth pair in a namespace made here, and `tc -d` prints each back from the kernel."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+from pyroute2 import NetNS
+
+from geodc.emulation import shaping
+
+pytestmark = pytest.mark.network
+
+
+@pytest.fixture
+def veth():
+    ns = f"geodc-tc{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "ta", "type", "veth", "peer", "name", "tb"],
+                       check=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=True)
+
+
+def kernel_tree(ns: str, dev: str) -> str:
+    """Qdiscs and classes on dev as `tc -d` prints them, with the device's name taken out."""
+    out = "".join(subprocess.run(["ip", "netns", "exec", ns, "tc", "-d", what, "show", "dev", dev],
+                                 capture_output=True, text=True, check=True).stdout
+                  for what in ("qdisc", "class"))
+    return re.sub(rf"\b{dev}\b", "DEV", out)
+
+
+@pytest.mark.parametrize("rate_mbit, queue_bytes", [(100, 150_000), (2.5, 9_000), (10_000, 4_000_000)],
+                         ids=["100mbit", "2.5mbit", "10gbit"])
+def test_tc_commands_give_the_tree_apply_gives(veth, rate_mbit, queue_bytes):
+    with NetNS(veth) as ipr:
+        shaping.apply(ipr, shaping.plan_link("ta", rate_mbit, queue_bytes))
+        by_netlink = shaping.read_back(ipr, "ta")
+        commands = " && ".join(shaping.tc_command(op)
+                               for op in shaping.plan_link("tb", rate_mbit, queue_bytes))
+        subprocess.run(["ip", "netns", "exec", veth, "sh", "-c", commands], check=True)
+        by_shell = shaping.read_back(ipr, "tb")
+    assert by_netlink == by_shell == {"rate_bps": int(rate_mbit * 1e6), "leaf": "bfifo",
+                                      "limit": queue_bytes}
+    a, b = kernel_tree(veth, "ta"), kernel_tree(veth, "tb")
+    assert "htb" in a and "bfifo" in a and "quantum 60000" in a, a
+    assert a == b, f"pyroute2:\n{a}\ntc:\n{b}"
