@@ -132,17 +132,11 @@ OUT=$(cd "$OUT" && pwd -P)
 failures=()
 started=$(date +%s)
 
-# The root-namespace sysctls a container could reach: the global ones (kernel.pty, fs.file-max,
-# net.core) and the host namespace's net.ipv4 and net.ipv6.conf.all. Left out: per-interface
-# entries (other jobs' interfaces come and go) and kernel.pty.nr (the ptys open now, a count).
-sysctls() {
-  (cd /proc/sys && { find net/core net/ipv4 net/ipv6/conf/all kernel/pty fs/file-max -type f -readable 2>/dev/null \
-       | grep -Ev '^net/ipv4/(conf|neigh)/' | grep -vx kernel/pty/nr | sort
-     find net/ipv4/conf/all net/ipv4/conf/default net/ipv4/neigh/default -type f -readable | sort; } \
-    | while read -r f; do printf '%s=%s\n' "$f" "$(tr '\t\n' '  ' < "$f" 2>/dev/null)"; done)
-}
+# The root-namespace sysctls a container could reach: the list the test session checks after
+# every test (tests/root_sysctls.py: net.core, net.ipv4, net.ipv6.conf.all, kernel.pty,
+# fs.file-max, less the two that move on their own), compared name by name.
 netns_held() { for p in /proc/[0-9]*; do readlink "$p/ns/net" 2>/dev/null || true; done | sort -u; }
-sysctls > "$OUT/sysctl-before.txt"
+python3 tests/root_sysctls.py save "$OUT/sysctl-before.json"
 netns_held > "$OUT/netns-before.txt"
 ip -o link show | awk -F': ' '{print $2}' | sort > "$OUT/links-before.txt"
 ls /run/geotestbed 2>/dev/null | sort > "$OUT/registry-before.txt" || true
@@ -268,14 +262,8 @@ new=$(comm -13 "$OUT/links-before.txt" "$OUT/links-after.txt" | tr '\n' ' ')
 new=$(comm -13 "$OUT/registry-before.txt" "$OUT/registry-after.txt" | tr '\n' ' ')
 [ -z "$new" ] || host_left+="registry files: $new; "
 [ -z "$host_left" ] || failures+=("host: new since the start: $host_left")
-sysctls > "$OUT/sysctl-after.txt"
-watched=$(wc -l < "$OUT/sysctl-before.txt")
-changed=$(diff "$OUT/sysctl-before.txt" "$OUT/sysctl-after.txt" | grep -c '^>' || true)
-if [ "$changed" != 0 ]; then
-  diff "$OUT/sysctl-before.txt" "$OUT/sysctl-after.txt" | head -20
-  failures+=("host: $changed of $watched root-namespace sysctls changed")
-fi
-
+python3 tests/root_sysctls.py diff "$OUT/sysctl-before.json" > "$OUT/sysctl-diff.txt" \
+  || { head -21 "$OUT/sysctl-diff.txt"; failures+=("host: $(head -1 "$OUT/sysctl-diff.txt")"); }
 cat <<EOF | tee "$OUT/summary.txt"
 container check, $(date -u +%Y-%m-%dT%H:%MZ), $(( $(date +%s) - started )) s in all
   base debian:12: $base; image $IMAGE built in ${build_s} s (pip: $WHEELS)
@@ -287,7 +275,7 @@ container check, $(date -u +%Y-%m-%dT%H:%MZ), $(( $(date +%s) - started )) s in 
   /run: $(get run_mount); /sys: $(get sys_mount); /sys/class/net: $(get sys_class_net); cgroup: $(get cgroup)
   left inside: registry $(get left_registry); netns $(get left_netns); links $(get left_links); iptables rules $(get left_iptables_rules); processes $(get left_procs)
   left on the host: ${host_left:-none}
-  host sysctls: $changed of $watched changed
+  host sysctls: $(head -1 "$OUT/sysctl-diff.txt")
 EOF
 if [ ${#failures[@]} -gt 0 ]; then
   printf 'FAIL: %s\n' "${failures[@]}" | tee -a "$OUT/summary.txt"

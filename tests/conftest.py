@@ -38,7 +38,8 @@ module-scoped network was built is caught too, at the first test that uses it. R
 costs about 9 ms a test on an idle machine (35 ms under a load of 7 on 2 cores), so unit tests
 (which cannot write them) are not read one by one: a change in a run of unit tests is found at
 the next test checked, or at the session's end, naming the run. Left out, because they change
-on their own: SYSCTLS_THAT_MOVE.
+on their own: tests/root_sysctls.py's THAT_MOVE (the list of sysctls watched is there, shared
+with scripts/container_check.sh).
 
 The session uses its own registry directory, /run/geotestbed/tests-XXXX (GEOTESTBED_RUNTIME_DIR,
 set before the testbed is imported), so `run_testbed.py cleanup` in the tests only ever sees runs
@@ -66,6 +67,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import root_sysctls as watched_sysctls
+
 # as tests/scenarios.py reads them (read here too: tests/test_rings.py runs this file alone)
 BACKENDS = ("netem", "delayline")
 TEST_BACKEND = os.environ.get("GEODC_TEST_BACKEND", "")
@@ -75,13 +78,6 @@ SHARED_RUNTIME_DIR = Path("/run/geotestbed")
 PROC_MARKERS = ("mnexec", "iperf3", "geodc.emulation.delayline", "bash --norc", "geodc.hostproc.trainer.worker",
                 "geodc.features.temporal.arbiter", "geodc.hostproc.traffic.capture")
 SETTLE_S = 3.0  # things a teardown ended may take this long to vanish from /proc
-PROC_SYS = "/proc/sys/"
-ROOT_SYSCTL_TREES = ("net/core", "net/ipv4", "net/ipv6/conf/all", "kernel/pty", "fs/file-max")
-SYSCTLS_THAT_MOVE = {
-    "kernel.pty.nr": "a count of the ptys in use: every Mininet shell holds one while it runs",
-    "net.ipv4.tcp_available_congestion_control": "grows when a congestion control's module is "
-                                                  "loaded (env.json records module loads)",
-}
 
 _session_runtime_dir: Path | None = None
 _last_sysctls: dict[str, bytes] | None = None
@@ -184,7 +180,7 @@ def _under_proc_sys(file: object) -> bool:
         path = os.path.abspath(os.fsdecode(file))
     except TypeError:
         return False
-    return path == PROC_SYS.rstrip("/") or path.startswith(PROC_SYS)
+    return path == watched_sysctls.PROC_SYS.rstrip("/") or path.startswith(watched_sysctls.PROC_SYS)
 
 
 class _UnitGuard:
@@ -508,45 +504,13 @@ def other_runs_note() -> str:
             f"have written these" if pids else "no other live run was seen")
 
 
-def _read_sysctls(path: str, out: dict[str, bytes]) -> None:
-    """Every readable sysctl at or under path (a /proc/sys file or folder), into out."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:   # write-only (net.ipv4.route.flush) or gone
-        return
-    try:
-        value = os.read(fd, 4096)
-    except IsADirectoryError:
-        value = None
-    except OSError:   # unreadable as it stands (net.ipv6.conf.all.stable_secret unset)
-        return
-    finally:
-        os.close(fd)
-    if value is not None:
-        key = path.removeprefix(PROC_SYS).replace("/", ".")
-        if key not in SYSCTLS_THAT_MOVE:
-            out[key] = value
-        return
-    for entry in os.scandir(path):
-        _read_sysctls(entry.path, out)
-
-
 def root_sysctls() -> dict[str, bytes]:
-    """The root namespace's sysctls under ROOT_SYSCTL_TREES (read from this process, which
-    runs in it), name -> raw value, less SYSCTLS_THAT_MOVE."""
-    out: dict[str, bytes] = {}
-    for tree in ROOT_SYSCTL_TREES:
-        _read_sysctls(PROC_SYS + tree, out)
-    return out
+    """The root namespace's sysctls under root_sysctls.TREES (read from this process, which
+    runs in it), name -> raw value, less root_sysctls.THAT_MOVE."""
+    return watched_sysctls.read()
 
 
-def sysctl_changes(before: dict[str, bytes], after: dict[str, bytes]) -> list[str]:
-    """'name: before -> after' for each sysctl in both whose value differs (sysctls that
-    appear or vanish belong to root-namespace interfaces, which the interface check names)."""
-    def show(raw: bytes) -> str:
-        return " ".join(raw.decode(errors="replace").split())
-    return [f"{k}: {show(before[k])} -> {show(after[k])}"
-            for k in sorted(before.keys() & after.keys()) if before[k] != after[k]]
+sysctl_changes = watched_sysctls.changes
 
 
 class Leftovers:

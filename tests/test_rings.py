@@ -77,12 +77,13 @@ import pytest
 
 
 def inner_session(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
-    """pytest on one test file `body` beside a copy of tests/conftest.py and the project's
-    pytest settings."""
+    """pytest on one test file `body` beside a copy of tests/conftest.py (and the sysctl list it
+    imports) and the project's pytest settings."""
     tests = tmp_path / "tests"
     tests.mkdir()
     (tests / "__init__.py").write_text("")
-    shutil.copy(REPO / "tests" / "conftest.py", tests / "conftest.py")
+    for name in ("conftest.py", "root_sysctls.py"):
+        shutil.copy(REPO / "tests" / name, tests / name)
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     (tests / "test_inner.py").write_text(INNER.format(body=body))
     env = {k: v for k, v in os.environ.items() if k != "GEOTESTBED_RUNTIME_DIR"}
