@@ -31,6 +31,7 @@ from geodc.emulation.machine import CpuTimes
 from geodc.emulation.network import Network
 from geodc.spec.scenario import load_scenario
 from tests.scenarios import two_dc, write_scenario
+from tests.tolerance import retried
 from geodc.emulation.tools import iperf, ping
 
 pytestmark = pytest.mark.network
@@ -160,12 +161,9 @@ def describe_goodput(result: iperf.IperfResult, rate_mbit: float) -> str:
 
 def check_goodput(net: Network, src: str, dst: str, port: int, rate_mbit: float, what: str) -> None:
     since = start_watch(net)
-    results = []
-    for _ in range(GOODPUT_ATTEMPTS):
-        results.append(measure_goodput(net, src, dst, port, IPERF_SECONDS))
-        if goodput_ok(results[-1], rate_mbit):
-            return
-    raise AssertionError(
+    results = retried(lambda _: measure_goodput(net, src, dst, port, IPERF_SECONDS),
+                      ok=lambda r: goodput_ok(r, rate_mbit), tries=GOODPUT_ATTEMPTS)
+    assert goodput_ok(results[-1], rate_mbit), (
         f"{what}: goodput not within {100 * GOODPUT_LOW:.0f}-{100 * GOODPUT_HIGH:.0f}% of the rate "
         f"in {len(results)} tries of {IPERF_SECONDS} s:\n"
         + "\n".join("  " + describe_goodput(r, rate_mbit) for r in results) + busy_note(net, since))
@@ -226,14 +224,18 @@ def test_wan_rtt_is_twice_the_path_delay(tri, src, dst):
     tol = max(RTT_ABS_TOL_MS, RTT_REL_TOL * want)
     run_ping(tri, src, dst, 2, 0.05)  # warm-up (ARP on every hop)
     since = start_watch(tri)
-    attempts = []
-    for _ in range(RTT_ATTEMPTS):
+    outs = []
+
+    def twenty_pings(_):
         r, out = run_ping(tri, src, dst, 20, 0.05)
         assert r is not None and r.received == r.sent, out
         assert r.min_ms >= want - 0.1, f"{src}->{dst}: a reply in {r.min_ms} ms, under {want:g}"
-        attempts.append(r)
-        if abs(statistics.median(r.samples_ms) - want) <= tol:
-            break
+        outs.append(out)
+        return r
+
+    attempts = retried(twenty_pings, ok=lambda r: abs(statistics.median(r.samples_ms) - want) <= tol,
+                       tries=RTT_ATTEMPTS)
+    out = outs[-1]
     assert abs(statistics.median(attempts[-1].samples_ms) - want) <= tol, (
         f"{src}->{dst} ({a}->{b}, {hops} WAN hops, backend {tri.backend}): RTT median not within "
         f"{want:g} +-{tol:g} ms in {len(attempts)} tries of 20 pings:\n" + "\n".join(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tolerance import assert_within, within
+from tests.tolerance import assert_within, retried, within
 
 pytestmark = pytest.mark.unit
 
@@ -52,3 +52,16 @@ def test_no_samples_and_bad_tolerances_are_refused():
     for kw in ({"rel": -1}, {"below": -0.1}, {"share": 0}, {"share": 1.5}, {"center": "mode"}):
         with pytest.raises(ValueError):
             within([1.0], 1.0, **kw)
+
+
+def test_retried_stops_at_the_first_accepted_try():
+    seen = []
+    results = retried(lambda i: seen.append(i) or 10 * i, ok=lambda x: x >= 10, tries=3)
+    assert results == [0, 10] and seen == [0, 1]
+
+
+def test_retried_gives_every_try_when_none_is_accepted():
+    assert retried(lambda i: i, ok=lambda x: False, tries=3) == [0, 1, 2]
+    assert retried(lambda i: i, ok=lambda x: True, tries=3) == [0]
+    with pytest.raises(ValueError, match="tries"):
+        retried(lambda i: i, ok=lambda x: True, tries=0)
