@@ -29,6 +29,7 @@ from geodc.spec.scenario import load_scenario
 from geodc.plans.topo import make_plan
 from tests.realtime_here import refusal
 from tests.scenarios import write_scenario
+from tests.tolerance import retried
 from geodc.hostproc.trainer.slotclient import SlotClient
 from geodc.hostproc.traffic import capture
 from geodc.emulation.tools import iperf
@@ -688,34 +689,46 @@ def test_capture_does_not_slow_the_link_and_sees_every_byte(ws):
                     return wanshare._stats_of(msg)[0]
         raise AssertionError("no class 1:10 on sa-gw-eth1")
 
-    goodput = {False: [], True: []}
-    completeness = []
-    for k, with_cap in enumerate((False, True)):
-        cap = None
-        path = ws.run_dir / f"overhead-{k}.cap"
-        if with_cap:
-            cap = ws.spawn("sa-gw", [PY, "-m", "geodc.hostproc.traffic.capture", "--iface", "sa-gw-eth1", "--out", str(path)],
-                           ws.run_dir / "logs" / f"sa-gw-capture-{k}.log")
-            wait_output(cap, "ready")
-        try:
-            b0 = class_bytes()
-            res = measure_goodput(ws, "sa-h1", "sb-h1", 5210 + k, 4)
-            time.sleep(0.3)
-            b1 = class_bytes()
-        finally:
+    def goodput_pair(attempt: int) -> tuple[float, float, float]:
+        """(Mbit/s without, with the capture, captured/class bytes); drops and completeness are
+        counts, asserted on every try."""
+        goodput = {}
+        completeness = 0.0
+        for with_cap in (False, True):
+            k = 2 * attempt + with_cap
+            cap = None
+            path = ws.run_dir / f"overhead-{k}.cap"
+            if with_cap:
+                cap = ws.spawn("sa-gw", [PY, "-m", "geodc.hostproc.traffic.capture", "--iface", "sa-gw-eth1",
+                                         "--out", str(path)],
+                               ws.run_dir / "logs" / f"sa-gw-capture-{k}.log")
+                wait_output(cap, "ready")
+            try:
+                b0 = class_bytes()
+                res = measure_goodput(ws, "sa-h1", "sb-h1", 5210 + k, 4)
+                time.sleep(0.3)
+                b1 = class_bytes()
+            finally:
+                if cap is not None:
+                    cap.stop()
+            goodput[with_cap] = res.received_mbit
             if cap is not None:
-                cap.stop()
-        goodput[with_cap].append(res.received_mbit)
-        if cap is not None:
-            summary = json.loads(cap.output().strip().splitlines()[-1])
-            assert summary["kernel_drops"] == 0, summary
-            packets = [p for p in capture.load(path) if p.outgoing]
-            completeness.append(sum(capture.frame_bytes(p) for p in packets) / (b1 - b0))
-    ratio = statistics.mean(goodput[True]) / statistics.mean(goodput[False])
-    print(f"\ngoodput without capture {goodput[False]}, with {goodput[True]} Mbit/s: ratio {ratio:.4f}; "
-          f"completeness {completeness}")
+                summary = json.loads(cap.output().strip().splitlines()[-1])
+                assert summary["kernel_drops"] == 0, summary
+                packets = [p for p in capture.load(path) if p.outgoing]
+                completeness = sum(capture.frame_bytes(p) for p in packets) / (b1 - b0)
+                assert 0.98 <= completeness <= 1.02, completeness
+        return goodput[False], goodput[True], completeness
+
     # Where SCHED_FIFO is refused (a container without RT runtime) the delay line shares the CPU
     # with the capture at equal priority: 0.946 measured in Docker here (2026-12-03), so 0.90.
+    # The ratio is a wall-clock figure (CI's VM measured 0.947 once with FIFO granted, 2026-12-04):
+    # a miss is retried; a capture that really slows the link misses every try.
     floor = 0.95 if refusal() is None else 0.90
-    assert ratio >= floor, f"ratio {ratio:.4f} < {floor} (SCHED_FIFO: {refusal() or 'granted'})"
-    assert all(0.98 <= c <= 1.02 for c in completeness), completeness
+    tries = retried(goodput_pair, ok=lambda t: t[1] / t[0] >= floor, tries=3)
+    for without, with_, complete in tries:
+        print(f"\ngoodput without capture {without:.2f}, with {with_:.2f} Mbit/s: ratio {with_ / without:.4f}; "
+              f"completeness {complete:.4f}")
+    without, with_, _ = tries[-1]
+    assert with_ / without >= floor, (f"ratio {with_ / without:.4f} < {floor} in each of {len(tries)} tries "
+                                      f"(SCHED_FIFO: {refusal() or 'granted'})")
