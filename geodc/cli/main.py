@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "the model's predicted time plus 120 s, or 600 s in measured mode)")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="no progress bar and no per-iteration lines (for CI logs)")
+    run.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
+                     help="spread the DCs over the cluster file's servers (docs/cluster.md)")
     _common(run)
     cal = sub.add_parser("calibrate", help="measure every WAN link (ping, iperf3) against its config")
     cal.add_argument("scenario")
@@ -199,8 +201,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise ScenarioError("--timeout-s", f"{args.timeout_s:g} is not a duration",
                                     "give seconds above 0")
             load_run(args.scenario, systems=systems, iterations=args.iterations)
+            cluster = None
+            if args.cluster is not None:   # a bad cluster file is refused before any build
+                from geodc.spec.cluster import load_cluster, scenario_placement
+                cluster = load_cluster(args.cluster)
+                scenario_placement(cluster, load_scenario(args.scenario))
             _dead_runs_notice()
             if load_scenario(args.scenario).sweep:
+                if cluster is not None:
+                    raise ScenarioError("--cluster", "a sweep across servers is not built yet",
+                                        "run the sweep's points one by one with --cluster")
                 from geodc.run.sweeprun import sweep_job
                 path = sweep_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  systems=systems, iterations=args.iterations,
@@ -213,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 from geodc.run.jobs import run_job
                 path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                systems=systems, iterations=args.iterations, quiet=args.quiet,
-                               timeout_s=args.timeout_s)
+                               timeout_s=args.timeout_s, cluster=cluster)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,15 +16,16 @@ Only the delay-line backend (the netem probe would be of this machine's kernel, 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
 
-from geodc.emulation import shaping
+from geodc.emulation import shaping, wanstats
 from geodc.emulation.minitopo import ScenarioTopo
 from geodc.emulation.network import Network
 from geodc.emulation.remote import (ClusterBridge, ClusterHost, ServerRegistry,
-                                    measure_underlay, server_run)
+                                    measure_underlay, server_run, signal_recorded)
 from geodc.emulation.vxlan import VXLANLink
 from geodc.plans.crossing import Crossing, Underlay, crossings, delay_after_underlay, host_mtu
 from geodc.spec.cluster import Cluster, scenario_placement
@@ -84,6 +85,12 @@ class ClusterNetwork(Network):
             self.line_delay_ms[w.index] = w.link.delay_ms if c is None else delay_after_underlay(
                 c.name, w.link.delay_ms, self.underlay[(c.server_a, c.server_b)])
         super().start()
+
+    def cluster_record(self) -> dict:
+        """Placement on servers, hosts' MTU, and the underlay between each pair of servers."""
+        return dict(self.placement.to_dict(self.cluster), host_mtu=self.mtu,
+                    underlay={f"{a}<->{b}": dataclasses.asdict(u)
+                              for (a, b), u in self.underlay.items()})
 
     def underlay_of(self, index: int) -> dict | None:
         """The underlay figures of WAN link index, if it crosses servers (for its report)."""
@@ -152,7 +159,31 @@ class ClusterNetwork(Network):
         return super()._delay_at(w, src, dst)
 
     def wan_stats(self) -> dict[str, dict]:
-        return {}   # the delay lines' counters are asked for by a signal: not across ssh yet
+        """Network.wan_stats, each delay line asked by a signal sent on its server (over ssh, to
+        the pid its registry entry names, checked by start time); the report file is read here
+        (the run folder is at the same path on every server: docs/cluster.md)."""
+        if not self.delaylines:
+            return {}
+        return wanstats.collect([dataclasses.replace(dl, proc=_SignalOnServer(
+            dl.proc, self.node(dl.gateway).cluster_server)) for dl in self.delaylines],
+            timeout_s=wanstats.REPORT_TIMEOUT_S + 10)
+
+    # ---- supervision: a server lost is the run stopped --------------------------------------
+    def _supervised_failure(self) -> str | None:
+        """Network's (a delay line died), and first: a node's ssh ended, i.e. its server is
+        gone or unreachable (ssh's keep-alives give up after about 6 s)."""
+        for name in self._node_dc:
+            node = self.net.nameToNode.get(name) if self.net is not None else None
+            shell = getattr(node, "shell", None)
+            if shell is not None and shell.poll() is not None:
+                server = node.cluster_server
+                return (f"server {server.name} ({server.destination}) lost: the ssh to its node "
+                        f"{name} ended (exit {shell.returncode}), so the run was stopped; once it "
+                        f"is back, run: python run_testbed.py cleanup --cluster CLUSTER.yaml")
+        return super()._supervised_failure()
+
+    def _supervises(self) -> bool:
+        return True   # the servers, with or without delay lines
 
     def loss_counters(self) -> dict[str, dict]:
         return {"tcp": {}, "queues": {}, "errors": ["loss counters are not read across servers"]}
@@ -166,3 +197,18 @@ class ClusterNetwork(Network):
             if left:
                 print(f"warning: teardown incomplete on servers: {'; '.join(left)}",
                       file=sys.stderr)
+
+
+class _SignalOnServer:
+    """A remote process's local ssh (poll) with signals sent on its server (signal_recorded):
+    what geodc.emulation.wanstats needs of a delay line's process."""
+
+    def __init__(self, proc, server) -> None:
+        self.proc, self.server, self.pid = proc, server, proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, sig: int, group: bool = True) -> bool:  # noqa: ARG002 - one process
+        path = getattr(self.proc.popen, "remote_record", None)
+        return path is not None and signal_recorded(self.server, path, sig)

@@ -424,6 +424,10 @@ class Network:
         with self._ipr(node_name) as ipr:
             return shaping.read_back(ipr, intf).get("rate_bps"), 8
 
+    def cluster_record(self) -> dict | None:
+        """The servers the network is spread over (geodc.emulation.clusternet); None here."""
+        return None
+
     def underlay_of(self, index: int) -> dict | None:
         """What carries WAN link index besides the emulation (a cluster's underlay): None here."""
         return None
@@ -597,29 +601,41 @@ class Network:
         return dst.gateway, f"-i {dst.intf}"
 
     # ---- supervision -----------------------------------------------------------------------
+    def _supervised_failure(self) -> str | None:
+        """Why the run cannot go on (a supervised process died), or None; polled 10 times a
+        second by the supervisor thread."""
+        for dl in self.delaylines:
+            rc = dl.proc.poll()
+            if rc is not None:
+                return (f"delay line in {dl.gateway} (links {', '.join(dl.links)}) died with "
+                        f"exit code {rc}; those links dropped every packet, so the run was "
+                        f"stopped. Log: {dl.proc.log_path}")
+        return None
+
+    def _supervises(self) -> bool:
+        """Whether anything needs watching (here: the delay lines)."""
+        return bool(self.delaylines)
+
     def _start_supervisor(self) -> None:
-        if not self.delaylines:
+        if not self._supervises():
             return
         main_id = threading.main_thread().ident
 
         def watch() -> None:
             while not self._stop_supervisor.wait(0.1):
-                for dl in self.delaylines:
-                    rc = dl.proc.poll()
-                    if rc is None:
-                        continue
-                    with self._supervisor_lock:
-                        if self._stop_supervisor.is_set():
-                            return
-                        self.failure = (f"delay line in {dl.gateway} (links {', '.join(dl.links)}) "
-                                        f"died with exit code {rc}; those links dropped every "
-                                        f"packet, so the run was stopped. Log: {dl.proc.log_path}")
-                        # Interrupt the main thread only where our handler is installed
-                        # (SIGUSR1's default action would kill the process untidily); else
-                        # the next check() raises.
-                        if main_id is not None and signal.SIGUSR1 in self._old_handlers:
-                            signal.pthread_kill(main_id, signal.SIGUSR1)
+                failure = self._supervised_failure()
+                if failure is None:
+                    continue
+                with self._supervisor_lock:
+                    if self._stop_supervisor.is_set():
                         return
+                    self.failure = failure
+                    # Interrupt the main thread only where our handler is installed (SIGUSR1's
+                    # default action would kill the process untidily); else the next check()
+                    # raises.
+                    if main_id is not None and signal.SIGUSR1 in self._old_handlers:
+                        signal.pthread_kill(main_id, signal.SIGUSR1)
+                    return
 
         self._supervisor = threading.Thread(target=watch, name="delayline-supervisor", daemon=True)
         self._supervisor.start()

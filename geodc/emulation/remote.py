@@ -121,6 +121,15 @@ class ServerRegistry:
         return left
 
 
+def signal_recorded(server: Server, path: str, sig: int) -> bool:
+    """Send sig to the process that wrote `pid starttime` into path on server, only if that pid
+    still has that start time (never a stranger that took the number); True if it was sent."""
+    out = server_run(server, f'set -- $(cat {shlex.quote(path)} 2>/dev/null); '
+                     '[ -n "$2" ] && [ "$(cut -d" " -f22 /proc/$1/stat 2>/dev/null)" = "$2" ] '
+                     f'&& kill -{int(sig)} "$1" && echo sent; true', timeout_s=10)
+    return out.strip().endswith("sent")
+
+
 def self_record(path: str) -> str:
     """Shell words that write `$$ starttime` into path (then the caller execs)."""
     return f'echo $$ $(cut -d" " -f22 /proc/$$/stat) > {shlex.quote(path)}'
@@ -211,7 +220,9 @@ class ClusterMixin(RemoteMixin):
         wrapped = ["sh", "-c", script + ' && exec env "$@"', "sh", *pairs, *cmd]
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
-        return self._popen(["mnexec", "-a", str(self.pid), *wrapped], tt=True, **kwargs)
+        popen = self._popen(["mnexec", "-a", str(self.pid), *wrapped], tt=True, **kwargs)
+        popen.remote_record = path   # where it wrote itself: signal_recorded() reaches it
+        return popen
 
 
 class ClusterHost(ClusterMixin, Host):

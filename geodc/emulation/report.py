@@ -25,7 +25,8 @@ def network_record(net: "Network") -> dict:
     return {"backend": net.backend, "routing": scenario.routing, "scale": scenario.scale,
             "time_scale": scenario.time_scale, "congestion_control": dict(net.congestion_control),
             "delay_line_realtime": dict(net.realtime_status), "cpu_idle": net.cpu_idle,
-            "kernel_modules_loaded": net.kernel_modules_loaded}
+            "kernel_modules_loaded": net.kernel_modules_loaded,
+            **({"cluster": c} if (c := net.cluster_record()) is not None else {})}
 
 
 def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:
@@ -40,6 +41,10 @@ def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:
           f"{net.scenario.congestion_control}, {net.scenario.routing} routing"
           + (f", time_scale {ts}" if ts.dilated else "")
           + ")", flush=True)
+    for pair, u in record.get("cluster", {}).get("underlay", {}).items():
+        print(f"{indent}underlay {pair}: RTT {u['rtt_ms']:.3f} ms (min {u['min_ms']:.3f}, max "
+              f"{u['max_ms']:.3f}), jitter {u['mdev_ms']:.3f} ms, taken off each crossing "
+              f"link's delay; hosts' MTU {record['cluster']['host_mtu']}", flush=True)
     return record
 
 

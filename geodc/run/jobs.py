@@ -6,8 +6,6 @@ One job per function; the work itself lives in geodc.run.calibrate and trainer/.
 
 from __future__ import annotations
 
-import dataclasses
-
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,15 +56,7 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
         from geodc.emulation.clusternet import ClusterNetwork
         net = ClusterNetwork(scenario, run_dir, cluster, backend=backend)
     with net:
-        record = report.announce(net, run_dir)
-        if cluster is not None:
-            record["cluster"] = dict(net.placement.to_dict(cluster), host_mtu=net.mtu,
-                                     underlay={f"{a}<->{b}": dataclasses.asdict(u)
-                                               for (a, b), u in net.underlay.items()})
-            for (a, b), u in net.underlay.items():
-                print(f"underlay {a}<->{b}: RTT {u.rtt_ms:.3f} ms (min {u.min_ms:.3f}, max "
-                      f"{u.max_ms:.3f}), jitter {u.mdev_ms:.3f} ms; hosts' MTU {net.mtu}",
-                      flush=True)
+        record = report.announce(net, run_dir)   # with the servers and underlay, if a cluster
         cpu_before = CpuTimes.now()
         doc = calibrate(net, Settings(seconds=seconds, streams=streams),
                         progress=lambda line: print(line, flush=True))
@@ -94,10 +84,11 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
 def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             systems: list[str] | None = None, iterations: int | None = None,
             progress: "Progress | None" = None, quiet: bool = False,
-            timeout_s: float | None = None) -> Path:
+            timeout_s: float | None = None, cluster=None) -> Path:
     """Train once per system, each on a fresh network (geodc.run.systemrun); write metrics.json
     with one block per system and, when baseline ran, each system's speedup over it.
-    progress: a sweep's (geodc.run.progress), else one of this run's own (none when quiet)."""
+    progress: a sweep's (geodc.run.progress), else one of this run's own (none when quiet).
+    cluster: a geodc.spec.cluster.Cluster to spread the DCs over its servers (None: here)."""
     from geodc.run.progress import Progress
     from geodc.analysis.reproduce import SCHEMA_VERSION
     from geodc.run.systemrun import RunIncomplete, run_system, summary_lines
@@ -128,7 +119,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             try:
                 metrics = run_system(scenario, cfg, get_system(name), run_dir, backend=backend,
                                      progress=lambda line: say("  " + line),
-                                     timeout_s=timeout_s)
+                                     timeout_s=timeout_s, cluster=cluster)
             except (RunIncomplete, KeyboardInterrupt) as exc:
                 # the systems that finished, and this one's partial block, marked incomplete
                 written = run_dir / name / "metrics.json"

@@ -50,9 +50,18 @@ if TYPE_CHECKING:
     from geodc.spec.scenario import Scenario
     from geodc.spec.training import TrainConfig
 
+def _network(scenario: "Scenario", sys_dir: Path, *, backend: str | None, run_id: str,
+             cluster) -> Network:
+    """The network a system trains on: on this machine, or over a cluster's servers."""
+    if cluster is None:
+        return Network(scenario, sys_dir, backend=backend, run_id=run_id)
+    from geodc.emulation.clusternet import ClusterNetwork
+    return ClusterNetwork(scenario, sys_dir, cluster, backend=backend, run_id=run_id)
+
+
 def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir: Path, *,
                backend: str | None, progress: Callable[[str], None],
-               timeout_s: float | None = None) -> dict:
+               timeout_s: float | None = None, cluster=None) -> dict:
     from geodc.run.launch import launch
 
     placement = place_for_system(scenario, cfg, system)
@@ -77,8 +86,9 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
     stopped_s = None      # when the failure was first seen, on the run's clock
     try:
         with ExitStack() as stack:
-            net = stack.enter_context(Network(scenario, sys_dir, backend=backend,
-                                              run_id=f"{run_dir.name}-{system.name}"))
+            net = stack.enter_context(_network(scenario, sys_dir, backend=backend,
+                                               run_id=f"{run_dir.name}-{system.name}",
+                                               cluster=cluster))
             up = True
             record = report.announce(net, sys_dir, indent="  ")
             hosts = [HostInfo(name=h.name, ip=h.ip, dc=h.dc) for h in net.plan.hosts
