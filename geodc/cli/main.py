@@ -10,7 +10,7 @@
     python run_testbed.py reproduce results/RUN... [--out DIR] # tables and figures from results
     python run_testbed.py list                                 # the shipped scenarios
     python run_testbed.py show topologies/two_dc.yaml [--json] # every setting, resolved
-    sudo python run_testbed.py cleanup                         # remove what a killed run left
+    sudo python run_testbed.py cleanup [--cluster CLUSTER.yaml]  # remove what a killed run left
 
 A scenario with a `sweep:` section runs once per point (geodc/spec/sweep.py): `run -q` prints one
 line per point, `run --resume SWEEP_DIR` runs only the points not done yet.
@@ -103,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where the tables (Markdown, CSV) and figures (PNG) go (default "
                           "reproduced/; its files are replaced)")
     rep.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
-    sub.add_parser("cleanup", help="remove namespaces, links and processes left by a killed run")
+    clean = sub.add_parser("cleanup", help="remove namespaces, links and processes left by a "
+                           "killed run")
+    clean.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
+                       help="also on every server of the cluster file, over ssh: what killed "
+                            "runs started from here left there (docs/cluster.md)")
     return parser
 
 
@@ -132,8 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         demote_on_rttime("run_testbed")   # the fault thread runs real-time
     try:
         if args.command == "cleanup":
+            servers = None
+            if args.cluster is not None:   # a bad cluster file is refused before anything
+                from geodc.spec.cluster import load_cluster
+                servers = load_cluster(args.cluster).servers
             from geodc.emulation.registry import cleanup
             done = cleanup()
+            if servers is not None:
+                from geodc.emulation.remote import cleanup_servers
+                done += cleanup_servers(servers)
             print("\n".join(done) if done else "nothing to clean up")
             return 0
         if args.command == "list":
