@@ -8,7 +8,8 @@ namespace `geodclc-sK` whose `eth0` (10.250.0.K/24) is a veth port on that bridg
 own sshd (generated host key, listening on 10.250.0.K:22, root login by a generated client key
 only). So that ssh works from this machine's root namespace, one veth `geodclc0` (10.250.0.254/24)
 joins the bridge; that link, its connected route and the namespaces' names under /run/netns are
-all this script changes in the root namespace, and all are recorded and removed. It writes the
+all this script changes in the root namespace (each server sees this machine's /run through an
+overlay whose writes are its own, so what a run keeps under /run on one server is not on another), and all are recorded and removed. It writes the
 cluster file (docs/cluster.md) with the key and known_hosts. State (keys, sshd configs, logs,
 pids) lives in /run/geodclc/; `down` stops the sshds it started (each checked by pid and start
 time, signalled through a pidfd; never by name), deletes the namespaces and the link, and
@@ -114,7 +115,16 @@ def up(n: int, out: Path) -> None:
                 "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
                 "AcceptEnv LANG", "Subsystem sftp internal-sftp", ""]))
             log = open(d / "sshd.log", "wb")
-            proc = subprocess.Popen(["ip", "netns", "exec", ns, sshd, "-D", "-e",
+            # Each server's /run is its own (as on a real server): an overlay over this
+            # machine's /run, writes going to a tmpfs in sshd's mount namespace (ip netns exec
+            # makes one per command), so they vanish with the server.
+            ovl = d / "run-overlay"
+            ovl.mkdir()
+            private_run = (f"mount -t tmpfs {ns} {ovl} && mkdir {ovl}/up {ovl}/work && "
+                           f"mount -t overlay {ns} -o lowerdir=/run,upperdir={ovl}/up,"
+                           f"workdir={ovl}/work /run")
+            proc = subprocess.Popen(["ip", "netns", "exec", ns, "sh", "-c",
+                                     f'{private_run} && exec "$@"', "sh", sshd, "-D", "-e",
                                      "-f", str(d / "sshd_config")],
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)

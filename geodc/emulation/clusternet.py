@@ -174,12 +174,12 @@ class ClusterNetwork(Network):
         gone or unreachable (ssh's keep-alives give up after about 6 s)."""
         for name in self._node_dc:
             node = self.net.nameToNode.get(name) if self.net is not None else None
-            shell = getattr(node, "shell", None)
-            if shell is not None and shell.poll() is not None:
+            if node is not None and node.lost():
                 server = node.cluster_server
                 return (f"server {server.name} ({server.destination}) lost: the ssh to its node "
-                        f"{name} ended (exit {shell.returncode}), so the run was stopped; once it "
-                        f"is back, run: python run_testbed.py cleanup --cluster CLUSTER.yaml")
+                        f"{name} ended (exit {node.shell.returncode}), so the run was stopped; "
+                        f"once it is back, run: python run_testbed.py cleanup --cluster "
+                        f"{self.cluster.path}")
         return super()._supervised_failure()
 
     def _supervises(self) -> bool:

@@ -287,6 +287,28 @@ class ClusterMixin(RemoteMixin):
                 self.shell.kill()
         super().terminate()
 
+    def lost(self) -> bool:
+        """Whether this node's ssh has ended (its server gone or unreachable)."""
+        return self.shell is not None and self.shell.poll() is not None
+
+    def cmd(self, *args, **kwargs) -> str:
+        """Mininet's, but nothing (an empty output) once the node's ssh has ended: Mininet
+        keeps the pty's slave end open here, so a read from a dead shell never ends."""
+        if self.lost():
+            return ""
+        return super().cmd(*args, **kwargs)
+
+    def waitOutput(self, verbose=False, findPid=True) -> str:  # noqa: N802 - Mininet's API
+        """Mininet's, polling every 0.5 s whether the ssh has ended meanwhile (then what was
+        read so far)."""
+        output = ""
+        while self.waiting:
+            data = self.monitor(timeoutms=500, findPid=findPid)
+            output += data
+            if not data and self.lost():
+                self.waiting = False
+        return output
+
     def _popen(self, cmd, sudo=True, tt=True, **params):  # noqa: D401 - Mininet's hook
         if isinstance(cmd, str):
             cmd = cmd.split()
