@@ -172,15 +172,27 @@ class ClusterNetwork(Network):
     def _supervised_failure(self) -> str | None:
         """Network's (a delay line died), and first: a node's ssh ended, i.e. its server is
         gone or unreachable (ssh's keep-alives give up after about 6 s)."""
+        nodes = self.net.nameToNode if self.net is not None else {}
         for name in self._node_dc:
-            node = self.net.nameToNode.get(name) if self.net is not None else None
+            node = nodes.get(name)
             if node is not None and node.lost():
-                server = node.cluster_server
-                return (f"server {server.name} ({server.destination}) lost: the ssh to its node "
-                        f"{name} ended (exit {node.shell.returncode}), so the run was stopped; "
-                        f"once it is back, run: python run_testbed.py cleanup --cluster "
-                        f"{self.cluster.path}")
-        return super()._supervised_failure()
+                return self._lost(node.cluster_server, f"the ssh to its node {name} ended")
+        failure = super()._supervised_failure()
+        for dl in self.delaylines if failure is not None else ():
+            if dl.proc.poll() is not None and dl.gateway in nodes:   # its ssh, or the line?
+                server = nodes[dl.gateway].cluster_server
+                try:
+                    server_run(server, "true", timeout_s=10)
+                except TestbedError:
+                    return self._lost(server, f"the ssh to the delay line in {dl.gateway} ended")
+        return failure
+
+    def _lost(self, server, why: str) -> str:
+        """A server found gone: its nodes are asked nothing more; the run's failure line."""
+        self.server_registry.lost_servers.add(server.name)
+        return (f"server {server.name} ({server.destination}) lost: {why}, so the run was "
+                f"stopped; once it is back, run: python run_testbed.py cleanup --cluster "
+                f"{self.cluster.path}")
 
     def _supervises(self) -> bool:
         return True   # the servers, with or without delay lines

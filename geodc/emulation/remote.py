@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -109,6 +110,10 @@ def signal_files(sig: int, files: str) -> str:
     return f"python3 -c {shlex.quote(SIGNAL_RECORDED)} {int(sig)} {files}"
 
 
+class ServerLost(TestbedError):
+    """A node's server stopped answering (its ssh ended) while a command waited on it."""
+
+
 class ServerRegistry:
     """What a run started on each server, kept on that server: one file per process under
     REMOTE_STATE/<run id>/ holding `pid starttime` (written by the process itself, before it
@@ -122,6 +127,7 @@ class ServerRegistry:
         self.run_id = run_id
         self.dir = f"{REMOTE_STATE}/{run_id}"
         self.servers: dict[str, Server] = {}
+        self.lost_servers: set[str] = set()   # found gone: their nodes are asked nothing more
         self._lock = threading.Lock()
         self._n = 0
 
@@ -143,6 +149,9 @@ class ServerRegistry:
         not be reached (empty: all clean)."""
         left = []
         for server in self.servers.values():
+            if server.name in self.lost_servers:
+                left.append(f"server {server.name} ({server.destination}): lost during the run")
+                continue
             try:
                 end_run(server, self.run_id)
             except TestbedError as exc:
@@ -288,8 +297,21 @@ class ClusterMixin(RemoteMixin):
         super().terminate()
 
     def lost(self) -> bool:
-        """Whether this node's ssh has ended (its server gone or unreachable)."""
-        return self.shell is not None and self.shell.poll() is not None
+        """Whether this node's ssh has ended, or its server was found lost (by another node's
+        ssh ending: the registry's lost_servers), so nothing more is asked of it."""
+        return self.shell is not None and (self.shell.poll() is not None or
+                                           self.cluster_server.name in self.registry.lost_servers)
+
+    def read(self, size=1024) -> str:
+        """Mininet's read, waiting (0.5 s at a time) for output only while the node is not lost:
+        a pty whose ssh has ended never reads end-of-file here."""
+        if not self.readbuf:   # (Mininet's pollOut also reports POLLOUT: always ready)
+            readable = select.poll()
+            readable.register(self.stdout.fileno(), select.POLLIN | select.POLLPRI)
+            while not readable.poll(500):
+                if self.lost():
+                    raise ServerLost(f"{self.name}: server {self.cluster_server.name} lost")
+        return super().read(size)
 
     def cmd(self, *args, **kwargs) -> str:
         """Mininet's, but nothing (an empty output) once the node's ssh has ended: Mininet
@@ -303,7 +325,10 @@ class ClusterMixin(RemoteMixin):
         read so far)."""
         output = ""
         while self.waiting:
-            data = self.monitor(timeoutms=500, findPid=findPid)
+            try:
+                data = self.monitor(timeoutms=500, findPid=findPid)
+            except ServerLost:
+                data = ""
             output += data
             if not data and self.lost():
                 self.waiting = False
