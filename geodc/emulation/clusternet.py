@@ -24,7 +24,7 @@ from pathlib import Path
 from geodc.emulation import shaping, wanstats
 from geodc.emulation.minitopo import ScenarioTopo
 from geodc.emulation.network import Network
-from geodc.emulation.remote import (ClusterBridge, ClusterHost, ServerRegistry,
+from geodc.emulation.remote import (ClusterBridge, ClusterHost, ServerRegistry, SshFailed,
                                     measure_underlay, server_run, signal_recorded)
 from geodc.emulation.vxlan import VXLANLink
 from geodc.plans.crossing import Crossing, Underlay, crossings, delay_after_underlay, host_mtu
@@ -183,9 +183,22 @@ class ClusterNetwork(Network):
                 server = nodes[dl.gateway].cluster_server
                 try:
                     server_run(server, "true", timeout_s=10)
-                except TestbedError:
+                except SshFailed:
                     return self._lost(server, f"the ssh to the delay line in {dl.gateway} ended")
         return failure
+
+    def diagnose(self, exc: TestbedError) -> TestbedError:
+        """A process that ended with ssh's own failure (exit 255) may be a server gone: each
+        server is asked (ConnectTimeout 5 s); the first that does not answer is the failure."""
+        if self.server_registry.lost_servers:
+            return TestbedError(self.failure or str(exc))
+        for server in self.server_registry.servers.values():
+            try:   # (a failure the supervisor raises meanwhile goes through: it says more)
+                server_run(server, "true", timeout_s=10)
+            except SshFailed:
+                self.failure = self._lost(server, f"it stopped answering ssh ({str(exc)[:80]}...)")
+                return TestbedError(self.failure)
+        return exc
 
     def _lost(self, server, why: str) -> str:
         """A server found gone: its nodes are asked nothing more; the run's failure line."""

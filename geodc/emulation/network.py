@@ -378,6 +378,11 @@ class Network:
                     errors.append(f"{direction}: {type(exc).__name__}: {exc}")
         return {"tcp": tcp, "queues": queues, "errors": errors}
 
+    def diagnose(self, exc: TestbedError) -> TestbedError:
+        """The failure to report for exc, raised by work on this network (here exc itself;
+        geodc.emulation.clusternet names a lost server instead)."""
+        return exc
+
     def check(self) -> None:
         """Raise if a supervised process (a delay line) has died."""
         if self.failure:

@@ -55,11 +55,11 @@ def server_run(server: Server, script: str, timeout_s: float = 30.0) -> str:
         r = subprocess.run([*ssh_argv(server), script], capture_output=True, text=True,
                            timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise TestbedError(f"server {server.name} ({server.destination}): no answer over ssh "
-                           f"in {timeout_s:g} s") from None
+        raise SshFailed(f"server {server.name} ({server.destination}): no answer over ssh "
+                        f"in {timeout_s:g} s") from None
     if r.returncode == 255:
-        raise TestbedError(f"server {server.name} ({server.destination}): ssh failed: "
-                           f"{r.stderr.strip() or 'exit 255'}")
+        raise SshFailed(f"server {server.name} ({server.destination}): ssh failed: "
+                        f"{r.stderr.strip() or 'exit 255'}")
     if r.returncode != 0:
         raise TestbedError(f"server {server.name}: {script.splitlines()[0][:80]!r} exited "
                            f"{r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
@@ -108,6 +108,10 @@ print("signalled", n)
 def signal_files(sig: int, files: str) -> str:
     """Shell words that send sig to the processes recorded in files (a shell glob or path)."""
     return f"python3 -c {shlex.quote(SIGNAL_RECORDED)} {int(sig)} {files}"
+
+
+class SshFailed(TestbedError):
+    """ssh to a server did not connect or answer (server_run)."""
 
 
 class ServerLost(TestbedError):

@@ -105,6 +105,12 @@ def run_system(scenario: "Scenario", cfg: "TrainConfig", system: System, run_dir
                 run = launch(job.cfg, hosts, sys_dir, net, _worker_setup(job, limits, net),
                              features.handles, timeout_s=ts.emulated_span(limits.run_s),
                              progress=progress)
+            except TestbedError as exc:
+                stopped_s = features.clock_reading()
+                cause = net.diagnose(exc)   # e.g. a worker's ssh ended: its server is gone
+                if cause is exc:
+                    raise
+                raise cause from exc
             except BaseException:
                 stopped_s = features.clock_reading()
                 raise
