@@ -239,3 +239,19 @@ def test_registry_takes_pids_from_many_threads_at_once(tmp_path):
     doc = json.loads(reg.path.read_text())
     assert len(doc["pids"]) == 400 and len({p["what"] for p in doc["pids"]}) == 400
     reg.close()
+
+
+def test_a_dead_cluster_runs_notice_and_cleanup_name_its_cluster_file(tmp_path):
+    """A run whose nodes were on servers records its cluster file: the dead-run notice and
+    `cleanup` say to run `cleanup --cluster` with it (what it left there is theirs to end)."""
+    from geodc.emulation.registry import Registry, cleanup, dead_runs_notice
+    reg = Registry("deadc", tmp_path, cluster="/srv/c.yaml")
+    reg.data["owner"] = {"pid": os.getpid(), "start": -1}   # not this process: dead
+    reg._write()
+    notice = dead_runs_notice(tmp_path)
+    assert notice is not None and notice.endswith("run_testbed.py cleanup --cluster /srv/c.yaml"), \
+        notice
+    lines = cleanup(tmp_path)
+    assert "deadc ran on the servers of /srv/c.yaml: cleanup --cluster /srv/c.yaml ends what it " \
+           "left there" in lines, lines
+    assert dead_runs_notice(tmp_path) is None

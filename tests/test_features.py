@@ -216,6 +216,9 @@ class FakeNetwork:
     def check(self):
         pass
 
+    def diagnose(self, exc):
+        return exc
+
 
 @pytest.fixture
 def fake_run(tmp_path, monkeypatch):

@@ -57,6 +57,7 @@ class ClusterNetwork(Network):
             raise ScenarioError("faults", "faults across servers are not built yet",
                                 "drop --cluster or the faults")
         self.cluster = cluster
+        self.cluster_path = cluster.path
         self.placement = scenario_placement(cluster, scenario)
         self.crossing: dict[int, Crossing] = {
             c.index: c for c in crossings([(w.a, w.b) for w in scenario.wan],

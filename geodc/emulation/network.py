@@ -179,6 +179,7 @@ class Network:
         self._backend_field = "--backend" if backend else "backend"
         self.backend = ""
         self.run_id = run_id or run_dir.name
+        self.cluster_path: str | None = None   # the cluster file, where nodes are on servers
         self.net: _RecordingMininet | None = None
         self.registry: Registry | None = None
         self.procs: list[HostProcess] = []
@@ -234,7 +235,7 @@ class Network:
         limits.check_free_ptys(len(topo.nodes()))
         limits.reserve_open_files(len(topo.nodes()))
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.registry = Registry(self.run_id)
+        self.registry = Registry(self.run_id, cluster=self.cluster_path)
         leash.ensure()   # before the first host shell: every process of the run dies with us
         self._install_signal_handlers()
         setLogLevel("error")

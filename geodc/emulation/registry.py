@@ -46,11 +46,14 @@ def _start_time(pid: int) -> int | None:
 class Registry:
     """The resources of one run, kept in RUNTIME_DIR/<run_id>.json (rewritten atomically)."""
 
-    def __init__(self, run_id: str, directory: Path = RUNTIME_DIR) -> None:
+    def __init__(self, run_id: str, directory: Path = RUNTIME_DIR,
+                 cluster: str | None = None) -> None:
         self.path = directory / f"{run_id}-{os.getpid()}.json"  # unique even for equal run ids
         self.data: dict = {"run_id": run_id, "owner": {"pid": os.getpid(),
                                                        "start": _start_time(os.getpid())},
                            "pids": [], "interfaces": []}
+        if cluster is not None:   # the run's nodes are on these servers (cleanup --cluster)
+            self.data["cluster"] = cluster
         self._lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
         self._write()
@@ -161,14 +164,16 @@ def live_runs(directory: Path = RUNTIME_DIR) -> list[dict]:
 
 def dead_runs_notice(directory: Path = RUNTIME_DIR) -> str | None:
     """One line if runs that died without tearing down left registries here, else None."""
-    dead = [data.get("run_id") for _, data in _registries(directory)
-            if not alive(data.get("owner", {}))]
+    dead = [data for _, data in _registries(directory) if not alive(data.get("owner", {}))]
     if not dead:
         return None
     prefix = "" if directory == SHARED_RUNTIME_DIR else f"GEOTESTBED_RUNTIME_DIR={directory} "
+    clusters = sorted({str(d["cluster"]) for d in dead if d.get("cluster")})
     return (f"note: {len(dead)} dead run(s) left namespaces, links or processes behind "
-            f"({', '.join(map(str, dead))}); remove them with: sudo {prefix}python "
-            f"run_testbed.py cleanup")
+            f"({', '.join(str(d.get('run_id')) for d in dead)}); remove them with: sudo "
+            f"{prefix}python run_testbed.py cleanup"
+            + "".join(f" --cluster {c}" for c in clusters[:1])
+            + (f" (and the same with --cluster {', '.join(clusters[1:])})" if clusters[1:] else ""))
 
 
 def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
@@ -181,6 +186,9 @@ def cleanup(directory: Path = RUNTIME_DIR) -> list[str]:
             continue
         # What live runs hold, read afresh for each dead run (one may have started meanwhile).
         lines = _remove(data, live_interfaces(directory))
+        if data.get("cluster"):
+            lines.append(f"{data.get('run_id')} ran on the servers of {data['cluster']}: "
+                         f"cleanup --cluster {data['cluster']} ends what it left there")
         done += lines
         if any(line.startswith("could not") for line in lines):
             done.append(f"kept {path.name}: run cleanup again once that is resolved")
