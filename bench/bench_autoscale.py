@@ -4,6 +4,7 @@ measured iteration time against the model's and the compute overruns as a share 
 against the 2% bound (each figure with its configured or predicted value beside it).
 
     sudo .venv/bin/python bench/bench_autoscale.py [SCENARIO] [--systems atlas] [--iterations N]
+                                                   [--cluster CLUSTER.yaml]
 
 Default scenario: topologies/scale64.yaml (64 GPUs, 4 DCs, P=4, D=16; 6-9 minutes per system on
 2 cores, most of it the workers' start).
@@ -30,10 +31,16 @@ def main() -> int:
     ap.add_argument("--systems", default=None, help="comma-separated (default: the scenario's)")
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--out", default=None, help="results folder (default: a temporary one)")
+    ap.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
+                    help="spread the DCs over the cluster file's servers (docs/cluster.md)")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_autoscale_"))
+    cluster = None
+    if args.cluster:
+        from geodc.spec.cluster import load_cluster
+        cluster = load_cluster(args.cluster)
     path = run_job(args.scenario, out_dir=out, iterations=args.iterations,
-                   systems=args.systems.split(",") if args.systems else None)
+                   systems=args.systems.split(",") if args.systems else None, cluster=cluster)
     doc = json.loads(Path(path).read_text())
     auto = doc.get("time_scale_auto")
     if auto is None:

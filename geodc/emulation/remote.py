@@ -39,7 +39,7 @@ REMOTE_STATE = "/run/geotestbed-remote"
 SSH_EXTRA = ["-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=2",
              "-o", "ServerAliveCountMax=3"]
 _RTT_RE = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
-_RUN_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
 
 
 def ssh_argv(server: Server) -> list[str]:
