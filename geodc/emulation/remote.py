@@ -20,9 +20,12 @@ import os
 import re
 import select
 import shlex
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -255,6 +258,9 @@ def self_record(path: str) -> str:
 
 
 SHELL_EXIT_S = 5.0   # for a node's ssh to end after SIGHUP
+AUTH_WAIT_S = 15.0   # the most a spawn waits for its ssh to authenticate before the next
+_AUTH_LOCKS: dict[str, threading.Lock] = {}   # per server: one connection authenticating
+_SPAWNING = threading.local()                 # extra ssh options of the spawn in progress
 
 
 class ClusterMixin(RemoteMixin):
@@ -271,7 +277,8 @@ class ClusterMixin(RemoteMixin):
 
     @property
     def sshcmd(self) -> list[str]:
-        return self._sshcmd
+        extra = getattr(_SPAWNING, "ssh_options", None)
+        return self._sshcmd if not extra else [*self._sshcmd[:-1], *extra, self._sshcmd[-1]]
 
     @sshcmd.setter
     def sshcmd(self, cmd: list[str]) -> None:
@@ -377,7 +384,23 @@ class ClusterMixin(RemoteMixin):
         wrapped = ["sh", "-c", script + ' && exec env "$@"', "sh", *pairs, *cmd]
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
-        popen = self._popen(["mnexec", "-a", str(self.pid), *wrapped], tt=True, **kwargs)
+        # One connection at a time is authenticating to a server: sshd drops connections past
+        # its MaxStartups (10 unauthenticated by default; a run starts 64 workers at once).
+        # ssh runs LocalCommand once it is authenticated; the next spawn waits for that.
+        with _AUTH_LOCKS.setdefault(self.cluster_server.name, threading.Lock()):
+            folder = tempfile.mkdtemp(prefix="geodc-ssh-")
+            marker = os.path.join(folder, "authenticated")
+            _SPAWNING.ssh_options = ["-o", "PermitLocalCommand=yes",
+                                     "-o", f"LocalCommand=touch {marker}"]
+            try:
+                popen = self._popen(["mnexec", "-a", str(self.pid), *wrapped], tt=True, **kwargs)
+                deadline = time.monotonic() + AUTH_WAIT_S
+                while (not os.path.exists(marker) and popen.poll() is None
+                       and time.monotonic() < deadline):
+                    time.sleep(0.005)
+            finally:
+                _SPAWNING.ssh_options = None
+                shutil.rmtree(folder, ignore_errors=True)
         popen.remote_record = path   # where it wrote itself: signal_recorded() reaches it
         return popen
 
