@@ -7,8 +7,10 @@ per link, geodc.plans.crossing) between servers; every interface gets the hosts'
 underlay's less 50 bytes). Before building, the underlay between each pair of servers a
 crossing link joins is measured (ping between their addresses): half its mean RTT is taken off
 that link's delay line (refused, one line, where larger) and it is reported beside the link's
-figures. A crossing link is shaped (HTB) and delayed (delay line, FORWARD -o) at its sending
-gateway, so what goes into the tunnel is the link's traffic already. Each step of the build
+figures. A crossing link is shaped (HTB) at its sending gateway and delayed (delay line,
+FORWARD -i) as it enters the receiving one, as on one machine: rate, then propagation (a delay
+line at the sender would sit before the HTB queue, in netfilter, and hold every byte for the
+link's delay before the rate, which temporal sharing's slots then see late). Each step of the build
 that the one-machine Network does by pid (netlink into a namespace) is done here by a command
 in the node's shell. Teardown ends, on every server, what that server's registry lists.
 Only the delay-line backend (the netem probe would be of this machine's kernel, not theirs).
@@ -150,14 +152,9 @@ class ClusterNetwork(Network):
             raise TestbedError(f"{node_name}: {script[:100]}: {out.strip()[-300:]}")
         return out.rstrip()[:-2]
 
-    # ---- the WAN: delay where it is sent, underlay taken off -----------------------------
+    # ---- the WAN: the underlay taken off the delay ------------------------------------------
     def _line_delay_ms(self, w) -> float:
         return self.line_delay_ms[w.index]
-
-    def _delay_at(self, w, src, dst) -> tuple[str, str]:
-        if w.index in self.crossing:
-            return src.gateway, f"-o {src.intf}"
-        return super()._delay_at(w, src, dst)
 
     def wan_stats(self) -> dict[str, dict]:
         """Network.wan_stats, each delay line asked by a signal sent on its server (over ssh, to
