@@ -661,3 +661,17 @@ def start_child(subprocess_env, tmp_path):
     if killed:
         from geodc.emulation.registry import cleanup
         cleanup(runtime_dir())
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A local cluster of 2 servers (scripts/local_cluster.py up 2) for one test: its
+    geodc.spec.cluster.Cluster; down after the test, whatever happened."""
+    from geodc.spec.cluster import load_cluster
+    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "local_cluster.py")]
+    out = tmp_path / "cluster.yaml"
+    subprocess.run([*script, "up", "2", "--out", str(out)], check=True, timeout=60)
+    try:
+        yield load_cluster(out)
+    finally:
+        subprocess.run([*script, "down"], check=True, timeout=60)

@@ -22,22 +22,10 @@ from geodc.emulation.remote import ServerRegistry, ClusterHost, measure_underlay
 from geodc.emulation.vxlan import VXLANLink
 from geodc.emulation.tools import ping
 from geodc.plans.crossing import host_mtu
-from geodc.spec.cluster import load_cluster
 
 pytestmark = pytest.mark.network
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = [sys.executable, str(ROOT / "scripts" / "local_cluster.py")]
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    out = tmp_path / "cluster.yaml"
-    subprocess.run([*SCRIPT, "up", "2", "--out", str(out)], check=True, timeout=60)
-    try:
-        yield load_cluster(out)
-    finally:
-        subprocess.run([*SCRIPT, "down"], check=True, timeout=60)
 
 
 def server_state(server) -> str:

@@ -25,8 +25,7 @@ import pytest
 import yaml
 
 from geodc.emulation.remote import REMOTE_STATE, server_run
-from geodc.spec.cluster import load_cluster
-from tests.test_cluster_link import SCRIPT, processes_naming
+from tests.test_cluster_link import processes_naming
 
 pytestmark = pytest.mark.network
 
@@ -65,16 +64,6 @@ def metrics_of(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     return json.loads(Path(last.removeprefix("results: ")).read_text())
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    out = tmp_path / "cluster.yaml"
-    subprocess.run([*SCRIPT, "up", "2", "--out", str(out)], check=True, timeout=60)
-    try:
-        yield load_cluster(out)
-    finally:
-        subprocess.run([*SCRIPT, "down"], check=True, timeout=60)
 
 
 # Counting rules on a server's underlay interface (the local cluster's own namespace): the
