@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from mininet.net import Mininet
 
-from geodc.emulation.remote import ServerRegistry, ClusterHost, measure_underlay, server_run
+from geodc.emulation.remote import ClusterHost
+from geodc.emulation.serverregistry import ServerRegistry
+from geodc.emulation.servers import measure_underlay, server_run
 from geodc.emulation.vxlan import VXLANLink
 from geodc.emulation.tools import ping
 from geodc.plans.crossing import host_mtu

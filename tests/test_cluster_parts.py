@@ -9,7 +9,7 @@ import pytest
 
 from geodc.emulation import shaping
 from geodc.emulation.clusternet import ClusterNetwork
-from geodc.emulation.remote import parse_underlay
+from geodc.emulation.servers import parse_underlay
 
 pytestmark = pytest.mark.unit
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodc.emulation.remote import REMOTE_STATE, server_run
+from geodc.emulation.serverregistry import REMOTE_STATE
+from geodc.emulation.servers import server_run
 from tests.test_cluster_link import processes_naming
 
 pytestmark = pytest.mark.network

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             from geodc.emulation.registry import cleanup
             done = cleanup()
             if servers is not None:
-                from geodc.emulation.remote import cleanup_servers
+                from geodc.emulation.serverregistry import cleanup_servers
                 done += cleanup_servers(servers)
             print("\n".join(done) if done else "nothing to clean up")
             return 0

@@ -26,8 +26,9 @@ from pathlib import Path
 from geodc.emulation import shaping, wanstats
 from geodc.emulation.minitopo import ScenarioTopo
 from geodc.emulation.network import Network
-from geodc.emulation.remote import (ClusterBridge, ClusterHost, ServerRegistry, SshFailed,
-                                    measure_underlay, server_run, signal_recorded)
+from geodc.emulation.remote import ClusterBridge, ClusterHost
+from geodc.emulation.serverregistry import ServerRegistry, signal_recorded
+from geodc.emulation.servers import SshFailed, measure_underlay, server_run
 from geodc.emulation.vxlan import VXLANLink
 from geodc.plans.crossing import Crossing, Underlay, crossings, delay_after_underlay, host_mtu
 from geodc.spec.cluster import Cluster, scenario_placement

@@ -1,0 +1,63 @@
+"""A server of a cluster (geodc.spec.cluster.Server) reached over ssh, in its root namespace.
+
+One job: run a shell script on a server with the cluster file's ssh options, a connect timeout
+and keep-alives (so a dead server is an error within seconds), and measure the underlay between
+two servers (ping from one to the other's address).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+
+from geodc.plans.crossing import Underlay
+from geodc.spec.cluster import Server
+from geodc.spec.errors import TestbedError
+
+SSH_EXTRA = ["-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=2",
+             "-o", "ServerAliveCountMax=3"]
+_RTT_RE = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
+
+
+class SshFailed(TestbedError):
+    """ssh to a server did not connect or answer (server_run)."""
+
+
+def ssh_argv(server: Server) -> list[str]:
+    """ssh to server's root namespace, non-interactive, with the cluster file's options."""
+    return ["ssh", "-q", "-o", "BatchMode=yes", *SSH_EXTRA, *server.ssh_options,
+            server.destination]
+
+
+def server_run(server: Server, script: str, timeout_s: float = 30.0) -> str:
+    """Run a shell script on server (its root namespace) over ssh; its output. TestbedError,
+    one line naming the server, if ssh fails or the script exits non-zero."""
+    try:
+        r = subprocess.run([*ssh_argv(server), script], capture_output=True, text=True,
+                           timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise SshFailed(f"server {server.name} ({server.destination}): no answer over ssh "
+                        f"in {timeout_s:g} s") from None
+    if r.returncode == 255:
+        raise SshFailed(f"server {server.name} ({server.destination}): ssh failed: "
+                        f"{r.stderr.strip() or 'exit 255'}")
+    if r.returncode != 0:
+        raise TestbedError(f"server {server.name}: {script.splitlines()[0][:80]!r} exited "
+                           f"{r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
+    return r.stdout
+
+
+def parse_underlay(text: str) -> Underlay:
+    m = _RTT_RE.search(text)
+    if not m:
+        raise TestbedError(f"no RTT in ping's output: {text.strip()[-200:]}")
+    mn, avg, mx, mdev = map(float, m.groups())
+    return Underlay(rtt_ms=avg, mdev_ms=mdev, min_ms=mn, max_ms=mx)
+
+
+def measure_underlay(a: Server, b: Server, count: int = 20, interval_s: float = 0.05) -> Underlay:
+    """ping from server a to server b's address (the underlay between them, no tunnel)."""
+    out = server_run(a, f"ping -n -q -c {count} -i {interval_s} {shlex.quote(b.address)}",
+                     timeout_s=count * interval_s + 15)
+    return parse_underlay(out)
