@@ -8,9 +8,9 @@ namespace `geodclc-sK` whose `eth0` (10.250.0.K/24) is a veth port on that bridg
 own sshd (generated host key, listening on 10.250.0.K:22, root login by a generated client key
 only). So that ssh works from this machine's root namespace, one veth `geodclc0` (10.250.0.254/24)
 joins the bridge; that link, its connected route and the namespaces' names under /run/netns are
-all this script changes in the root namespace (each server sees this machine's /run through an
-overlay whose writes are its own, so what a run keeps under /run on one server is not on another), and all are recorded and removed. It writes the
-cluster file (docs/cluster.md) with the key and known_hosts. State (keys, sshd configs, logs,
+all this script changes in the root namespace, and all are recorded and removed. Each server
+sees this machine's /run through an overlay whose writes are its own, so what a run keeps under
+/run on one server is not on another. It writes the cluster file (docs/cluster.md) with the key and known_hosts. State (keys, sshd configs, logs,
 pids) lives in /run/geodclc/; `down` stops the sshds it started (each checked by pid and start
 time, signalled through a pidfd; never by name), deletes the namespaces and the link, and
 removes /run/geodclc/, the cluster file it wrote, and /run/sshd if it made it.

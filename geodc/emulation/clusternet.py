@@ -177,24 +177,23 @@ class ClusterNetwork(Network):
             if node is not None and node.lost():
                 return self._lost(node.cluster_server, f"the ssh to its node {name} ended")
         failure = super()._supervised_failure()
-        for dl in self.delaylines if failure is not None else ():
-            if dl.proc.poll() is not None and dl.gateway in nodes:   # its ssh, or the line?
+        if failure is None:
+            return None
+        for dl in self.delaylines:   # a delay line ended: its ssh, or the line itself?
+            if dl.proc.poll() is not None and dl.gateway in nodes:
                 server = nodes[dl.gateway].cluster_server
-                try:
-                    server_run(server, "true", timeout_s=10)
-                except SshFailed:
+                if not _answers(server):
                     return self._lost(server, f"the ssh to the delay line in {dl.gateway} ended")
         return failure
 
     def diagnose(self, exc: TestbedError) -> TestbedError:
         """A process that ended with ssh's own failure (exit 255) may be a server gone: each
-        server is asked (ConnectTimeout 5 s); the first that does not answer is the failure."""
+        server is asked (ConnectTimeout 5 s); the first that does not answer is the failure.
+        (A failure the supervisor raises meanwhile goes through: it says more.)"""
         if self.server_registry.lost_servers:
             return TestbedError(self.failure or str(exc))
         for server in self.server_registry.servers.values():
-            try:   # (a failure the supervisor raises meanwhile goes through: it says more)
-                server_run(server, "true", timeout_s=10)
-            except SshFailed:
+            if not _answers(server):
                 self.failure = self._lost(server, f"it stopped answering ssh ({str(exc)[:80]}...)")
                 return TestbedError(self.failure)
         return exc
@@ -221,6 +220,15 @@ class ClusterNetwork(Network):
             if left:
                 print(f"warning: teardown incomplete on servers: {'; '.join(left)}",
                       file=sys.stderr)
+
+
+def _answers(server) -> bool:
+    """Whether server still answers ssh (a no-op command, ConnectTimeout 5 s)."""
+    try:
+        server_run(server, "true", timeout_s=10)
+    except SshFailed:
+        return False
+    return True
 
 
 class _SignalOnServer:

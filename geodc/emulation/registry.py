@@ -37,7 +37,7 @@ SHARED_RUNTIME_DIR = Path("/run/geotestbed")
 ALIAS_PREFIX = "geotestbed:"
 
 
-def _start_time(pid: int) -> int | None:
+def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/pid/stat)."""
     stat = _stat(pid)
     return int(stat[19]) if stat is not None else None
@@ -50,7 +50,7 @@ class Registry:
                  cluster: str | None = None) -> None:
         self.path = directory / f"{run_id}-{os.getpid()}.json"  # unique even for equal run ids
         self.data: dict = {"run_id": run_id, "owner": {"pid": os.getpid(),
-                                                       "start": _start_time(os.getpid())},
+                                                       "start": start_time(os.getpid())},
                            "pids": [], "interfaces": []}
         if cluster is not None:   # the run's nodes are on these servers (cleanup --cluster)
             self.data["cluster"] = cluster
@@ -59,7 +59,7 @@ class Registry:
         self._write()
 
     def add_pid(self, pid: int, what: str) -> None:
-        entry = {"pid": pid, "start": _start_time(pid), "what": what}
+        entry = {"pid": pid, "start": start_time(pid), "what": what}
         with self._lock:    # processes are spawned from several threads (cross-traffic's too)
             self.data["pids"].append(entry)
             self._write()
@@ -81,7 +81,7 @@ class Registry:
 
 
 def alive(entry: dict) -> bool:
-    return entry.get("start") is not None and _start_time(entry["pid"]) == entry["start"]
+    return entry.get("start") is not None and start_time(entry["pid"]) == entry["start"]
 
 
 def _signal(entry: dict, sig: int) -> None:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from geodc.emulation.registry import start_time
 from geodc.emulation.servers import server_run
 from geodc.spec.cluster import Server
 from geodc.spec.errors import TestbedError
@@ -99,18 +100,13 @@ class ServerRegistry:
         return left
 
 
-def _start_field(pid: int | str) -> str:
-    """Field 22 of /proc/PID/stat (the start time in clock ticks since boot)."""
-    return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[19]
-
-
 def _boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def owner_line() -> str:
     """`boot_id pid starttime` of this process: who owns a run folder on a server."""
-    return f"{_boot_id()} {os.getpid()} {_start_field(os.getpid())}"
+    return f"{_boot_id()} {os.getpid()} {start_time(os.getpid())}"
 
 
 def owner_alive(line: str) -> bool | None:
@@ -119,10 +115,7 @@ def owner_alive(line: str) -> bool | None:
     parts = line.split()
     if len(parts) != 3 or not parts[1].isdigit() or parts[0] != _boot_id():
         return None
-    try:
-        return _start_field(parts[1]) == parts[2]
-    except (OSError, IndexError):
-        return False
+    return str(start_time(int(parts[1]))) == parts[2]   # None (gone) never matches
 
 
 def end_run(server: Server, run_id: str) -> str:
