@@ -28,7 +28,8 @@ test-loopback: setup  ## the loopback ring: real processes and sockets on 127.0.
 # 0.25 s; on the delay line, release lateness under TCG on 2026-12-03: median 0.7-1.8 ms for
 # pings and 1.2-4.6 ms under iperf3, against 1 ms). tests/test_backends.py checks RTT and
 # goodput at the guest's tolerance instead.
-# Both backends run even when the first fails; the target fails if either did.
+# Both backends run even when the first fails; the target fails if either did. Each guest's
+# kernel console is kept in results/stock-kernel/BACKEND-console.log.
 STOCK_RING := tests/test_backends.py tests/test_network.py tests/test_wanstats.py \
               tests/test_faults_run.py tests/test_cleanup.py
 STOCK_SKIP := not training and not crash and not cross_traffic and not path_delay \
@@ -36,10 +37,12 @@ STOCK_SKIP := not training and not crash and not cross_traffic and not path_dela
               and not killed_run and not pings_are_counted and not iperf3_bytes_are_counted
 test-stock-kernel: setup  ## the stock-kernel ring: netem and delayline backends in a guest
 	.venv/bin/python scripts/stock_kernel.py --prepare
+	mkdir -p results/stock-kernel
 	rc=0; for b in netem delayline; do echo "== backend $$b"; \
-	  .venv/bin/python scripts/stock_kernel.py run -- env GEODC_TEST_BACKEND=$$b \
-	    $(PY) -m pytest -q -p no:cacheprovider -m network $(STOCK_RING) -k "$(STOCK_SKIP)" \
-	    || rc=1; done; exit $$rc
+	  .venv/bin/python scripts/stock_kernel.py run --log results/stock-kernel/$$b-console.log \
+	    -- sh -c 'env GEODC_TEST_BACKEND=$$0 $(PY) -m pytest -q -p no:cacheprovider -m network \
+	      $(STOCK_RING) -k "$(STOCK_SKIP)"; rc=$$?; echo "== guest after pytest: exit $$rc"; \
+	      free -m; df -m /tmp /run; exit $$rc' $$b || rc=1; done; exit $$rc
 
 lint: setup       ## ruff and the layer contracts (both also in the unit ring)
 	.venv/bin/ruff check .

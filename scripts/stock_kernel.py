@@ -21,6 +21,8 @@ one-line error (exit 2) saying what to do.
 
 The guest gets its own empty /tmp (iperf3 fails on the host's, passed read-write) and the
 host's root read-only; --rwdir DIR makes DIR writable there (results to bring back).
+--log FILE keeps the guest kernel's console (its messages at loglevel 7) in FILE; when the
+command fails, the lines of an OOM kill, a panic or an oops are printed from it.
 """
 
 from __future__ import annotations
@@ -182,16 +184,26 @@ def check_tree(root: Path, version: str) -> None:
 
 
 # ---- a command in the guest -----------------------------------------------------------------
-def guest_argv(version: str, command: list[str], rwdirs: list[str]) -> list[str]:
-    """vng's command line: the prepared kernel over this machine's filesystem, TCG."""
+def guest_argv(version: str, command: list[str], rwdirs: list[str],
+               console: bool = False) -> list[str]:
+    """vng's command line: the prepared kernel over this machine's filesystem, TCG; with
+    console, the kernel's messages (loglevel 7) on QEMU's stderr."""
     argv = [str(vng_path()), "--run", str(kernel_image(version)), "--disable-kvm",
             "--cpus", str(CPUS), "--memory", MEMORY, "--cwd", str(REPO), "--user", "root"]
+    if console:
+        argv.append("--verbose")
     for d in rwdirs:
         argv += ["--rwdir", str(Path(d).resolve())]
     return argv + ["--exec", shlex.join(command)]
 
 
-def run(command: list[str], rwdirs: list[str], timeout_s: float) -> int:
+# kernel messages that say why a guest's command ended early
+TROUBLE = re.compile(r"Out of memory|oom-kill|Killed process|Kernel panic|BUG:|Oops|"
+                     r"segfault|hung_task|soft lockup|rcu.*stall|Call Trace", re.I)
+
+
+def run(command: list[str], rwdirs: list[str], timeout_s: float,
+        log: Path | None = None) -> int:
     need_tools(["qemu-system-x86_64", "udevadm"])
     need_static_busybox()
     version = current_version()
@@ -206,32 +218,46 @@ def run(command: list[str], rwdirs: list[str], timeout_s: float) -> int:
     env = dict(os.environ, PATH=f"{vng_path().parent}{os.pathsep}{os.environ.get('PATH', '')}")
     # QEMU reopens its stdout and stderr by name (/proc/self/fd/N) without O_APPEND: two
     # opens of one regular file (`> log 2>&1`) overwrite each other. Pipes, copied through.
-    proc = subprocess.Popen(guest_argv(version, command, rwdirs), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(guest_argv(version, command, rwdirs, console=log is not None),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, start_new_session=True)
+    console = open(log, "wb") if log is not None else sys.stderr.buffer
     copies = [threading.Thread(target=_copy, args=(src, dst), daemon=True)
-              for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+              for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, console))]
     for t in copies:
         t.start()
     try:
         rc = proc.wait(timeout=timeout_s)
         for t in copies:
             t.join()
-        return rc
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         print(f"error: the guest ran past --timeout {timeout_s:g} s and was stopped", file=sys.stderr)
-        return 124
+        rc = 124
     except KeyboardInterrupt:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return 130
+        rc = 130
+    if log is not None:
+        console.close()
+        if rc != 0:
+            report_console(log)
+    return rc
+
+
+def report_console(log: Path) -> None:
+    """After a failed command: the guest's kernel messages that say why, and where the rest is."""
+    lines = log.read_text(errors="replace").splitlines()
+    trouble = [line for line in lines if TROUBLE.search(line)]
+    print(f"the guest's console ({len(lines)} lines): {log}", file=sys.stderr)
+    for line in trouble[:20] or ["(no kernel message of an OOM kill, panic or oops)"]:
+        print(f"  {line}", file=sys.stderr)
 
 
 def _copy(src, dst) -> None:
     for chunk in iter(lambda: src.read1(65536), b""):
-        dst.buffer.write(chunk)
+        dst.write(chunk)
         dst.flush()
 
 
@@ -245,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run a command in the guest: run [--rwdir DIR] -- CMD ...")
     r.add_argument("--rwdir", action="append", default=[], help="a folder the guest may write")
     r.add_argument("--timeout", type=float, default=3600, help="seconds (default 3600)")
+    r.add_argument("--log", type=Path, help="keep the guest's kernel console in this file "
+                   "(and on failure print its OOM, panic and oops lines)")
     r.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if not args.prepare and args.step is None:
@@ -255,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             prepare(args.package)
         if args.step == "run":
             command = args.command[1:] if args.command[:1] == ["--"] else args.command
-            return run(command, args.rwdir, args.timeout)
+            if args.log is not None and not args.log.resolve().parent.is_dir():
+                raise Missing(f"--log {args.log}: its folder does not exist")
+            return run(command, args.rwdir, args.timeout, args.log)
     except Missing as exc:
         fail(str(exc))
     return 0
