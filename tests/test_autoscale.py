@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geodc.predict.autoscale import (OVERRUN_BOUND, RHO_MAX, Load, Op, choose, cpu_load,
-                                     overrun_fraction, would_hold)
+                                     overlaps, overrun_fraction, preempted_share, would_hold)
 from geodc.spec.errors import ScenarioError
 from geodc.spec.scenario import load_scenario, parse_scenario
 from geodc.spec.timescale import MAX_TIME_SCALE
@@ -86,3 +88,51 @@ def test_would_hold_rises_with_measured_overruns():
 def test_two_dc_scenario_file_is_still_a_number():
     sc = load_scenario("topologies/two_dc.yaml")
     assert not sc.time_scale_auto
+
+
+@pytest.mark.unit
+def test_overlaps_are_the_all_reduces_still_running_at_each_step():
+    # stage 1 ends its backward first, stage 0 40 ms later; all-reduces 100 ms, steps 5 ms
+    assert overlaps([40.0, 0.0], [100.0, 100.0], [5.0, 5.0]) == ((), (0,))
+    # all-reduces shorter than the gap: none overlaps
+    assert overlaps([40.0, 0.0], [30.0, 30.0], [5.0, 5.0]) == ((), ())
+    # no all-reduce (D = 1): none
+    assert overlaps([40.0, 0.0], [0.0, 0.0], [5.0, 5.0]) == ((), ())
+
+
+def _with_allreduce(cpu_ms: float, ar_cpu_ms: float) -> Load:
+    """Two stages; stage 1's optimizer step overlaps stage 0's all-reduce (100 ms at T=1)."""
+    base = _load(cpu_ms, 10.0)
+    return replace(base, allreduce_ms=(100.0, 100.0), allreduce_cpu_ms=(ar_cpu_ms, ar_cpu_ms),
+                   overlapped_by=((), (0,)))
+
+
+@pytest.mark.unit
+def test_a_fifo_all_reduce_beside_an_optimizer_step_needs_more_dilation():
+    plain = _load(0.5, 10.0)
+    assert preempted_share(plain, plain.ops[2], 1.0) == 0.0
+    heavy = _with_allreduce(0.5, 300.0)       # 2 x 300 ms of CPU in 100 ms x T on 2 cores
+    step = next(op for op in heavy.ops if op.kind == "OPT" and op.stage == 1)
+    assert preempted_share(heavy, step, 1.0) == pytest.approx(3.0)
+    assert preempted_share(heavy, step, 6.0) == pytest.approx(0.5)
+    assert overrun_fraction(heavy, 2.0) == float("inf")       # no CPU left for the step
+    assert choose(heavy).time_scale > max(3.0, choose(plain).time_scale)
+    assert preempted_share(heavy, next(op for op in heavy.ops if op.kind == "F"), 1.0) == 0.0
+
+
+@pytest.mark.unit
+def test_scale64_with_the_costs_measured_there_refuses_the_t_that_overran():
+    """scale64 on 2026-12-03 (bench/bench_autoscale.py, this 2-core machine): an optimizer step
+    1.43 ms of CPU, 0.58 ns per byte; at T=6 overruns were 5.5% of compute (bound 2%), at T=2.75
+    (2026-12-05, a 0.66 ms step) 32.5%. The chooser must not pick either."""
+    from geodc.run.autoscale import model_iteration, plan_load
+    from geodc.spec.training import TrainConfig
+    sc = load_scenario("topologies/scale64.yaml")
+    cfg = TrainConfig.from_dict(sc.training)
+    model_s, ar_ms = model_iteration(sc, cfg)
+    for opt_ms, overran_at in ((1.43, 6.0), (0.66, 2.75)):
+        cpu = [{"F": 0.66, "B": 0.83, "OPT": opt_ms}] * cfg.stages
+        load = plan_load(sc, cfg, cpu, 2, model_s, 0.5844, ar_ms)
+        assert load.overlapped_by == ((), (0,), (0, 1), (0, 1, 2))   # last stage's step first
+        assert overrun_fraction(load, overran_at) > OVERRUN_BOUND
+        assert choose(load).time_scale > overran_at
