@@ -136,3 +136,18 @@ def test_scale64_with_the_costs_measured_there_refuses_the_t_that_overran():
         assert load.overlapped_by == ((), (0,), (0, 1), (0, 1, 2))   # last stage's step first
         assert overrun_fraction(load, overran_at) > OVERRUN_BOUND
         assert choose(load).time_scale > overran_at
+
+
+@pytest.mark.loopback
+def test_auto_on_two_dc_measures_here_and_picks_one():
+    """two_dc (4 workers on this machine's cores) with time_scale: auto: the start-up
+    measurement (the small model's ops, TCP's CPU per byte on loopback) and the chooser keep
+    T = 1, and the record says why."""
+    from geodc.run.autoscale import resolve
+    from geodc.spec.training import TrainConfig
+    sc = replace(load_scenario("topologies/two_dc.yaml"), time_scale_auto=True)
+    chosen, record = resolve(sc, TrainConfig.from_dict(sc.training), say=lambda line: None)
+    assert chosen.time_scale == 1.0 and record["time_scale"] == 1.0 and record["held"], record
+    assert record["workers"] == 4 and len(record["measured_cpu_ms"]) == 2
+    assert all(op > 0 for stage in record["measured_cpu_ms"] for op in stage.values())
+    assert record["ns_per_byte"] > 0 and record["model_allreduce_ms"][0] > 0
