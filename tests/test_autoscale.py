@@ -151,3 +151,25 @@ def test_auto_on_two_dc_measures_here_and_picks_one():
     assert record["workers"] == 4 and len(record["measured_cpu_ms"]) == 2
     assert all(op > 0 for stage in record["measured_cpu_ms"] for op in stage.values())
     assert record["ns_per_byte"] > 0 and record["model_allreduce_ms"][0] > 0
+
+
+@pytest.mark.loopback
+def test_auto_counts_the_prefill_side_of_a_bubbletea_scenario():
+    """atlas_bubbletea with time_scale: auto: the prefill side's CPU (a request's prefill at the
+    inference model's whole context and its decode, measured here, x the load's offered
+    requests per second) is in the record and the reasons, and only raises T."""
+    from geodc.features.bubbletea.plan import make_requests
+    from geodc.run.autoscale import plan_load, resolve
+    from geodc.spec.training import TrainConfig
+    sc = replace(load_scenario("topologies/atlas_bubbletea.yaml"), time_scale_auto=True)
+    cfg = TrainConfig.from_dict(sc.training)
+    _, record = resolve(sc, cfg, say=lambda line: None)
+    pf = record["prefill_cpu"]
+    offered = make_requests(sc.bubbletea, cfg.compute, {"all": 1})["offered_per_s"]
+    assert pf["offered_per_s"] == pytest.approx(offered, rel=1e-3) and pf["per_request_ms"] > 0
+    assert pf["cpu_per_s"] == pytest.approx(pf["per_request_ms"] * offered / 1e3, rel=1e-2)
+    assert any(r.startswith("prefill side (BubbleTea)") for r in record["reasons"])
+    without = choose(plan_load(sc, cfg, record["measured_cpu_ms"], record["cores"],
+                               record["model_iteration_s"], record["ns_per_byte"],
+                               record["model_allreduce_ms"]))
+    assert record["time_scale"] >= without.time_scale

@@ -196,12 +196,15 @@ def _reasons(load: Load, t: float, rho: float, over: float, rho1: float, over1: 
     out = [f"{load.workers} workers on {load.cores} cores; delay lines "
            f"{load.delay_line_pps:,.0f} packets/s at T=1 x {load.us_per_packet:g} us; workers "
            f"move {load.bytes_per_iteration / 1e6:,.0f} MB per iteration x "
-           f"{load.ns_per_byte:.2f} ns/byte; "
+           f"{load.ns_per_byte:.2f} ns/byte (TCP over veths and HTB); "
            f"safety factor {safety:g} on every measured CPU cost",
            f"at T=1: CPU load {rho1:.0%} (bound {RHO_MAX:.0%}, for release lateness p99 under "
            f"{LATENESS_BOUND_MS:g} ms), overruns {over1:.1%} of compute (bound "
            f"{OVERRUN_BOUND:.0%})",
            f"at T={t:g}: CPU load {rho:.0%}, overruns {over:.1%} of compute"]
+    if load.prefill_cpu_per_s:
+        out.append(f"prefill side (BubbleTea): {load.prefill_cpu_per_s:.3f} s of CPU per second "
+                   f"at T=1, {load.prefill_cpu_per_s / t:.3f} at T={t:g}")
     if worst is not None:
         out.append(f"tightest op: stage {worst.stage} {worst.kind}, CPU {worst.cpu_ms:.2f} ms vs "
                    f"hold {worst.hold_ms:.2f} ms")

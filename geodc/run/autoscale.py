@@ -9,8 +9,10 @@ after warm-up, and TCP's CPU per byte on loopback, the largest of a few (the med
 twofold between runs on one machine: an optimizer step 0.66 ms on 2026-12-05 against 1.43 ms on
 2026-12-03; CPU per byte 0.43 to 0.65 ns within an hour on 2026-12-06; the largest errs towards
 a larger T).
-Not measured (yet): the prefill side's CPU per request (BubbleTea scenarios: 0 is assumed and
-the reasons say so).
+BubbleTea scenarios: the prefill side's CPU per request, measured the same way (the small
+inference model's prefill of a whole context and the decode of decode_tokens_max tokens after
+it: an upper bound, every request at the longest the model takes), times the load's offered
+requests per second (geodc.features.bubbletea.plan), is the prefill CPU per second.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from geodc.spec.scenario import MTU_BYTES, Scenario
 from geodc.spec.training import TrainConfig
 
 REPS, WARMUP = 5, 2
+# The workers' bytes cross veths, a bridge and HTB, not loopback: the whole machine's CPU per
+# byte over a veth pair between two namespaces with HTB on the sender, over loopback's, measured
+# by bench/bench_path_cost.py (2.2 and 2.5 here on 2026-12-06: 1.155 and 1.192 ns against 0.466
+# and 0.540). Loopback is what start-up measures (no root, no namespaces needed).
+PATH_COST_FACTOR = 2.3
 
 
 def measure_op_cpu_ms(cfg: TrainConfig) -> list[dict[str, float]]:
@@ -78,9 +85,44 @@ def measure_op_cpu_ms(cfg: TrainConfig) -> list[dict[str, float]]:
         torch.set_num_threads(threads)
 
 
+def measure_prefill_cpu_ms(model: dict, decode_tokens: int) -> float:
+    """CPU ms of one request at the inference model's whole context: its prefill, and the
+    decode of decode_tokens tokens after it (on a decode server), one thread, here."""
+    import dataclasses
+
+    import torch
+
+    from geodc.hostproc.prefill.decoder import (InferenceConfig, build_model,
+                                                generate_from_cache, prefill)
+    names = {f.name for f in dataclasses.fields(InferenceConfig)}
+    cfg = InferenceConfig(**{k: v for k, v in model.items() if k in names})
+    net = build_model(cfg)
+    decode = max(1, decode_tokens)
+    prompt = [i % cfg.vocab_size for i in range(max(1, cfg.context - decode + 1))]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        took = []
+        for i in range(WARMUP + REPS):
+            t0 = time.thread_time_ns()
+            kv, first = prefill(net, prompt)
+            generate_from_cache(net, kv, first, decode)
+            if i >= WARMUP:
+                took.append((time.thread_time_ns() - t0) / 1e6)
+        return max(took)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def offered_requests_per_s(scenario: Scenario, cfg: TrainConfig) -> float:
+    """The BubbleTea load's requests per second at T = 1 (after its context rule)."""
+    from geodc.features.bubbletea.plan import make_requests
+    return float(make_requests(scenario.bubbletea, cfg.compute, {"all": 1})["offered_per_s"])
+
+
 def measure_ns_per_byte(total: int = 64 << 20, chunk: int = 1 << 20) -> float:
     """CPU (both ends) to move one byte through a TCP connection on loopback, here (the
-    workers' messages and all-reduce go over TCP; veths and shaping add more: a lower bound)."""
+    workers' messages and all-reduce go over TCP; veths and shaping add more: PATH_COST_FACTOR)."""
     import socket
     import threading
     srv = socket.create_server(("127.0.0.1", 0))
@@ -176,17 +218,27 @@ def resolve(scenario: Scenario, cfg: TrainConfig | None,
     t0 = time.monotonic()
     cpu = measure_op_cpu_ms(cfg)
     model_s, ar_ms = model_iteration(scenario, cfg)
-    nspb = max(measure_ns_per_byte() for _ in range(REPS))   # the largest, as the ops
+    loopback = max(measure_ns_per_byte() for _ in range(REPS))   # the largest, as the ops
+    nspb = loopback * PATH_COST_FACTOR
     load = plan_load(scenario, cfg, cpu, machine_cores(), model_s, nspb, ar_ms)
+    prefill: dict[str, Any] | str = "no prefill"
+    if scenario.bubbletea:
+        bt = scenario.bubbletea
+        per_request = measure_prefill_cpu_ms(bt.model, bt.decode_tokens_max)
+        per_s = offered_requests_per_s(scenario, cfg)
+        load = replace(load, prefill_cpu_per_s=per_request * per_s / 1e3)
+        prefill = {"per_request_ms": round(per_request, 4), "offered_per_s": round(per_s, 3),
+                   "cpu_per_s": round(load.prefill_cpu_per_s, 5)}
     choice = choose(load)
     record = dict(choice.to_dict(), measured_cpu_ms=[{k: round(v, 4) for k, v in s.items()}
                                                       for s in cpu],
                   cores=load.cores, workers=load.workers, ns_per_byte=round(nspb, 4),
+                  ns_per_byte_loopback=round(loopback, 4), path_cost_factor=PATH_COST_FACTOR,
                   bytes_per_iteration=round(load.bytes_per_iteration),
                   delay_line_packets_per_s=round(load.delay_line_pps, 1),
                   model_iteration_s=round(load.iteration_s, 4),
                   model_allreduce_ms=[round(v, 3) for v in ar_ms],
-                  prefill_cpu="not measured (0 assumed)" if scenario.bubbletea else "no prefill",
+                  prefill_cpu=prefill,
                   wall_clock_s=round(wall_clock_s(load.iteration_s, cfg, choice.time_scale,
                                                   len(scenario.systems)), 1),
                   measure_s=round(time.monotonic() - t0, 2))
