@@ -175,3 +175,42 @@ def test_a_lost_server_stops_the_run_and_cleanup_ends_what_it_left(cluster, tmp_
         assert "No such file" in server_run(s, f"ls {REMOTE_STATE} 2>&1; true")
     assert processes_naming(str(tmp_path), "mininet:a-", "mininet:c-") == []
     assert cli("cleanup", "--cluster", cluster.path).stdout.strip() == "nothing to clean up"
+
+
+def test_a_sweep_runs_every_point_over_the_servers(cluster, tmp_path):
+    """`run SWEEP --cluster`: each point is its own run over the servers (the link between the
+    two DCs crosses them), with the point's delay; both points train alike (the delay changes
+    time, not arithmetic), and nothing is left on either server."""
+    doc = {"name": "sweep2", "scale": 100,
+           "dcs": [{"name": "ea", "hosts": 1}, {"name": "we", "hosts": 1}],
+           "wan": [{"between": ["ea", "we"], "delay_ms": 5, "rate_mbit": 100}],
+           "systems": ["baseline"], "sweep": {"wan.delay_ms": [5, 15]},
+           "training": {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
+                                  "vocab_size": 64},
+                        "stages": 2, "replicas": 1, "micro_batches": 2, "micro_batch_size": 2,
+                        "schedule": "1f1b", "iterations": 2, "seed": 0, "compute": "profile",
+                        "profile": {"file": "h200-transformer.json", "width": 2048,
+                                    "seq": 2048, "micro_batch": 1, "n_layer": 4}}}
+    path = tmp_path / "sweep2.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = cli("run", str(path), "--cluster", cluster.path, "--out", str(tmp_path / "out"))
+    print(proc.stdout[-3000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep_dir = next((tmp_path / "out").glob("sweep2-sweep-*"))
+    index = json.loads((sweep_dir / "index.json").read_text())
+    assert index["cluster"] == str(cluster.path)
+    assert [e["status"] for e in index["points"]] == ["done", "done"], index["points"]
+    losses, rtts = [], []
+    for e in index["points"]:
+        m = json.loads((sweep_dir / e["run_dir"] / "metrics.json").read_text())
+        run = m["systems"]["baseline"]
+        c = run["network"]["cluster"]
+        assert [x["link"] for x in c["crossing_links"]] == ["ea-we"], c
+        assert all(w["packets"] > 0 and w["dropped_loss"] == 0
+                   for w in run["wan_links"].values()), run["wan_links"]
+        losses.append(run["loss"])
+        rtts.append(e["values"]["wan.delay_ms"])
+    assert losses[0] == losses[1] and rtts == [5, 15]
+    for s in cluster.servers:
+        assert "No such file" in server_run(s, f"ls {REMOTE_STATE} 2>&1; true")
+    assert processes_naming(str(tmp_path), "mininet:ea-", "mininet:we-") == []

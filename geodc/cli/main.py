@@ -219,14 +219,11 @@ def main(argv: list[str] | None = None) -> int:
                 scenario_placement(cluster, load_scenario(args.scenario))
             _dead_runs_notice()
             if load_scenario(args.scenario).sweep:
-                if cluster is not None:
-                    raise ScenarioError("--cluster", "a sweep across servers is not built yet",
-                                        "run the sweep's points one by one with --cluster")
                 from geodc.run.sweeprun import sweep_job
                 path = sweep_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  systems=systems, iterations=args.iterations,
                                  resume=None if args.resume is None else Path(args.resume),
-                                 quiet=args.quiet, timeout_s=args.timeout_s)
+                                 quiet=args.quiet, timeout_s=args.timeout_s, cluster=cluster)
             else:
                 if args.resume is not None:
                     raise ScenarioError("--resume", f"{args.scenario} has no sweep",

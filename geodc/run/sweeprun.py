@@ -43,21 +43,28 @@ def read_doc(scenario_path: str) -> dict[str, Any]:
     return dict(load_scenario(scenario_path).raw)
 
 
-def sweep_key(doc: dict[str, Any], systems: list[str] | None, iterations: int | None) -> str:
-    text = json.dumps({"doc": doc, "systems": systems, "iterations": iterations},
-                      sort_keys=True)
+def sweep_key(doc: dict[str, Any], systems: list[str] | None, iterations: int | None,
+              cluster=None) -> str:
+    """What a --resume must match: the sweep, its options, and the cluster's servers (if any)."""
+    what: dict[str, Any] = {"doc": doc, "systems": systems, "iterations": iterations}
+    if cluster is not None:
+        what["servers"] = [f"{s.name}={s.destination}" for s in cluster.servers]
+    text = json.dumps(what, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
               systems: list[str] | None = None, iterations: int | None = None,
               resume: Path | None = None, quiet: bool = False,
-              timeout_s: float | None = None) -> Path:
+              timeout_s: float | None = None, cluster=None) -> Path:
+    """Every point of the sweep not done yet, one run each (geodc.run.jobs.run_job), then its
+    tables. cluster: a geodc.spec.cluster.Cluster every point's DCs are spread over (each point
+    placed and checked on its own; a point the cluster cannot hold fails alone)."""
     from geodc.run.jobs import run_job
     doc = read_doc(scenario_path)
     points = expand(doc)
     checked = check_points(points, systems=systems, iterations=iterations)
-    key = sweep_key(doc, systems, iterations)
+    key = sweep_key(doc, systems, iterations, cluster)
     if resume is not None:
         sweep_dir = Path(resume)
         _read_index(sweep_dir, key, len(points))     # a sweep folder at all, before locking
@@ -67,7 +74,7 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     try:   # held until the sweep's tables are written: a waiting --resume starts after
         _sweep(doc, points, checked, key, sweep_dir, resume is not None, run_job,
                backend=backend, systems=systems, iterations=iterations, quiet=quiet,
-               timeout_s=timeout_s)
+               timeout_s=timeout_s, cluster=cluster)
     finally:
         os.close(lock)
     return sweep_dir / "index.json"
@@ -75,7 +82,8 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
 
 def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sweep_dir: Path,
            resumed: bool, run_job, *, backend: str | None, systems: list[str] | None,
-           iterations: int | None, quiet: bool, timeout_s: float | None) -> None:
+           iterations: int | None, quiet: bool, timeout_s: float | None,
+           cluster=None) -> None:
     """The sweep's points not done yet, then its tables (the caller holds the folder's lock)."""
     if resumed:
         index = _read_index(sweep_dir, key, len(points))   # as the last holder left it
@@ -83,6 +91,7 @@ def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sw
         write_text(sweep_dir / "scenario.yaml", dump_yaml(doc))
         index = {"schema_version": INDEX_SCHEMA, "scenario": doc["name"], "key": key,
                  "sweep": doc["sweep"], "systems": systems, "iterations": iterations,
+                 "cluster": None if cluster is None else str(cluster.path),
                  "points": [{"index": p.index, "label": p.label, "values": p.values,
                              "status": "pending"} for p in points]}
     todo = [p for p in points if not _done(sweep_dir, index["points"][p.index])]
@@ -95,7 +104,7 @@ def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sw
         for p in todo:
             _run_point(p, sweep_dir, index, progress, run_job, backend=backend,
                        systems=systems, iterations=iterations, n=len(points),
-                       timeout_s=timeout_s)
+                       timeout_s=timeout_s, cluster=cluster)
     finally:
         progress.close()
     for line in summary(index):
@@ -112,7 +121,7 @@ def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sw
 
 def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_job, *,
                backend: str | None, systems: list[str] | None, iterations: int | None,
-               n: int, timeout_s: float | None = None) -> None:
+               n: int, timeout_s: float | None = None, cluster=None) -> None:
     entry = index["points"][p.index]
     interrupts.check()
     (sweep_dir / "points").mkdir(exist_ok=True)
@@ -124,7 +133,7 @@ def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_j
     try:
         metrics_path = run_job(str(path), out_dir=sweep_dir / "runs", backend=backend,
                                systems=systems, iterations=iterations, progress=progress,
-                               timeout_s=timeout_s)
+                               timeout_s=timeout_s, cluster=cluster)
     except KeyboardInterrupt:
         entry["status"] = "interrupted"
         write_json(sweep_dir / "index.json", index)
