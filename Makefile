@@ -51,7 +51,7 @@ lint: setup       ## ruff and the layer contracts (both also in the unit ring)
 calibrate: setup  ## measure every WAN link of three_dc against its configuration
 	$(PY) run_testbed.py calibrate topologies/three_dc.yaml
 
-bench: setup      ## benchmarks: WAN fidelity (idle, under CPU load, transients, congestion control), build/teardown, bubbles, K connections, the Atlas sweep, the BubbleTea rate sweep, tenants beside Atlas and BubbleTea, deadlines
+bench: setup      ## benchmarks: WAN fidelity (idle, under CPU load, transients, congestion control), build/teardown, bubbles, K connections, the Atlas sweep, the BubbleTea rate sweep, tenants beside Atlas and BubbleTea, deadlines, time_scale auto at 64 GPUs
 	$(PY) bench/bench_network.py
 	$(PY) bench/bench_loaded_rtt.py
 	$(PY) bench/bench_transients.py
@@ -63,6 +63,8 @@ bench: setup      ## benchmarks: WAN fidelity (idle, under CPU load, transients,
 	$(PY) bench/bench_cross_traffic.py
 	$(PY) bench/bench_planning.py
 	$(PY) bench/bench_deadlines.py
+	$(PY) bench/bench_path_cost.py
+	$(PY) bench/bench_autoscale.py --systems atlas --iterations 4
 
 cleanup:          ## remove what a killed run left behind
 	$(PY) run_testbed.py cleanup
