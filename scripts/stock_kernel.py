@@ -43,6 +43,13 @@ KERNEL_TREE = Path(os.environ.get("GEODC_KERNEL_TREE", "/opt/geodc-kernel"))
 PACKAGE = "linux-image-6.12-amd64"   # Debian 12's 6.12 kernel (a meta package: its newest build)
 VIRTME_NG = "virtme-ng==1.42"
 CPUS, MEMORY = 2, "4G"
+# TCG's vCPUs in one host thread. With one thread per vCPU (QEMU's default), a vCPU can run code
+# another has just patched from a stale translation: the kernel patches its static keys with
+# int3 (text_poke_bp), and on 2026-12-06 a guest died of "Oops: int3" in
+# __netif_receive_skb_core while a ping toggled the timestamping key, then "Kernel panic - not
+# syncing: Fatal exception in interrupt" (results/stock-kernel/netem-console.log). One thread
+# keeps the vCPUs' view of the code consistent, at the cost of one host core.
+TCG = "-accel tcg,thread=single"
 REPO = Path(__file__).resolve().parent.parent
 # tool -> the Debian package that has it
 # (udevadm: virtme-ng-init starts udevd, which names the guest's script I/O ports; without it
@@ -189,6 +196,7 @@ def guest_argv(version: str, command: list[str], rwdirs: list[str],
     """vng's command line: the prepared kernel over this machine's filesystem, TCG; with
     console, the kernel's messages (loglevel 7) on QEMU's stderr."""
     argv = [str(vng_path()), "--run", str(kernel_image(version)), "--disable-kvm",
+            f"--qemu-opts={TCG}",       # one argument: its value starts with "-"
             "--cpus", str(CPUS), "--memory", MEMORY, "--cwd", str(REPO), "--user", "root"]
     if console:
         argv.append("--verbose")
