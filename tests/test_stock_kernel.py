@@ -42,6 +42,9 @@ def test_guest_command_line(stock, tmp_path):
                         ("--rwdir", str(tmp_path))):
         assert argv[argv.index(flag) + 1] == value, argv
     assert "--disable-kvm" in argv
+    assert "--qemu-opts=-accel tcg,thread=single" in argv     # one TCG thread: no stale int3
+    assert "--verbose" not in argv
+    assert "--verbose" in stock.guest_argv("6.12.1+deb12-amd64", ["true"], [], console=True)
     assert argv[-2:] == ["--exec", "env 'A=b c' pytest -q"]
     assert shlex.split(argv[-1]) == ["env", "A=b c", "pytest", "-q"]
 
@@ -87,3 +90,16 @@ def test_prepare_without_root_names_the_debian_packages(stock, capsys, monkeypat
     packages = "apt busybox-static dpkg kmod qemu-system-x86 udev"
     assert capsys.readouterr().err == (f"error: the guest needs Debian packages ({packages}): run "
                                        f"as root, or apt-get install {packages}\n")
+
+
+def test_a_failed_guest_prints_what_its_console_says(stock, tmp_path, capsys):
+    log = tmp_path / "console.log"
+    log.write_text("[    1.0] booting\n[  187.9] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n"
+                   "[  187.9] Kernel panic - not syncing: Fatal exception in interrupt\n")
+    stock.report_console(log)
+    err = capsys.readouterr().err
+    assert f"the guest's console (3 lines): {log}" in err
+    assert "Oops: int3" in err and "Kernel panic" in err and "booting" not in err
+    log.write_text("[    1.0] booting\n")
+    stock.report_console(log)
+    assert "no kernel message of an OOM kill, panic or oops" in capsys.readouterr().err
