@@ -226,18 +226,18 @@ def run(command: list[str], rwdirs: list[str], timeout_s: float,
     env = dict(os.environ, PATH=f"{vng_path().parent}{os.pathsep}{os.environ.get('PATH', '')}")
     # QEMU reopens its stdout and stderr by name (/proc/self/fd/N) without O_APPEND: two
     # opens of one regular file (`> log 2>&1`) overwrite each other. Pipes, copied through.
+    console = open(log, "wb") if log is not None else sys.stderr.buffer
     proc = subprocess.Popen(guest_argv(version, command, rwdirs, console=log is not None),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, start_new_session=True)
-    console = open(log, "wb") if log is not None else sys.stderr.buffer
     copies = [threading.Thread(target=_copy, args=(src, dst), daemon=True)
               for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, console))]
     for t in copies:
         t.start()
+    killed = True
     try:
         rc = proc.wait(timeout=timeout_s)
-        for t in copies:
-            t.join()
+        killed = False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -247,6 +247,8 @@ def run(command: list[str], rwdirs: list[str], timeout_s: float,
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         rc = 130
+    for t in copies:     # what QEMU wrote, before the log is closed (killed: its pipes end)
+        t.join(timeout=10 if killed else None)
     if log is not None:
         console.close()
         if rc != 0:

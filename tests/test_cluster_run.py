@@ -27,6 +27,7 @@ import yaml
 from geodc.emulation.serverregistry import REMOTE_STATE
 from geodc.emulation.servers import server_run
 from tests.test_cluster_link import processes_naming
+from tests.test_sweep import with_sweep
 
 pytestmark = pytest.mark.network
 
@@ -181,16 +182,9 @@ def test_a_sweep_runs_every_point_over_the_servers(cluster, tmp_path):
     """`run SWEEP --cluster`: each point is its own run over the servers (the link between the
     two DCs crosses them), with the point's delay; both points train alike (the delay changes
     time, not arithmetic), and nothing is left on either server."""
-    doc = {"name": "sweep2", "scale": 100,
-           "dcs": [{"name": "ea", "hosts": 1}, {"name": "we", "hosts": 1}],
-           "wan": [{"between": ["ea", "we"], "delay_ms": 5, "rate_mbit": 100}],
-           "systems": ["baseline"], "sweep": {"wan.delay_ms": [5, 15]},
-           "training": {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
-                                  "vocab_size": 64},
-                        "stages": 2, "replicas": 1, "micro_batches": 2, "micro_batch_size": 2,
-                        "schedule": "1f1b", "iterations": 2, "seed": 0, "compute": "profile",
-                        "profile": {"file": "h200-transformer.json", "width": 2048,
-                                    "seq": 2048, "micro_batch": 1, "n_layer": 4}}}
+    doc = with_sweep({"wan.delay_ms": [5, 15]})      # two DCs, P=2 x D=2
+    doc.update(name="sweep2", systems=["baseline"])
+    doc["training"]["iterations"] = 2
     path = tmp_path / "sweep2.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     proc = cli("run", str(path), "--cluster", cluster.path, "--out", str(tmp_path / "out"))
@@ -200,7 +194,7 @@ def test_a_sweep_runs_every_point_over_the_servers(cluster, tmp_path):
     index = json.loads((sweep_dir / "index.json").read_text())
     assert index["cluster"] == str(cluster.path)
     assert [e["status"] for e in index["points"]] == ["done", "done"], index["points"]
-    losses, rtts = [], []
+    losses, delays = [], []
     for e in index["points"]:
         m = json.loads((sweep_dir / e["run_dir"] / "metrics.json").read_text())
         run = m["systems"]["baseline"]
@@ -209,8 +203,8 @@ def test_a_sweep_runs_every_point_over_the_servers(cluster, tmp_path):
         assert all(w["packets"] > 0 and w["dropped_loss"] == 0
                    for w in run["wan_links"].values()), run["wan_links"]
         losses.append(run["loss"])
-        rtts.append(e["values"]["wan.delay_ms"])
-    assert losses[0] == losses[1] and rtts == [5, 15]
+        delays.append(e["values"]["wan.delay_ms"])
+    assert losses[0] == losses[1] and delays == [5, 15]
     for s in cluster.servers:
         assert "No such file" in server_run(s, f"ls {REMOTE_STATE} 2>&1; true")
     assert processes_naming(str(tmp_path), "mininet:ea-", "mininet:we-") == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -40,6 +41,18 @@ REPS, WARMUP = 5, 2
 PATH_COST_FACTOR = 2.3
 
 
+@contextmanager
+def _one_torch_thread():
+    """torch on one thread, as every worker and prefill server runs; restored after."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure_op_cpu_ms(cfg: TrainConfig) -> list[dict[str, float]]:
     """Per stage: {"F", "B", "OPT"} CPU ms of one micro-batch of the small model, here (the
     largest of REPS after WARMUP)."""
@@ -51,9 +64,7 @@ def measure_op_cpu_ms(cfg: TrainConfig) -> list[dict[str, float]]:
     from geodc.hostproc.trainer.worker import make_optimizer
     from geodc.rules.stages import plan_stages
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_torch_thread():
         out = []
         data = MarkovTokens(cfg.model.vocab_size, cfg.seed)
         x_ids, y = data.micro_batch(0, 0, cfg.micro_batch_size, cfg.model.seq_len)
@@ -81,16 +92,12 @@ def measure_op_cpu_ms(cfg: TrainConfig) -> list[dict[str, float]]:
                     o.append((t3 - t2) / 1e6)
             out.append({"F": max(f), "B": max(b), "OPT": max(o)})
         return out
-    finally:
-        torch.set_num_threads(threads)
 
 
 def measure_prefill_cpu_ms(model: dict, decode_tokens: int) -> float:
     """CPU ms of one request at the inference model's whole context: its prefill, and the
     decode of decode_tokens tokens after it (on a decode server), one thread, here."""
     import dataclasses
-
-    import torch
 
     from geodc.hostproc.prefill.decoder import (InferenceConfig, build_model,
                                                 generate_from_cache, prefill)
@@ -99,9 +106,7 @@ def measure_prefill_cpu_ms(model: dict, decode_tokens: int) -> float:
     net = build_model(cfg)
     decode = max(1, decode_tokens)
     prompt = [i % cfg.vocab_size for i in range(max(1, cfg.context - decode + 1))]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_torch_thread():
         took = []
         for i in range(WARMUP + REPS):
             t0 = time.thread_time_ns()
@@ -110,8 +115,6 @@ def measure_prefill_cpu_ms(model: dict, decode_tokens: int) -> float:
             if i >= WARMUP:
                 took.append((time.thread_time_ns() - t0) / 1e6)
         return max(took)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def offered_requests_per_s(scenario: Scenario, cfg: TrainConfig) -> float:
