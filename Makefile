@@ -31,15 +31,16 @@ test-loopback: setup  ## the loopback ring: real processes and sockets on 127.0.
 # Both backends run even when the first fails; the target fails if either did. Each guest's
 # kernel console is kept in results/stock-kernel/BACKEND-console.log.
 STOCK_RING := tests/test_backends.py tests/test_network.py tests/test_wanstats.py \
-              tests/test_faults_run.py tests/test_cleanup.py
+              tests/test_faults_run.py tests/test_cleanup.py tests/test_shaping_commands.py
 STOCK_SKIP := not training and not crash and not cross_traffic and not path_delay \
               and not rtt_is_twice and not on_signal and not forced_netem and not on_the_wire \
               and not killed_run and not pings_are_counted and not iperf3_bytes_are_counted
-# On the delay line, whose per-packet Python the guest's one TCG thread serves (so its vCPUs
-# never run stale code, docs/network.md), iperf3's goodput at 90-101% of a 20 Mbit/s link
-# missed (the sixth run); test_backends' calibration holds the delay line's goodput in the guest
-# instead, at time_scale 2 (GEODC_TEST_CALIBRATE_TIME_SCALE).
-STOCK_SKIP_DELAYLINE := and not wan_rate_by_iperf3
+# On the delay line, iperf3's goodput at 90-101% of a 20 Mbit/s link missed in the guest (the
+# sixth run, two vCPUs); test_backends' calibration holds the delay line's goodput there instead,
+# at time_scale 4 (GEODC_TEST_CALIBRATE_TIME_SCALE; at 1 and 2 the guest's CPU, emulated by TCG,
+# carried 63-79% of the link: docs/network.md). Netem across servers (a local cluster in the
+# guest, about 5 minutes under TCG) runs in the netem guest only.
+STOCK_SKIP_DELAYLINE := and not wan_rate_by_iperf3 and not netem_across
 
 test-stock-kernel: setup  ## the stock-kernel ring: netem and delayline backends in a guest
 	.venv/bin/python scripts/stock_kernel.py --prepare
@@ -47,7 +48,7 @@ test-stock-kernel: setup  ## the stock-kernel ring: netem and delayline backends
 	rc=0; \
 	echo "== backend netem"; $(call stock_ring,netem,,) || rc=1; \
 	echo "== backend delayline"; \
-	$(call stock_ring,delayline,GEODC_TEST_CALIBRATE_TIME_SCALE=2,$(STOCK_SKIP_DELAYLINE)) || rc=1; \
+	$(call stock_ring,delayline,GEODC_TEST_CALIBRATE_TIME_SCALE=4,$(STOCK_SKIP_DELAYLINE)) || rc=1; \
 	exit $$rc
 
 # One backend's ring in a fresh guest: $(1) the backend, $(2) more environment, $(3) more

@@ -42,14 +42,24 @@ from typing import NoReturn
 KERNEL_TREE = Path(os.environ.get("GEODC_KERNEL_TREE", "/opt/geodc-kernel"))
 PACKAGE = "linux-image-6.12-amd64"   # Debian 12's 6.12 kernel (a meta package: its newest build)
 VIRTME_NG = "virtme-ng==1.42"
-CPUS, MEMORY = 2, "4G"
+# One vCPU: with two in TCG's one host thread (below), QEMU runs them in turn, up to 100 ms each
+# while the other waits, so the guest's real-time delay line waited behind a busy vCPU (release
+# lateness p99 74-98 ms, max 183 ms, in calibrate on 2026-12-06; with one vCPU p99 4.6-10 ms,
+# max 19-32 ms: the guest's own scheduler gives the delay line its SCHED_FIFO priority).
+CPUS, MEMORY = 1, "4G"
 # TCG's vCPUs in one host thread. With one thread per vCPU (QEMU's default), a vCPU can run code
 # another has just patched from a stale translation: the kernel patches its static keys with
 # int3 (text_poke_bp), and on 2026-12-06 a guest died of "Oops: int3" in
 # __netif_receive_skb_core while a ping toggled the timestamping key, then "Kernel panic - not
 # syncing: Fatal exception in interrupt" (results/stock-kernel/netem-console.log). One thread
-# keeps the vCPUs' view of the code consistent, at the cost of one host core.
+# keeps the vCPUs' view of the code consistent, at the cost of one host core (so it matters
+# only with --cpus 2 or more).
 TCG = "-accel tcg,thread=single"
+# virtme-ng gives the guest its own /etc/shadow (a tmpfs file) with root locked ("!"), and sshd
+# refuses a locked account's key login, so the local cluster's sshds (scripts/local_cluster.py)
+# could not be reached in the guest: root is unlocked there ("*", no password), the host's
+# /etc/shadow untouched. Rewritten in place: the file is a mount point, so sed -i's rename fails.
+GUEST_SETUP = "s=$(sed 's/^root:!:/root:*:/' /etc/shadow) && printf '%s\\n' \"$s\" > /etc/shadow"
 REPO = Path(__file__).resolve().parent.parent
 # tool -> the Debian package that has it
 # (udevadm: virtme-ng-init starts udevd, which names the guest's script I/O ports; without it
@@ -192,17 +202,20 @@ def check_tree(root: Path, version: str) -> None:
 
 # ---- a command in the guest -----------------------------------------------------------------
 def guest_argv(version: str, command: list[str], rwdirs: list[str],
-               console: bool = False) -> list[str]:
+               console: bool = False, cpus: int = CPUS) -> list[str]:
     """vng's command line: the prepared kernel over this machine's filesystem, TCG; with
     console, the kernel's messages (loglevel 7) on QEMU's stderr."""
     argv = [str(vng_path()), "--run", str(kernel_image(version)), "--disable-kvm",
             f"--qemu-opts={TCG}",       # one argument: its value starts with "-"
-            "--cpus", str(CPUS), "--memory", MEMORY, "--cwd", str(REPO), "--user", "root"]
+            # root's home writable in the guest, changes discarded (the local cluster's remote
+            # shells are root's login shells, whose profile may write there: pyenv's rehash)
+            "--overlay-rwdir=/root",
+            "--cpus", str(cpus), "--memory", MEMORY, "--cwd", str(REPO), "--user", "root"]
     if console:
         argv.append("--verbose")
     for d in rwdirs:
         argv += ["--rwdir", str(Path(d).resolve())]
-    return argv + ["--exec", shlex.join(command)]
+    return argv + ["--exec", f"{GUEST_SETUP} && exec {shlex.join(command)}"]
 
 
 # kernel messages that say why a guest's command ended early
@@ -211,7 +224,7 @@ TROUBLE = re.compile(r"Out of memory|oom-kill|Killed process|Kernel panic|BUG:|O
 
 
 def run(command: list[str], rwdirs: list[str], timeout_s: float,
-        log: Path | None = None) -> int:
+        log: Path | None = None, cpus: int = CPUS) -> int:
     need_tools(["qemu-system-x86_64", "udevadm"])
     need_static_busybox()
     version = current_version()
@@ -227,7 +240,8 @@ def run(command: list[str], rwdirs: list[str], timeout_s: float,
     # QEMU reopens its stdout and stderr by name (/proc/self/fd/N) without O_APPEND: two
     # opens of one regular file (`> log 2>&1`) overwrite each other. Pipes, copied through.
     console = open(log, "wb") if log is not None else sys.stderr.buffer
-    proc = subprocess.Popen(guest_argv(version, command, rwdirs, console=log is not None),
+    proc = subprocess.Popen(guest_argv(version, command, rwdirs, console=log is not None,
+                                       cpus=cpus),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, start_new_session=True)
     copies = [threading.Thread(target=_copy, args=(src, dst), daemon=True)
@@ -283,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=float, default=3600, help="seconds (default 3600)")
     r.add_argument("--log", type=Path, help="keep the guest's kernel console in this file "
                    "(and on failure print its OOM, panic and oops lines)")
+    r.add_argument("--cpus", type=int, default=CPUS, help=f"the guest's vCPUs (default {CPUS})")
     r.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if not args.prepare and args.step is None:
@@ -295,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             command = args.command[1:] if args.command[:1] == ["--"] else args.command
             if args.log is not None and not args.log.resolve().parent.is_dir():
                 raise Missing(f"--log {args.log}: its folder does not exist")
-            return run(command, args.rwdir, args.timeout, args.log)
+            return run(command, args.rwdir, args.timeout, args.log, args.cpus)
     except Missing as exc:
         fail(str(exc))
     return 0

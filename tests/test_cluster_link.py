@@ -115,7 +115,7 @@ def test_calibrate_two_dc_across_two_servers(cluster, tmp_path):
         (link,) = doc["links"]
         u, m, p = link["underlay"], link["measured"], link["predicted"]
         assert u["servers"] == ["s1", "s2"] and 0 < u["rtt_ms"] < 5
-        assert u["delay_line_ms"] == pytest.approx(20 - u["rtt_ms"] / 2)
+        assert u["added_delay_ms"] == pytest.approx(20 - u["rtt_ms"] / 2)
         if abs(m["rtt_ms"] - p["rtt_ms"]) <= max(0.5, 0.02 * p["rtt_ms"]):
             break
     assert abs(m["rtt_ms"] - p["rtt_ms"]) <= max(0.5, 0.02 * p["rtt_ms"]), (m, p)
@@ -127,3 +127,25 @@ def test_calibrate_two_dc_across_two_servers(cluster, tmp_path):
         assert server_run(s, "ip -o link show | wc -l").strip() == before[s.name], links
         assert "No such file" in folders, folders
     assert processes_naming(str(tmp_path), "mininet:east-", "mininet:west-") == []
+
+
+def test_netem_asked_of_servers_without_it_is_refused(cluster, tmp_path):
+    """`backend: netem` with --cluster where the servers' kernel lacks netem: exit 2, one line
+    naming the field, the server and the fix, nothing left on either server (where the kernel
+    has netem, tests/test_backends.py builds netem across servers instead)."""
+    from geodc.emulation.network import kernel_has_netem
+    if kernel_has_netem():
+        pytest.skip("this kernel has netem: the refusal needs one without it")
+    before = {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in cluster.servers}
+    scenario = tmp_path / "netem.yaml"
+    scenario.write_text((ROOT / "topologies" / "two_dc.yaml").read_text() + "backend: netem\n")
+    r = subprocess.run([sys.executable, str(ROOT / "run_testbed.py"), "calibrate", str(scenario),
+                        "--cluster", cluster.path, "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.strip() == ("error: backend: netem was asked for but the kernel of server s1 "
+                                "has no netem; use delayline or auto"), r.stderr
+    for s in cluster.servers:
+        links, folders = server_state(s).split("---\n")
+        assert server_run(s, "ip -o link show | wc -l").strip() == before[s.name], links
+        assert "No such file" in folders, folders

@@ -1,5 +1,5 @@
 """Pure parts of `calibrate --cluster` (issue 25 part 2): the tc commands that shape a node
-reached only through its shell (the same tree as shaping.apply), tc's printed rate read back,
+reached only through its shell (the same tree as shaping.apply, netem leaf included), tc's printed rate read back,
 a VXLAN device's UNKNOWN operstate read as up when it has carrier, and ping's summary as the
 underlay's figures."""
 
@@ -21,8 +21,15 @@ def test_tc_commands_build_the_shaping_tree():
         "tc class add dev gw-eth1 parent 1: classid 1:10 htb rate 100000000bit "
         "ceil 100000000bit burst 12500 cburst 12500 quantum 60000",
         "tc qdisc add dev gw-eth1 parent 1:10 handle 10: bfifo limit 150000"]
-    with pytest.raises(ValueError, match="netem"):
-        shaping.tc_command(shaping.plan_link("x", 1, 1000, netem={"delay_ms": 1})[2])
+    leaf = shaping.plan_link("x", 20, 150000, netem={"delay_ms": 9.97, "jitter_ms": 2,
+                                                      "loss_pct": 1})[2]
+    assert shaping.tc_command(leaf) == ("tc qdisc add dev x parent 1:10 handle 10: netem limit "
+                                        "1000 delay 9970us 2000us loss 1%")
+    bare = shaping.plan_link("x", 20, 3_000_000, netem={"delay_ms": 5})[2]
+    assert shaping.tc_command(bare) == ("tc qdisc add dev x parent 1:10 handle 10: netem limit "
+                                        "2000 delay 5000us")
+    with pytest.raises(ValueError, match="no tc command for fq"):
+        shaping.tc_command(shaping.TcOp(command="add", kind="fq", intf="x", handle=1, params={}))
 
 
 def test_tc_rate_read_back():

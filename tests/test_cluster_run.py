@@ -4,7 +4,8 @@ checks:
 - the losses over two servers equal the one-machine run's, for baseline and for atlas (temporal
   sharing: its arbiters and captures on the sending gateways, on their servers);
 - the delay lines' counters are read on both servers (every direction counted, none dropped),
-  and every byte the trainers sent over a WAN link passed that link's delay line;
+  and every byte the trainers sent over a WAN link passed that link's delay line; the WAN
+  queues' counters and every host's TCP counters are read there too (none dropped);
 - nothing goes around the emulated WAN: on each server's underlay interface, while the run
   lasts, the only traffic is ssh (port 22), the underlay's pings and VXLAN (UDP 4789), and
   VXLAN carried at least what the delay lines counted on the crossing links leaving it;
@@ -117,6 +118,17 @@ def test_ring_over_two_servers_trains_as_on_one_machine(cluster, tmp_path):
             assert w["dropped_loss"] == w["dropped_queue_full"] == 0, (name, direction, w)
             # every byte the trainers sent over the link (their own records) passed its line
             assert w["bytes"] >= w.get("training_bytes", 0), (name, direction, w)
+            # the WAN queue's counters, read through the sending gateway's shell on its server
+            q = w["queue"]
+            assert q["leaves"] >= 1 and q["drops"] == 0, (name, direction, q)
+            # (every packet the delay line took passed the sender's queue first, with its
+            # Ethernet header; a link the pipeline leaves unused still carries IPv6's few
+            # neighbour discovery packets, which the IPv4 delay line does not take)
+            assert q["bytes"] >= w["bytes"] and q["packets"] > 0, (name, direction, q, w)
+        # every host's TCP counters, read through its shell on its server
+        tcp, tcp_here = m["tcp"], here["systems"]["baseline"]["tcp"]
+        assert tcp["errors"] == [] and tcp["hosts"] == tcp_here["hosts"] > 0, (name, tcp)
+        assert tcp["out_segments"] > 0 and set(tcp) == set(tcp_here), (name, tcp, tcp_here)
     atlas = there["systems"]["atlas"]["wan_links"]
     assert atlas["a->b"]["slot_adherence"] > 0.9
     # On the crossing link the slot's first byte leaves its sender at the grant, not one link

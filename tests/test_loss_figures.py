@@ -1,6 +1,7 @@
 """The figures the queue-regime benchmark (bench/bench_queue_regime.py) reads: the summed burst
 of a WAN direction (geodc.analysis.bursts) and a namespace's TCP counters
-(geodc.emulation.losscounters.parse_proc_net)."""
+(geodc.emulation.losscounters), from the /proc files or, as for a node on another server,
+from their text and `tc -s -j`'s."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from geodc.analysis.bursts import summed_burst_bytes
 from geodc.cli.planview import load_training
-from geodc.emulation.losscounters import TCP_FIELDS, parse_proc_net
+from geodc.emulation.losscounters import (TCP_FIELDS, parse_proc_net, queue_counters_of_tc,
+                                          tcp_counters, tcp_fields)
 from geodc.features.temporal.plan import plan_slots
 from geodc.plans.placement import place_for_system
 from geodc.plans.systems import window_bytes
@@ -46,3 +48,23 @@ def test_tcp_counters_are_read_from_this_machines_proc_files() -> None:
     for section, field in TCP_FIELDS.values():
         assert isinstance(sections[section][field], int)
     assert parse_proc_net("Tcp: A B\nTcp: 1 x\n") == {}      # a bad value line is no section
+
+
+def test_tcp_fields_of_the_texts_equal_those_read_by_pid() -> None:
+    import os
+    texts = [Path(f"/proc/{os.getpid()}/net/{name}").read_text() for name in ("snmp", "netstat")]
+    by_text, by_pid = tcp_fields(*texts), tcp_counters(os.getpid())
+    assert set(by_text) == set(TCP_FIELDS)
+    # the counters may move between the two readings (this machine's other connections)
+    assert all(0 <= by_pid[k] - by_text[k] < 10_000 for k in TCP_FIELDS), (by_text, by_pid)
+
+
+def test_queue_counters_of_tc_json() -> None:
+    # `tc -s -j qdisc show dev X` of geodc.emulation.shaping's tree (iproute2 6.1), after traffic
+    text = ('[{"kind":"htb","handle":"1:","root":true,"refcnt":3,"options":{"r2q":10,'
+            '"default":"0x10","direct_packets_stat":0,"direct_qlen":1000},"bytes":9000,'
+            '"packets":6,"drops":0,"overlimits":0,"requeues":0,"backlog":0,"qlen":0},'
+            '{"kind":"bfifo","handle":"10:","parent":"1:10","options":{"limit":10000},'
+            '"bytes":9000,"packets":6,"drops":2,"overlimits":0,"requeues":0,"backlog":0,"qlen":0}]')
+    assert queue_counters_of_tc(text) == {"drops": 2, "packets": 6, "bytes": 9000, "leaves": 1}
+    assert queue_counters_of_tc("[]") == {"drops": 0, "packets": 0, "bytes": 0, "leaves": 0}

@@ -6,14 +6,16 @@ every link a VXLANLink (geodc.emulation.vxlan): a veth within a server, a VXLAN 
 per link, geodc.plans.crossing) between servers; every interface gets the hosts' MTU (the
 underlay's less 50 bytes). Before building, the underlay between each pair of servers a
 crossing link joins is measured (ping between their addresses): half its mean RTT is taken off
-that link's delay line (refused, one line, where larger) and it is reported beside the link's
-figures. A crossing link is shaped (HTB) at its sending gateway and delayed (delay line,
-FORWARD -i) as it enters the receiving one, as on one machine: rate, then propagation (a delay
-line at the sender would sit before the HTB queue, in netfilter, and hold every byte for the
-link's delay before the rate, which temporal sharing's slots then see late). Each step of the build
+that link's added delay (refused, one line, where larger) and it is reported beside the link's
+figures. The backend is chosen as on one machine, from every server's kernel: netem where all
+have it (each probed over ssh in a throwaway namespace there). A crossing link is shaped (HTB)
+at its sending gateway; with netem, delayed there too (the HTB class's leaf), with the delay
+line as it enters the receiving gateway (FORWARD -i), as on one machine: rate, then
+propagation (a delay line at the sender would sit before the HTB queue, in netfilter, and hold
+every byte for the link's delay before the rate, which temporal sharing's slots then see
+late). Each step of the build
 that the one-machine Network does by pid (netlink into a namespace) is done here by a command
 in the node's shell. Teardown ends, on every server, what that server's registry lists.
-Only the delay-line backend (the netem probe would be of this machine's kernel, not theirs).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import re
 import sys
 from pathlib import Path
 
-from geodc.emulation import shaping, wanstats
+from geodc.emulation import losscounters, machine, shaping, wanstats
 from geodc.emulation.minitopo import ScenarioTopo
 from geodc.emulation.network import Network
 from geodc.emulation.remote import ClusterBridge, ClusterHost
 from geodc.emulation.serverregistry import ServerRegistry, signal_recorded
-from geodc.emulation.servers import SshFailed, measure_underlay, server_run
+from geodc.emulation.servers import (SshFailed, measure_underlay, server_has_netem,
+                                     server_modules, server_run)
 from geodc.emulation.vxlan import VXLANLink
 from geodc.plans.crossing import Crossing, Underlay, crossings, delay_after_underlay, host_mtu
 from geodc.spec.cluster import Cluster, scenario_placement
@@ -52,10 +55,6 @@ class ClusterNetwork(Network):
                  backend: str | None = None, run_id: str | None = None,
                  realtime: bool = True) -> None:
         super().__init__(scenario, run_dir, backend=backend, run_id=run_id, realtime=realtime)
-        if self.requested_backend == "netem":
-            raise ScenarioError(self._backend_field, "netem across servers is not built yet",
-                                "use delayline (or auto) with --cluster")
-        self.requested_backend = "delayline"
         if scenario.faults:
             raise ScenarioError("faults", "faults across servers are not built yet",
                                 "drop --cluster or the faults")
@@ -68,7 +67,10 @@ class ClusterNetwork(Network):
         self.server_registry = ServerRegistry(self.run_id)
         self.underlay: dict[tuple[str, str], Underlay] = {}
         self.mtu = 1500
-        self.line_delay_ms: dict[int, float] = {}
+        self.added_delay_ms: dict[int, float] = {}
+        self.servers_netem: dict[str, bool] = {}
+        self._server_modules_before: dict[str, frozenset[str] | None] = {}
+        self.server_modules_loaded: dict[str, list[str] | str] = {}
         names = {h.name: h.dc for h in self.plan.hosts}
         names.update({gw: dc for dc, gw in self.plan.gateways.items()})
         names.update({br: dc for dc, br in self.plan.bridges.items()})
@@ -86,15 +88,35 @@ class ClusterNetwork(Network):
         self.mtu = host_mtu(min(mtus)) if mtus else 1500
         for w in self.plan.wan:
             c = self.crossing.get(w.index)
-            self.line_delay_ms[w.index] = w.link.delay_ms if c is None else delay_after_underlay(
+            self.added_delay_ms[w.index] = w.link.delay_ms if c is None else delay_after_underlay(
                 c.name, w.link.delay_ms, self.underlay[(c.server_a, c.server_b)])
         super().start()
+        self.server_modules_loaded = {
+            name: machine.modules_between(before, server_modules(self.cluster.server(name)))
+            for name, before in self._server_modules_before.items()}
+
+    def _choose_backend(self) -> str:
+        """Every server's kernel probed (before anything is built there): netem only where all
+        of them have it; the modules each server had loaded before, for the record."""
+        for name in sorted(set(self.placement.dc_server.values())):
+            server = self.cluster.server(name)
+            self._server_modules_before[name] = server_modules(server)
+            self.servers_netem[name] = server_has_netem(server)
+        lacking = [name for name, has in self.servers_netem.items() if not has]
+        if self.requested_backend == "netem" and lacking:
+            raise ScenarioError(self._backend_field, f"netem was asked for but the kernel of "
+                                f"server {lacking[0]} has no netem", "use delayline or auto")
+        if self.requested_backend == "auto":
+            return "delayline" if lacking else "netem"
+        return self.requested_backend
 
     def cluster_record(self) -> dict:
-        """Placement on servers, hosts' MTU, and the underlay between each pair of servers."""
+        """Placement on servers, hosts' MTU, the underlay between each pair of servers, and
+        what each server's kernel has (netem) and loaded for the run."""
         return dict(self.placement.to_dict(self.cluster), host_mtu=self.mtu,
                     underlay={f"{a}<->{b}": dataclasses.asdict(u)
-                              for (a, b), u in self.underlay.items()})
+                              for (a, b), u in self.underlay.items()},
+                    netem=self.servers_netem, modules_loaded=self.server_modules_loaded)
 
     def underlay_of(self, index: int) -> dict | None:
         """The underlay figures of WAN link index, if it crosses servers (for its report)."""
@@ -104,7 +126,7 @@ class ClusterNetwork(Network):
         u = self.underlay[(c.server_a, c.server_b)]
         return {"servers": [c.server_a, c.server_b], "vni": c.vni, "rtt_ms": u.rtt_ms,
                 "jitter_ms": u.mdev_ms, "min_ms": u.min_ms, "max_ms": u.max_ms,
-                "delay_line_ms": self.line_delay_ms[index], "host_mtu": self.mtu}
+                "added_delay_ms": self.added_delay_ms[index], "host_mtu": self.mtu}
 
     # ---- the build, through each node's server -----------------------------------------------
     def _mininet(self, topo: ScenarioTopo):
@@ -154,8 +176,8 @@ class ClusterNetwork(Network):
         return out.rstrip()[:-2]
 
     # ---- the WAN: the underlay taken off the delay ------------------------------------------
-    def _line_delay_ms(self, w) -> float:
-        return self.line_delay_ms[w.index]
+    def _added_delay_ms(self, w) -> float:
+        return self.added_delay_ms[w.index]
 
     def wan_stats(self) -> dict[str, dict]:
         """Network.wan_stats, each delay line asked by a signal sent on its server (over ssh, to
@@ -209,7 +231,23 @@ class ClusterNetwork(Network):
         return True   # the servers, with or without delay lines
 
     def loss_counters(self) -> dict[str, dict]:
-        return {"tcp": {}, "queues": {}, "errors": ["loss counters are not read across servers"]}
+        """Network.loss_counters, each figure read through its node's shell on its server."""
+        tcp, queues, errors = {}, {}, []
+        for h in self.plan.hosts:
+            try:
+                snmp, netstat = self._sh(h.name, "cat /proc/net/snmp; echo @@; "
+                                         "cat /proc/net/netstat").split("@@")
+                tcp[h.name] = losscounters.tcp_fields(snmp, netstat)
+            except (TestbedError, ValueError) as exc:
+                errors.append(f"{h.name}: {type(exc).__name__}: {exc}")
+        for w in self.plan.wan:
+            for end, direction in zip(w.ends(), w.link.directions):
+                try:
+                    queues[str(direction)] = losscounters.queue_counters_of_tc(
+                        self._sh(end.gateway, f"tc -s -j qdisc show dev {end.intf}"))
+                except (TestbedError, ValueError, KeyError) as exc:
+                    errors.append(f"{direction}: {type(exc).__name__}: {exc}")
+        return {"tcp": tcp, "queues": queues, "errors": errors}
 
     # ---- teardown on every server --------------------------------------------------------
     def stop(self) -> None:

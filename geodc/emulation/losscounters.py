@@ -6,13 +6,15 @@ and /proc/net/netstat (`TcpExt:`), read as /proc/<pid>/net/... of the host's she
 in that namespace: no namespace switch, no subprocess). A WAN direction's queue drops are the
 `drops` of the bfifo leaves on the gateway's egress interface (geodc.emulation.shaping's one
 leaf, or temporal sharing's control and per-pipeline leaves, geodc.emulation.wanshare), read
-over netlink. Every namespace and qdisc is new with each network, so one reading at the end of
+over netlink. For a node on another server both come as text through its shell: the two
+/proc files, and `tc -s -j qdisc show`. Every namespace and qdisc is new with each network, so one reading at the end of
 the training (before temporal sharing restores the plain tree) covers the whole run, its
 connection set-up and warm-up iteration included.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +46,15 @@ def parse_proc_net(text: str) -> dict[str, dict[str, int]]:
 
 def tcp_counters(pid: int, proc: Path = Path("/proc")) -> dict[str, int]:
     """TCP_FIELDS of the namespace process pid lives in (missing counters left out)."""
+    return tcp_fields(*((proc / str(pid) / "net" / name).read_text()
+                        for name in ("snmp", "netstat")))
+
+
+def tcp_fields(*texts: str) -> dict[str, int]:
+    """TCP_FIELDS of /proc/net/snmp and /proc/net/netstat texts (missing counters left out)."""
     sections: dict[str, dict[str, int]] = {}
-    for name in ("snmp", "netstat"):
-        sections.update(parse_proc_net((proc / str(pid) / "net" / name).read_text()))
+    for text in texts:
+        sections.update(parse_proc_net(text))
     return {key: sections[sec][field] for key, (sec, field) in TCP_FIELDS.items()
             if field in sections.get(sec, {})}
 
@@ -82,4 +90,17 @@ def queue_counters(ipr: Any, intf: str) -> dict[str, int]:
         out["drops"] += int(queue["drops"])
         out["packets"] += int(basic["packets"])
         out["bytes"] += int(basic["bytes"])
+    return out
+
+
+def queue_counters_of_tc(tc_json: str) -> dict[str, int]:
+    """queue_counters from `tc -s -j qdisc show dev INTF` (for an interface reached only
+    through a shell, such as one on another server)."""
+    out = {"drops": 0, "packets": 0, "bytes": 0, "leaves": 0}
+    for q in json.loads(tc_json):
+        if q.get("kind") != "bfifo":
+            continue
+        out["leaves"] += 1
+        for key in ("drops", "packets", "bytes"):
+            out[key] += int(q[key])
     return out

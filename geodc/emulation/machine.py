@@ -99,14 +99,23 @@ def loaded_modules(path: Path = PROC_MODULES) -> frozenset[str] | None:
         text = path.read_text()
     except OSError:
         return None
-    return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
+    return module_names(text)
+
+
+def module_names(proc_modules: str) -> frozenset[str]:
+    """The module names of /proc/modules' text (of this machine or a server)."""
+    return frozenset(line.split()[0] for line in proc_modules.splitlines() if line.strip())
 
 
 def modules_loaded_since(before: frozenset[str] | None,
                          path: Path = PROC_MODULES) -> list[str] | str:
     """The modules loaded since `before` (loaded_modules() then), sorted; 'unavailable' where
     the kernel lists no modules. A concurrent run's loads would count here too."""
-    now = loaded_modules(path)
+    return modules_between(before, loaded_modules(path))
+
+
+def modules_between(before: frozenset[str] | None, now: frozenset[str] | None) -> list[str] | str:
+    """The modules in `now` not in `before`, sorted; 'unavailable' where either is None."""
     if before is None or now is None:
         return "unavailable (no /proc/modules: this kernel has no loadable modules)"
     return sorted(now - before)

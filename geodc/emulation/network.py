@@ -526,7 +526,7 @@ class Network:
             link = w.link
             netem = None
             if self.backend == "netem":
-                netem = {"delay_ms": link.delay_ms, "jitter_ms": link.jitter_ms,
+                netem = {"delay_ms": self._added_delay_ms(w), "jitter_ms": link.jitter_ms,
                          "loss_pct": link.loss_pct}
             for end in w.ends():
                 self._apply_tc(end.gateway, shaping.plan_link(end.intf, link.rate_mbit,
@@ -559,7 +559,7 @@ class Network:
             # a->b is delayed as it enters b's gateway, and b->a as it enters a's.
             for k, (d, src, dst) in enumerate(zip(link.directions, w.ends(),
                                                   (w.end_b, w.end_a))):
-                spec = QueueSpec(num=2 * w.index + k + 1, delay_ms=self._line_delay_ms(w),
+                spec = QueueSpec(num=2 * w.index + k + 1, delay_ms=self._added_delay_ms(w),
                                  jitter_ms=link.jitter_ms, loss_pct=link.loss_pct, maxlen=maxlen,
                                  gso=link.between not in lossy)
                 gw, match = self._delay_at(w, src, dst)
@@ -597,8 +597,9 @@ class Network:
             print(f"warning: real-time priority refused for the delay lines ({', '.join(refused)}); "
                   f"delay may spike while the CPUs are busy", file=sys.stderr)
 
-    def _line_delay_ms(self, w) -> float:
-        """The delay a WAN link's delay line adds (one way, emulated ms)."""
+    def _added_delay_ms(self, w) -> float:
+        """The one-way delay the emulation adds on WAN link w (its delay line or netem leaf;
+        emulated ms)."""
         return w.link.delay_ms
 
     def _delay_at(self, w, src, dst) -> tuple[str, str]:

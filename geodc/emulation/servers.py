@@ -1,8 +1,9 @@
 """A server of a cluster (geodc.spec.cluster.Server) reached over ssh, in its root namespace.
 
 One job: run a shell script on a server with the cluster file's ssh options, a connect timeout
-and keep-alives (so a dead server is an error within seconds), and measure the underlay between
-two servers (ping from one to the other's address).
+and keep-alives (so a dead server is an error within seconds); with it, ask a server what its
+kernel has (netem, the loaded modules) and measure the underlay between two servers (ping from
+one to the other's address).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 import shlex
 import subprocess
 
+from geodc.emulation import machine
 from geodc.plans.crossing import Underlay
 from geodc.spec.cluster import Server
 from geodc.spec.errors import TestbedError
@@ -46,6 +48,28 @@ def server_run(server: Server, script: str, timeout_s: float = 30.0) -> str:
         raise TestbedError(f"server {server.name}: {script.splitlines()[0][:80]!r} exited "
                            f"{r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
     return r.stdout
+
+
+def as_root(server: Server, script: str) -> str:
+    """script as root on server: through `sudo -n` unless its login is root."""
+    return script if server.user == "root" else f"sudo -n sh -c {shlex.quote(script)}"
+
+
+# netem tried on lo of a throwaway network namespace: nothing to remove, the namespace ends
+# with the probe (geodc.emulation.network.probe_netem does the same on this machine).
+_NETEM_PROBE = ("unshare -n sh -c 'ip link set lo up && tc qdisc add dev lo root handle 1: "
+                "netem delay 1ms' >/dev/null 2>&1 && echo netem || echo none")
+
+
+def server_has_netem(server: Server) -> bool:
+    """Does server's kernel have netem (loading sch_netem there if it is a module)?"""
+    return server_run(server, as_root(server, _NETEM_PROBE)).split()[-1:] == ["netem"]
+
+
+def server_modules(server: Server) -> frozenset[str] | None:
+    """Names of the kernel modules loaded on server; None where its kernel lists none."""
+    out = server_run(server, "cat /proc/modules 2>/dev/null || echo none-listed")
+    return None if out.strip() == "none-listed" else machine.module_names(out)
 
 
 def parse_underlay(text: str) -> Underlay:

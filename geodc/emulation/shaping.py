@@ -152,8 +152,8 @@ def _index(ipr: IPRoute, intf: str) -> int:
 
 
 def tc_command(op: TcOp) -> str:
-    """The `tc` command line doing what apply() does for op (htb, its class, a bfifo leaf): for
-    a node reached only through a shell, such as one on another server."""
+    """The `tc` command line doing what apply() does for op (htb, its class, a bfifo or netem
+    leaf): for a node reached only through a shell, such as one on another server."""
     p = op.params
     if op.kind == "htb" and op.command == "add":
         return (f"tc qdisc add dev {op.intf} root handle {op.handle >> 16:x}: htb "
@@ -165,7 +165,12 @@ def tc_command(op: TcOp) -> str:
     if op.kind == "bfifo":
         return (f"tc qdisc add dev {op.intf} parent {p['parent'] >> 16:x}:{p['parent'] & 0xFFFF:x}"
                 f" handle {op.handle >> 16:x}: bfifo limit {p['limit']}")
-    raise ValueError(f"no tc command for {op.kind} {op.command} (netem is not built here)")
+    if op.kind == "netem" and op.command == "add":
+        delay = f" delay {p['delay']}us" + (f" {p['jitter']}us" if p["jitter"] else "")
+        loss = f" loss {p['loss']:g}%" if p["loss"] else ""
+        return (f"tc qdisc add dev {op.intf} parent {p['parent'] >> 16:x}:{p['parent'] & 0xFFFF:x}"
+                f" handle {op.handle >> 16:x}: netem limit {p['limit']}{delay}{loss}")
+    raise ValueError(f"no tc command for {op.kind} {op.command}")
 
 
 _TC_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}

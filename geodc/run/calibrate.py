@@ -233,7 +233,7 @@ def table(doc: dict[str, Any]) -> str:
         u = link.get("underlay")
         if u is not None:
             rows.append((name, "underlay_rtt_ms", f"{u['servers'][0]}<->{u['servers'][1]}",
-                         f"line {2 * u['delay_line_ms']:.3f}", f"{u['rtt_ms']:.3f}",
+                         f"added {2 * u['added_delay_ms']:.3f}", f"{u['rtt_ms']:.3f}",
                          f"jitter {u['jitter_ms']:.3f}"))
         rows.append((name, "rtt_ms", rtt, rtt, f"{m['rtt_ms']:.2f}", _err(m["rtt_ms"], p["rtt_ms"])))
         rows.append((name, "rtt_loaded_ms", rtt, rtt, f"{m['rtt_loaded_ms']:.2f}",

@@ -336,7 +336,7 @@ def _temporal(ipr: IPRoute, index: int) -> bool:
 
 def _set_netem(ipr: IPRoute, intf: str, w: "WanPlan", figures: dict[str, float]) -> None:
     """Change the netem leaf (netem backend): the link's current figures with these replaced.
-    Not exercised on this project's kernels (they have no netem)."""
+    Run on a kernel with netem: the stock-kernel ring (tests/test_backends.py)."""
     link = w.link
     now = {"delay_ms": link.delay_ms, "jitter_ms": link.jitter_ms, "loss_pct": link.loss_pct,
            **figures}
