@@ -169,10 +169,10 @@ def test_netem_across_two_servers(netem_here, cluster, tmp_path):
     the local servers share this kernel); the idle RTT across at the guest's tolerance; nothing
     left on either server."""
     from geodc.emulation.clusternet import ClusterNetwork
-    from geodc.emulation.servers import server_run
     from geodc.emulation.tools import ping
+    from tests.test_cluster_link import assert_nothing_left, link_counts
 
-    links = {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in cluster.servers}
+    links = link_counts(cluster.servers)
     sc = load_scenario(write_scenario(tmp_path, XS))
     with ClusterNetwork(sc, tmp_path / "run", cluster) as net:
         assert net.backend == "netem" and not net.delaylines
@@ -192,9 +192,7 @@ def test_netem_across_two_servers(netem_here, cluster, tmp_path):
           f"(underlay {u['rtt_ms']} ms taken off)")
     assert_within(rtts, 40, below=0.5, above=max(RTT_ABS_MS, RTT_REL * 40), center="median",
                   what="netem idle RTT across servers (ms)")
-    for s in cluster.servers:
-        assert server_run(s, "ip -o link show | wc -l").strip() == links[s.name], s.name
-        assert "No such file" in server_run(s, "ls /run/geotestbed-remote 2>&1 || true")
+    assert_nothing_left(cluster.servers, links)
 
 
 def test_calibrate_against_the_configured_link(start_child, tmp_path):

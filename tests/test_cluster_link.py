@@ -35,6 +35,23 @@ def server_state(server) -> str:
     return server_run(server, "ip -o link show; echo ---; ls /run/geotestbed-remote 2>&1 || true")
 
 
+def link_counts(servers) -> dict[str, str]:
+    """How many links each server has (before a run, for assert_nothing_left)."""
+    return {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in servers}
+
+
+def assert_nothing_left(servers, before: dict[str, str]) -> dict[str, str]:
+    """Each server has the links it had before (link_counts) and no registry folder; its links'
+    text, by server name."""
+    out = {}
+    for s in servers:
+        links, folders = server_state(s).split("---\n")
+        assert server_run(s, "ip -o link show | wc -l").strip() == before[s.name], links
+        assert "No such file" in folders, folders
+        out[s.name] = links
+    return out
+
+
 def processes_naming(*marks: str, wait_s: float = 5.0) -> list[str]:
     """Command lines (of any process here: the local servers share this kernel) holding a mark,
     after up to wait_s for them to go."""
@@ -59,7 +76,7 @@ def test_vxlan_link_across_two_servers_leaves_nothing(cluster):
     print(f"underlay s2->s1 RTT avg {u.rtt_ms:.3f} ms, mdev {u.mdev_ms:.3f}, "
           f"min/max {u.min_ms:.3f}/{u.max_ms:.3f}")
     assert 0 < u.rtt_ms < 5
-    before = {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in (s1, s2)}
+    before = link_counts((s1, s2))
     mtu = host_mtu(1500)
     registry = ServerRegistry(f"test-{int(time.time())}")
     Mininet.inited = True   # skip Mininet's init() (global limits and sysctls)
@@ -90,16 +107,13 @@ def test_vxlan_link_across_two_servers_leaves_nothing(cluster):
         net.stop()
         left = registry.cleanup()
     assert left == []
-    for s in (s1, s2):
-        state = server_state(s)
-        links, folders = state.split("---\n")
-        assert server_run(s, "ip -o link show | wc -l").strip() == before[s.name], links
-        assert "gdvx" not in links and "No such file" in folders, folders
+    for links in assert_nothing_left((s1, s2), before).values():
+        assert "gdvx" not in links, links
     assert processes_naming("sleep 301.25", "mininet:ha", "mininet:hb") == []
 
 
 def test_calibrate_two_dc_across_two_servers(cluster, tmp_path):
-    before = {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in cluster.servers}
+    before = link_counts(cluster.servers)
     # The idle RTT is a wall-clock figure on a shared 2-core machine: a miss is retried once
     # (as test_network retries its RTT checks); a real offset misses both.
     for attempt in range(2):
@@ -122,10 +136,7 @@ def test_calibrate_two_dc_across_two_servers(cluster, tmp_path):
     for key in ("goodput_mbit", "goodput_reverse_mbit"):
         assert m[key] == pytest.approx(p[key], rel=0.10), (key, m[key], p[key])
     assert all(path["ok"] for path in doc["paths"])
-    for s in cluster.servers:
-        links, folders = server_state(s).split("---\n")
-        assert server_run(s, "ip -o link show | wc -l").strip() == before[s.name], links
-        assert "No such file" in folders, folders
+    assert_nothing_left(cluster.servers, before)
     assert processes_naming(str(tmp_path), "mininet:east-", "mininet:west-") == []
 
 
@@ -136,7 +147,7 @@ def test_netem_asked_of_servers_without_it_is_refused(cluster, tmp_path):
     from geodc.emulation.network import kernel_has_netem
     if kernel_has_netem():
         pytest.skip("this kernel has netem: the refusal needs one without it")
-    before = {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in cluster.servers}
+    before = link_counts(cluster.servers)
     scenario = tmp_path / "netem.yaml"
     scenario.write_text((ROOT / "topologies" / "two_dc.yaml").read_text() + "backend: netem\n")
     r = subprocess.run([sys.executable, str(ROOT / "run_testbed.py"), "calibrate", str(scenario),
@@ -145,7 +156,4 @@ def test_netem_asked_of_servers_without_it_is_refused(cluster, tmp_path):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert r.stderr.strip() == ("error: backend: netem was asked for but the kernel of server s1 "
                                 "has no netem; use delayline or auto"), r.stderr
-    for s in cluster.servers:
-        links, folders = server_state(s).split("---\n")
-        assert server_run(s, "ip -o link show | wc -l").strip() == before[s.name], links
-        assert "No such file" in folders, folders
+    assert_nothing_left(cluster.servers, before)

@@ -30,7 +30,7 @@ from geodc.emulation.minitopo import ScenarioTopo
 from geodc.emulation.network import Network
 from geodc.emulation.remote import ClusterBridge, ClusterHost
 from geodc.emulation.serverregistry import ServerRegistry, signal_recorded
-from geodc.emulation.servers import (SshFailed, measure_underlay, server_has_netem,
+from geodc.emulation.servers import (SshFailed, measure_underlay, server_kernel,
                                      server_modules, server_run)
 from geodc.emulation.vxlan import VXLANLink
 from geodc.plans.crossing import Crossing, Underlay, crossings, delay_after_underlay, host_mtu
@@ -99,9 +99,8 @@ class ClusterNetwork(Network):
         """Every server's kernel probed (before anything is built there): netem only where all
         of them have it; the modules each server had loaded before, for the record."""
         for name in sorted(set(self.placement.dc_server.values())):
-            server = self.cluster.server(name)
-            self._server_modules_before[name] = server_modules(server)
-            self.servers_netem[name] = server_has_netem(server)
+            self._server_modules_before[name], self.servers_netem[name] = server_kernel(
+                self.cluster.server(name))
         lacking = [name for name, has in self.servers_netem.items() if not has]
         if self.requested_backend == "netem" and lacking:
             raise ScenarioError(self._backend_field, f"netem was asked for but the kernel of "
@@ -230,24 +229,14 @@ class ClusterNetwork(Network):
     def _supervises(self) -> bool:
         return True   # the servers, with or without delay lines
 
-    def loss_counters(self) -> dict[str, dict]:
-        """Network.loss_counters, each figure read through its node's shell on its server."""
-        tcp, queues, errors = {}, {}, []
-        for h in self.plan.hosts:
-            try:
-                snmp, netstat = self._sh(h.name, "cat /proc/net/snmp; echo @@; "
-                                         "cat /proc/net/netstat").split("@@")
-                tcp[h.name] = losscounters.tcp_fields(snmp, netstat)
-            except (TestbedError, ValueError) as exc:
-                errors.append(f"{h.name}: {type(exc).__name__}: {exc}")
-        for w in self.plan.wan:
-            for end, direction in zip(w.ends(), w.link.directions):
-                try:
-                    queues[str(direction)] = losscounters.queue_counters_of_tc(
-                        self._sh(end.gateway, f"tc -s -j qdisc show dev {end.intf}"))
-                except (TestbedError, ValueError, KeyError) as exc:
-                    errors.append(f"{direction}: {type(exc).__name__}: {exc}")
-        return {"tcp": tcp, "queues": queues, "errors": errors}
+    # ---- loss counters: Network.loss_counters, each read through its node's shell ----------
+    def _tcp_counters(self, host: str) -> dict[str, int]:
+        snmp, netstat = self._sh(host, "cat /proc/net/snmp; echo @@; "
+                                 "cat /proc/net/netstat").split("@@")
+        return losscounters.tcp_fields(snmp, netstat)
+
+    def _queue_counters(self, gateway: str, intf: str) -> dict[str, int]:
+        return losscounters.queue_counters_of_tc(self._sh(gateway, f"tc -s -j qdisc show dev {intf}"))
 
     # ---- teardown on every server --------------------------------------------------------
     def stop(self) -> None:

@@ -367,17 +367,23 @@ class Network:
         tcp, queues, errors = {}, {}, []
         for h in self.plan.hosts:
             try:
-                tcp[h.name] = losscounters.tcp_counters(self.node(h.name).pid)
-            except (OSError, KeyError, ValueError) as exc:
+                tcp[h.name] = self._tcp_counters(h.name)
+            except (OSError, KeyError, ValueError, TestbedError) as exc:
                 errors.append(f"{h.name}: {type(exc).__name__}: {exc}")
         for w in self.plan.wan:
             for end, direction in zip(w.ends(), w.link.directions):
                 try:
-                    with self._ipr(end.gateway) as ipr:
-                        queues[str(direction)] = losscounters.queue_counters(ipr, end.intf)
+                    queues[str(direction)] = self._queue_counters(end.gateway, end.intf)
                 except Exception as exc:  # noqa: BLE001 - netlink errors of any kind
                     errors.append(f"{direction}: {type(exc).__name__}: {exc}")
         return {"tcp": tcp, "queues": queues, "errors": errors}
+
+    def _tcp_counters(self, host: str) -> dict[str, int]:
+        return losscounters.tcp_counters(self.node(host).pid)
+
+    def _queue_counters(self, gateway: str, intf: str) -> dict[str, int]:
+        with self._ipr(gateway) as ipr:
+            return losscounters.queue_counters(ipr, intf)
 
     def diagnose(self, exc: TestbedError) -> TestbedError:
         """The failure to report for exc, raised by work on this network (here exc itself;

@@ -61,14 +61,23 @@ _NETEM_PROBE = ("unshare -n sh -c 'ip link set lo up && tc qdisc add dev lo root
                 "netem delay 1ms' >/dev/null 2>&1 && echo netem || echo none")
 
 
-def server_has_netem(server: Server) -> bool:
-    """Does server's kernel have netem (loading sch_netem there if it is a module)?"""
-    return server_run(server, as_root(server, _NETEM_PROBE)).split()[-1:] == ["netem"]
+_MODULES = "cat /proc/modules 2>/dev/null || echo none-listed"
+
+
+def server_kernel(server: Server) -> tuple[frozenset[str] | None, bool]:
+    """In one ssh: the kernel modules loaded on server (server_modules), then whether its kernel
+    has netem (loading sch_netem there if it is a module)."""
+    modules, netem = server_run(server, f"{_MODULES}; echo @@; "
+                                f"{as_root(server, _NETEM_PROBE)}").split("@@")
+    return _module_names(modules), netem.split()[-1:] == ["netem"]
 
 
 def server_modules(server: Server) -> frozenset[str] | None:
     """Names of the kernel modules loaded on server; None where its kernel lists none."""
-    out = server_run(server, "cat /proc/modules 2>/dev/null || echo none-listed")
+    return _module_names(server_run(server, _MODULES))
+
+
+def _module_names(out: str) -> frozenset[str] | None:
     return None if out.strip() == "none-listed" else machine.module_names(out)
 
 

@@ -163,14 +163,19 @@ def tc_command(op: TcOp) -> str:
                 f"{op.handle >> 16:x}:{op.handle & 0xFFFF:x} htb rate {p['rate']} "
                 f"ceil {p['ceil']} burst {p['burst']} cburst {p['cburst']} quantum {p['quantum']}")
     if op.kind == "bfifo":
-        return (f"tc qdisc add dev {op.intf} parent {p['parent'] >> 16:x}:{p['parent'] & 0xFFFF:x}"
-                f" handle {op.handle >> 16:x}: bfifo limit {p['limit']}")
+        return f"{_leaf_command(op)} bfifo limit {p['limit']}"
     if op.kind == "netem" and op.command == "add":
         delay = f" delay {p['delay']}us" + (f" {p['jitter']}us" if p["jitter"] else "")
         loss = f" loss {p['loss']:g}%" if p["loss"] else ""
-        return (f"tc qdisc add dev {op.intf} parent {p['parent'] >> 16:x}:{p['parent'] & 0xFFFF:x}"
-                f" handle {op.handle >> 16:x}: netem limit {p['limit']}{delay}{loss}")
+        return f"{_leaf_command(op)} netem limit {p['limit']}{delay}{loss}"
     raise ValueError(f"no tc command for {op.kind} {op.command}")
+
+
+def _leaf_command(op: TcOp) -> str:
+    """`tc qdisc add` of a leaf under its HTB class, up to the leaf's kind."""
+    parent = op.params["parent"]
+    return (f"tc qdisc add dev {op.intf} parent {parent >> 16:x}:{parent & 0xFFFF:x} "
+            f"handle {op.handle >> 16:x}:")
 
 
 _TC_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
