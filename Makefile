@@ -29,8 +29,8 @@ test-loopback: setup  ## the loopback ring: real processes and sockets on 127.0.
 # pings and 1.2-4.6 ms under iperf3, against 1 ms). tests/test_backends.py checks RTT and
 # goodput at the guest's tolerance instead.
 # Both backends run even when the first fails; the target fails if either did. Each guest's
-# kernel console is kept in results/stock-kernel/BACKEND-console.log. About 25-30 minutes; not in
-# .ci/run yet (docs/network.md: its record of passes).
+# kernel console is kept in results/stock-kernel/BACKEND-console.log. About 25-30 minutes; .ci/run
+# runs it after make test (docs/network.md: its record of passes).
 STOCK_RING := tests/test_backends.py tests/test_network.py tests/test_wanstats.py \
               tests/test_faults_run.py tests/test_cleanup.py tests/test_shaping_commands.py
 STOCK_SKIP := not training and not crash and not cross_traffic and not path_delay \
