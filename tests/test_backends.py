@@ -170,7 +170,7 @@ def test_netem_across_two_servers(netem_here, cluster, tmp_path):
     left on either server."""
     from geodc.emulation.clusternet import ClusterNetwork
     from geodc.emulation.tools import ping
-    from tests.test_cluster_link import assert_nothing_left, link_counts
+    from tests.server_leftovers import assert_nothing_left, link_counts
 
     links = link_counts(cluster.servers)
     sc = load_scenario(write_scenario(tmp_path, XS))

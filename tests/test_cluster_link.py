@@ -20,54 +20,15 @@ from mininet.net import Mininet
 
 from geodc.emulation.remote import ClusterHost
 from geodc.emulation.serverregistry import ServerRegistry
-from geodc.emulation.servers import measure_underlay, server_run
+from geodc.emulation.servers import measure_underlay
 from geodc.emulation.vxlan import VXLANLink
 from geodc.emulation.tools import ping
 from geodc.plans.crossing import host_mtu
+from tests.server_leftovers import assert_nothing_left, link_counts, processes_naming
 
 pytestmark = pytest.mark.network
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def server_state(server) -> str:
-    """What a run could leave on a server: its links and its registry folder."""
-    return server_run(server, "ip -o link show; echo ---; ls /run/geotestbed-remote 2>&1 || true")
-
-
-def link_counts(servers) -> dict[str, str]:
-    """How many links each server has (before a run, for assert_nothing_left)."""
-    return {s.name: server_run(s, "ip -o link show | wc -l").strip() for s in servers}
-
-
-def assert_nothing_left(servers, before: dict[str, str]) -> dict[str, str]:
-    """Each server has the links it had before (link_counts) and no registry folder; its links'
-    text, by server name."""
-    out = {}
-    for s in servers:
-        links, folders = server_state(s).split("---\n")
-        assert server_run(s, "ip -o link show | wc -l").strip() == before[s.name], links
-        assert "No such file" in folders, folders
-        out[s.name] = links
-    return out
-
-
-def processes_naming(*marks: str, wait_s: float = 5.0) -> list[str]:
-    """Command lines (of any process here: the local servers share this kernel) holding a mark,
-    after up to wait_s for them to go."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except (OSError, ValueError):
-                continue
-            if entry.name.isdigit() and any(m in cmdline for m in marks):
-                found.append(f"{entry.name}: {cmdline[:120]}")
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
 
 
 def test_vxlan_link_across_two_servers_leaves_nothing(cluster):
@@ -108,7 +69,7 @@ def test_vxlan_link_across_two_servers_leaves_nothing(cluster):
         left = registry.cleanup()
     assert left == []
     for links in assert_nothing_left((s1, s2), before).values():
-        assert "gdvx" not in links, links
+        assert not any("gdvx" in link for link in links), links
     assert processes_naming("sleep 301.25", "mininet:ha", "mininet:hb") == []
 
 

@@ -27,7 +27,7 @@ import yaml
 
 from geodc.emulation.serverregistry import REMOTE_STATE
 from geodc.emulation.servers import server_run
-from tests.test_cluster_link import processes_naming
+from tests.server_leftovers import processes_naming
 from tests.test_sweep import with_sweep
 
 pytestmark = pytest.mark.network
