@@ -56,16 +56,24 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
                 {"stage_dcs": list(o.stage_dcs), **o.prediction.to_dict()}
                 for o in options[:plan_top]]}, indent=1)
         return plan_text(scenario, options, plan_top)
+    from geodc.cli.ticker import Ticker
+    from geodc.predict.unmodelled import unmodelled
     rows = []
     t0 = time.perf_counter()
-    for system in resolve_systems(scenario, systems):
-        rows.append(predict(scenario, cfg, system))
+    chosen = resolve_systems(scenario, systems)
+    ticker = Ticker(f"predict {scenario.name}")
+    for i, system in enumerate(chosen, 1):
+        ticker(f"{system.name} ({i} of {len(chosen)} systems)")
+        rows.append(predict(scenario, cfg, system,
+                            progress=lambda text: ticker(f"{system.name}: {text}")))
+    ticker.done()
     took_s = time.perf_counter() - t0
+    left_out = unmodelled(scenario)
     ref = next((p for p in rows if p.system == "baseline"), rows[0])
     base = ref.iteration_time_s
     if as_json:
         return json.dumps({"scenario": scenario.name, "seconds": took_s,
-                           "speedup_against": ref.system,
+                           "speedup_against": ref.system, "not_modelled": left_out,
                            "systems": [dict(p.to_dict(), speedup=base / p.iteration_time_s)
                                        for p in rows]}, indent=1)
     out = [f"{scenario.name}: model of P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
@@ -90,6 +98,9 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
     for p in rows:
         if p.bubbletea is not None:
             out.append(bubbletea_text(p.system, p.bubbletea))
+    if rows[0].steady:
+        out.append(rows[0].steady)
+    out += [f"not in the model: {line}" for line in left_out]
     if scenario.time_scale_auto and not scenario.predict_only:
         from geodc.cli.show import auto_line, auto_record
         out.append(auto_line(auto_record(scenario)))

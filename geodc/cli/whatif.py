@@ -20,10 +20,17 @@ UTIL_HEAD = f"paper: up to {PAPER_GPU_UTILIZATION:.0%}"
 
 
 def whatif_command(path: str, as_json: bool = False) -> str:
-    result = whatif(load_scenario(path))
+    from geodc.cli.ticker import Ticker
+    from geodc.predict.unmodelled import unmodelled
+    scenario = load_scenario(path)
+    ticker = Ticker(f"whatif {scenario.name}", after_s=0.0)
+    result = whatif(scenario, progress=ticker)
+    ticker.done()
+    left_out = unmodelled(scenario)
     if as_json:
-        return json.dumps(result.to_dict(), indent=1)
-    return whatif_text(result)
+        return json.dumps(dict(result.to_dict(), not_modelled=left_out), indent=1)
+    return "\n".join([whatif_text(result)]
+                     + [f"not in the model: {line}" for line in left_out])
 
 
 def header(result: WhatIf) -> str:

@@ -50,9 +50,10 @@ links.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from geodc.rules.pipeline import PipelineModel, Route, SimResult, simulate
+from geodc.rules.pipeline import PipelineModel, Route, SimResult
+from geodc.predict.steady import simulate_steady
 from geodc.predict.transfer import PathSpec, one_round, transfer_ms
 from geodc.plans.placement import place_for_system
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_payload_bytes
@@ -89,6 +90,8 @@ class Prediction:
     # sent again a round trip later); links that drop none are left out
     wan_drop_packets: dict[str, float] = field(default_factory=dict)
     simulated_replicas: int = 0     # replicas simulated (fewer: alike ones folded)
+    simulated_iterations: int = 0   # iterations simulated (fewer: a steady state repeats)
+    steady: str | None = None       # how the iterations not simulated were taken (or None)
     bubbletea: dict[str, Any] | None = None   # +bubbletea systems: geodc.predict.bubbletea's figures
 
     def to_dict(self) -> dict[str, Any]:
@@ -286,8 +289,10 @@ def as_spans(result: SimResult) -> list[dict]:
 
 
 def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
-            iterations: int | None = None) -> Prediction:
-    """Simulate `iterations` (default: the run's) and read the figures as a run's metrics."""
+            iterations: int | None = None,
+            progress: Callable[[str], None] | None = None) -> Prediction:
+    """Simulate `iterations` (default: the run's; past a steady state, geodc.predict.steady)
+    and read the figures as a run's metrics; progress(text): told what is being simulated."""
     from geodc.rules.figures import metrics_from_records
     from geodc.rules.bubbles import MIN_HISTORY, WARMUP_ITERATIONS
     n = max(3, iterations or cfg.iterations)
@@ -296,25 +301,30 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     placement = place_for_system(scenario, cfg, system)
     classes = simulated_for(scenario, cfg, system, placement)
     model = build(scenario, cfg, system, placement, classes)
-    result = simulate(model, n)
+    result, steady = simulate_steady(model, n, progress)
     plan = {"config": dict(cfg.to_dict(), replicas=model.replicas), "workers": [
         {"stage": s, "replica": r, "host": f"s{s}r{r}", "dc": ""}
         for s in range(cfg.stages) for r in range(model.replicas)]}
-    m = metrics_from_records(as_spans(result), [], plan)
-    weights = list(model.weights or [1] * model.replicas)
-    total = sum(weights)
+    weights = steady.weights or None
+    m = metrics_from_records(as_spans(result), [], plan, weights)
+    replica_weights = list(model.weights or [1] * model.replicas)
+    total = sum(replica_weights)
     util = {(st["stage"], st["replica"]): st["gpu_utilization"] for st in m["stages"]}
-    per_stage_util = [sum(weights[c] * util[(s, c)] for c in range(model.replicas)) / total
-                      for s in range(cfg.stages)]
+    per_stage_util = [sum(replica_weights[c] * util[(s, c)] for c in range(model.replicas))
+                      / total for s in range(cfg.stages)]
     gpu_util = sum(per_stage_util) / cfg.stages
     used = m["iterations_averaged"]
-    window_ms = m["iteration_time_s"] * 1e3 * len(used)
-    wan = {str(link): sum(b.get(i, 0.0) for i in used) / (model.link_rate_mbit[link] * 1e3
-                                                             * window_ms)
+    counted = {i: (weights or {}).get(i, 1.0) for i in used}   # iterations each stands for
+    n_used = sum(counted.values())
+    window_ms = m["iteration_time_s"] * 1e3 * n_used
+
+    def per_iteration(by_it: dict[int, float]) -> float:
+        return sum(w * by_it.get(i, 0.0) for i, w in counted.items())
+
+    wan = {str(link): per_iteration(b) / (model.link_rate_mbit[link] * 1e3 * window_ms)
            for link, b in sorted(result.link_bits.items())}
-    drops = {str(link): sum(d.get(i, 0.0) for i in used) / len(used) / WIRE_PACKET_BYTES
-             for link, d in sorted(result.link_drops.items())
-             if sum(d.get(i, 0.0) for i in used) > 0}
+    drops = {str(link): per_iteration(d) / n_used / WIRE_PACKET_BYTES
+             for link, d in sorted(result.link_drops.items()) if per_iteration(d) > 0}
     return Prediction(system=system.name, iteration_time_s=m["iteration_time_s"],
                       bubble_fraction=1.0 - gpu_util, gpu_utilization=gpu_util,
                       pipeline_bubble_fraction=m["pipeline_bubble_fraction"],
@@ -322,6 +332,7 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                       wan_utilization=wan, allreduce_ms=list(model.allreduce_ms),
                       iterations=n, wan_drop_packets=drops,
                       simulated_replicas=model.replicas,
+                      simulated_iterations=steady.simulated, steady=steady.line(),
                       bubbletea=_bubbletea(scenario, cfg, system, placement, classes, result)
                       if system.fill_bubbles else None)
 

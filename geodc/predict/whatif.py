@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from geodc.plans.placement import place_for_system
 from geodc.predict.binding import Bound, binding, bounds
@@ -139,9 +139,9 @@ class WhatIf:
                 "seconds": self.seconds, "rows": [r.to_dict() for r in self.rows]}
 
 
-def whatif(scenario: "Scenario") -> WhatIf:
+def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None) -> WhatIf:
     """The table's rows for `scenario` (module docstring). ScenarioError if it has a sweep or
-    no training the model can predict."""
+    no training the model can predict. progress(text): told which row is being predicted."""
     from geodc.spec.training import TrainConfig
     if scenario.sweep:
         raise ScenarioError("sweep", "the what-if changes one scenario, not a sweep",
@@ -156,12 +156,18 @@ def whatif(scenario: "Scenario") -> WhatIf:
     t0 = time.perf_counter()
     doc = dict(scenario.raw)
     with_bt = scenario.bubbletea is not None
-    rows = [_row(doc, as_given(doc), scenario.path, with_bt)]
-    rows += [_row(doc, v, scenario.path, False) for v in variants(doc)]
+    todo = [as_given(doc), *variants(doc)]
+    rows = []
+    for i, v in enumerate(todo):
+        if progress is not None:
+            progress(f"row {i + 1} of {len(todo)}: {v.label}")
+        rows.append(_row(doc, v, scenario.path, with_bt and i == 0))
     bt = rows[0].bubbletea
     if bt is not None and bt.capacity_per_s:
         target = round_rate(SATURATION * bt.capacity_per_s)
         v = request_rate_variant(doc, bt.offered_per_s, target, "to saturation")
+        if progress is not None:
+            progress(f"row {len(rows) + 1}: {v.label}")
         rows.append(_row(doc, v, scenario.path, True, base=rows[0]))
     return WhatIf(scenario=scenario.name, path=scenario.path,
                   gpus=cfg.stages * cfg.replicas, stages=cfg.stages, replicas=cfg.replicas,

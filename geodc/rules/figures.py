@@ -92,7 +92,11 @@ def _count_overrun(over: dict, span: dict, holds: dict[str, float]) -> None:
         over["max_ms"] = max(over["max_ms"], excess_ms)
 
 
-def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: dict) -> dict:
+def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: dict,
+                         weights: dict[int, float] | None = None) -> dict:
+    """The run's figures (module docstring). weights: how many iterations each averaged one
+    stands for (default one each); the model gives a steady iteration the weight of the
+    iterations it was not simulated for (geodc.predict.steady)."""
     cfg = plan["config"]
     P, D, M = cfg["stages"], cfg["replicas"], cfg["micro_batches"]
     windows = iteration_windows(spans)
@@ -104,6 +108,13 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
         raise ValueError(f"iterations {sorted(windows)} in the records are not 0..{n_it - 1}")
     walls = iteration_walls(windows)
     used = iterations_used(n_it)
+
+    def mean(by_it) -> float:
+        """The mean over the averaged iterations of by_it(it), weighted by `weights`."""
+        if weights is None:
+            return statistics.fmean(by_it(it) for it in used)
+        return (sum(weights.get(it, 1.0) * by_it(it) for it in used)
+                / sum(weights.get(it, 1.0) for it in used))
     compute = defaultdict(float)                      # (stage, replica, it) -> ns
     compute_pp = defaultdict(float)                   # same, F and B only
     op_ms = defaultdict(list)                          # (stage, replica, name) -> [ms]
@@ -132,19 +143,18 @@ def metrics_from_records(spans: Sequence[dict], losses: Sequence[dict], plan: di
     workers = {(w["stage"], w["replica"]): w for w in plan["workers"]}
     stages_out = []
     for (s, rep), w in sorted(workers.items()):
-        utils = [compute[(s, rep, it)] / walls[it] for it in used]
-        util = statistics.fmean(utils)
-        pp_util = statistics.fmean(compute_pp[(s, rep, it)] / (pp_windows[it][1] -
-                                                                pp_windows[it][0]) for it in used)
+        util = mean(lambda it: compute[(s, rep, it)] / walls[it])
+        pp_util = mean(lambda it: compute_pp[(s, rep, it)] / (pp_windows[it][1]
+                                                               - pp_windows[it][0]))
         stages_out.append({
             "stage": s, "replica": rep, "dc": w["dc"], "host": w["host"],
             "bubble_fraction": 1.0 - util, "gpu_utilization": util,
             "pipeline_bubble_fraction": 1.0 - pp_util,
-            "compute_s": statistics.fmean(compute[(s, rep, it)] for it in used) / 1e9,
+            "compute_s": mean(lambda it: compute[(s, rep, it)]) / 1e9,
             "forward_ms": _mean(op_ms[(s, rep, "F")]), "backward_ms": _mean(op_ms[(s, rep, "B")]),
             "forward_cv": _cv(op_ms[(s, rep, "F")]), "backward_cv": _cv(op_ms[(s, rep, "B")]),
         })
-    iteration_time_s = statistics.fmean(walls[it] for it in used) / 1e9
+    iteration_time_s = mean(lambda it: walls[it]) / 1e9
     util = statistics.fmean(x["gpu_utilization"] for x in stages_out)
     model_tokens = D * M * cfg["micro_batch_size"] * cfg["model"]["seq_len"]
     # In profile mode the run stands for the target model: its tokens per iteration too.

@@ -1,0 +1,144 @@
+"""One transfer direction's K persistent TCP connections, message after message: how long each
+message takes alone, given what the messages before it left in the connections. Pure.
+
+One job: a message's solo time (first byte sent to last byte arrived) on a channel whose state
+lives across messages. The trainer opens a stage boundary's K connections once and sends every
+micro-batch's activation (or gradient) over them, so a message meets:
+- the windows its predecessors still hold: each connection has at most its window in flight,
+  the window being the smallest of the receive window the hosts advertise, the congestion window,
+  and (with random loss) the average window of the congestion control's loss response
+  (geodc.rules.tcploss). A chunk sent at time s is acknowledged at s + RTT (the round-trip
+  model of geodc.predict.transfer); a connection sends again as soon as acknowledgements free
+  its window, so a message sent while an earlier one is in flight waits for the earlier one's
+  acknowledgements instead of getting windows of its own;
+- the congestion window as the host left it: it grows by the bytes acknowledged (slow start,
+  up to twice the receive window), and after an idle gap longer than the RTO (Linux's
+  tcp_slow_start_after_idle, where the scenario keeps it) it is halved once per RTO of the gap
+  beyond the first and never below the initial window (tcp_cwnd_restart), where the old rule
+  restarted from the initial window whatever the gap;
+- the time to resend what is lost (geodc.rules.tcploss.recovery_ms), added to its arrival.
+The message is striped over min(K, bytes / 4 KiB) connections (geodc.rules.stripes); per round
+trip each connection sends what its window allows, and the chunks of the message queue one after
+another at the bottleneck rate (its own FIFO: other messages' contention is the simulator's).
+
+A fresh channel with warm connections gives geodc.predict.transfer.transfer_ms's time, and one
+restarting slow start its slow-start time (tests/test_tcpchannel.py checks both).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from geodc.rules.stripes import stripe_count
+from geodc.rules.tcploss import recovery_ms, window_under_loss
+from geodc.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
+
+INITIAL_WINDOW_SEGMENTS = 10      # Linux's initial congestion window (RFC 6928)
+WIRE_PER_PAYLOAD = ETH_FRAME_BYTES / TCP_MSS_BYTES
+EPS = 1e-9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelSpec:
+    """A routed path as the channel's connections see it (configured, real-time values)."""
+    rate_mbit: float            # the bottleneck rate (wire)
+    one_way_ms: float
+    rtt_ms: float
+    window_bytes: float         # receive window per connection
+    connections: int = 1        # K
+    loss: float = 0.0           # packet loss probability on the path (0..1)
+    congestion_control: str = "cubic"
+    slow_start_after_idle: bool = True
+    rto_ms: float = math.inf    # idle longer than this restarts the congestion window
+
+    @property
+    def loss_window_bytes(self) -> float:
+        return window_under_loss(self.congestion_control, self.rtt_ms, self.loss) \
+            if self.loss > 0 else math.inf
+
+
+@dataclass(slots=True)
+class _Connection:
+    cwnd: float                 # bytes
+    chunks: deque               # (start ms, bytes) in flight: acknowledged at start + RTT
+    last_sent_ms: float = -math.inf     # when its last chunk finished leaving
+
+    def acked(self, t: float, rtt_ms: float, cap: float) -> float:
+        """Drop the chunks acknowledged by t, growing the window by their bytes (slow start,
+        up to cap); the bytes still in flight."""
+        while self.chunks and self.chunks[0][0] + rtt_ms <= t + EPS:
+            _, size = self.chunks.popleft()
+            self.cwnd = min(cap, self.cwnd + size)
+        return sum(size for _, size in self.chunks)
+
+
+class Channel:
+    """K persistent connections in one direction (module docstring)."""
+
+    def __init__(self, spec: ChannelSpec, warm: bool = True):
+        self.spec = spec
+        self.cap = 2 * spec.window_bytes
+        first = self.cap if warm else self.initial_bytes
+        self.conns = [_Connection(cwnd=first, chunks=deque())
+                      for _ in range(max(1, spec.connections))]
+        self.ms_per_byte = WIRE_PER_PAYLOAD * 8 / (spec.rate_mbit * 1e3)
+
+    @property
+    def initial_bytes(self) -> float:
+        return min(self.spec.window_bytes, INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES)
+
+    def window(self, c: _Connection) -> float:
+        return min(self.spec.window_bytes, c.cwnd, self.spec.loss_window_bytes)
+
+    def send(self, now: float, payload_bytes: float) -> float:
+        """Send a message at `now`: its solo time (first byte sent to last byte arrived), with
+        the state its predecessors left; the channel keeps this message's chunks."""
+        if payload_bytes <= 0:
+            return 0.0
+        spec = self.spec
+        k = stripe_count(int(payload_bytes), spec.connections)
+        conns = self.conns[:k]
+        for c in conns:
+            self._restart_if_idle(c, now)
+        left = [payload_bytes / k] * k
+        free = now                      # this message's own queue at the bottleneck
+        while any(x > EPS for x in left):
+            for i, c in enumerate(conns):
+                if left[i] <= EPS:
+                    continue
+                start, size = self._next_chunk(c, max(now, free), left[i])
+                start = max(start, free)
+                c.chunks.append((start, size))
+                free = start + size * self.ms_per_byte
+                c.last_sent_ms = free
+                left[i] -= size
+        packets = math.ceil(payload_bytes / k / TCP_MSS_BYTES - EPS)
+        return free + spec.one_way_ms + recovery_ms(spec.loss, spec.rtt_ms, k, packets) - now
+
+    def _next_chunk(self, c: _Connection, t: float, left: float) -> tuple[float, float]:
+        """When connection c may next send and how much: at t if its window has room, else
+        when the acknowledgements of its oldest chunks make room (a full window's worth, or
+        what is left)."""
+        rtt = self.spec.rtt_ms
+        while True:
+            in_flight = c.acked(t, rtt, self.cap)
+            room = self.window(c) - in_flight
+            if room >= min(left, self.window(c)) - EPS or not c.chunks:
+                return t, min(left, max(room, EPS))
+            t = c.chunks[0][0] + rtt
+
+    def _restart_if_idle(self, c: _Connection, now: float) -> None:
+        """Linux's tcp_cwnd_restart: idle (nothing in flight) longer than the RTO, the window
+        halves once per RTO of the gap past the first, never below the initial window."""
+        spec = self.spec
+        c.acked(now, spec.rtt_ms, self.cap)
+        if not spec.slow_start_after_idle or c.chunks:
+            return
+        gap = now - c.last_sent_ms
+        if gap <= spec.rto_ms:
+            return
+        floor = min(self.initial_bytes, c.cwnd)
+        halvings = math.ceil(gap / spec.rto_ms - EPS) - 1 if math.isfinite(gap) else 64
+        c.cwnd = max(floor, c.cwnd / 2 ** min(halvings, 64))

@@ -1,0 +1,187 @@
+"""The model's TCP: a channel's connections across messages (geodc.rules.tcpchannel), random
+loss (geodc.rules.tcploss), the steady state that keeps `predict`'s cost flat in iterations
+(geodc.predict.steady), and the settings `predict` names as not modelled. Pure."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from geodc.cli.planview import load_training
+from geodc.cli.ticker import Ticker
+from geodc.predict import steady
+from geodc.predict.predict import predict
+from geodc.predict.transfer import PathSpec, transfer_ms
+from geodc.predict.unmodelled import unmodelled
+from geodc.rules.tcpchannel import Channel, ChannelSpec
+from geodc.rules.tcploss import bulk_goodput_mbit, recovery_ms, window_under_loss
+from geodc.spec.scenario import TCP_MSS_BYTES, load_scenario, parse_scenario
+from geodc.spec.systems import get_system
+
+pytestmark = pytest.mark.unit
+REPO = Path(__file__).resolve().parent.parent
+
+
+def spec(**kw) -> ChannelSpec:
+    base = dict(rate_mbit=100, one_way_ms=100, rtt_ms=200, window_bytes=45_900, connections=4)
+    return ChannelSpec(**{**base, **kw})
+
+
+# -- a channel's connections across messages ---------------------------------------------------
+
+def test_a_fresh_channel_is_the_one_message_round_model():
+    """Warm, or restarting slow start: a channel's first message takes transfer_ms's time."""
+    rng = random.Random(1)
+    for _ in range(300):
+        rate, ow = rng.choice([10, 100, 1000]), rng.choice([1, 20, 100])
+        w, k = rng.choice([12_288, 45_900, 200_000]), rng.choice([1, 4, 16])
+        payload, slow = rng.choice([5_000, 168_000, 3_000_000]), rng.random() < 0.5
+        path = PathSpec(rate_mbit=rate, one_way_ms=ow, rtt_ms=2 * ow, window_bytes=w,
+                        connections=k)
+        got = Channel(spec(rate_mbit=rate, one_way_ms=ow, rtt_ms=2 * ow, window_bytes=w,
+                           connections=k), warm=not slow).send(0.0, payload)
+        assert got == pytest.approx(transfer_ms(payload, path, slow_start=slow), rel=1e-12)
+
+
+def test_a_message_waits_for_the_windows_its_predecessor_holds():
+    """K = 4 windows of 45.9 kB carry one 168 kB message in one round; a second sent 10 ms
+    later finds them full and leaves a round trip after the first (the old model gave both
+    their own windows)."""
+    ch = Channel(spec())
+    first = ch.send(0.0, 168_000)
+    second = ch.send(10.0, 168_000)
+    assert first == pytest.approx(100 + 168_000 * 1514 / 1448 * 8 / 1e5)
+    assert 10.0 + second == pytest.approx(200.0 + first, rel=1e-9)
+    # sent after the first's acknowledgements, the windows are free again
+    assert Channel(spec()).send(0.0, 168_000) == pytest.approx(ch.send(1000.0, 168_000))
+
+
+def test_idle_halves_the_window_once_per_rto_never_below_the_initial():
+    """tcp_cwnd_restart: a channel's first message restarts from the initial window (never
+    sent: idle since ever, as the model always had it); warmed up (twice the receive window),
+    idle 1.5 RTOs halves it once, still the receive window; 3.5 RTOs three times, to the
+    initial window: a 42 kB stripe needs two rounds; slow start after idle off: no change."""
+    rto = 200 + 200.0
+    path = PathSpec(rate_mbit=100, one_way_ms=100, rtt_ms=200, window_bytes=45_900,
+                    connections=4)
+    slow = transfer_ms(168_000, path, slow_start=True)
+    warm = transfer_ms(168_000, path)
+
+    def warmed() -> Channel:
+        ch = Channel(spec(rto_ms=rto))
+        assert ch.send(0.0, 168_000) == pytest.approx(slow)
+        t = 1000.0
+        while ch.send(t, 168_000) > warm + 1e-6:     # slow start grows the window back
+            t += 250.0
+        return ch, t
+
+    ch, t = warmed()
+    assert ch.send(t + 1.5 * rto, 168_000) == pytest.approx(warm)
+    ch, t = warmed()
+    assert ch.send(t + 3.5 * rto, 168_000) > warm + 150
+    ch, t = warmed()
+    assert ch.send(t + 100 * rto, 168_000) == pytest.approx(slow)
+    off = Channel(spec(rto_ms=rto, slow_start_after_idle=False))
+    off.send(0.0, 168_000)
+    assert off.send(100 * rto, 168_000) == pytest.approx(warm)
+
+
+# -- random loss -------------------------------------------------------------------------------
+
+def test_loss_response_functions():
+    """Reno: sqrt(3 / (2 p)) segments (less a little for timeouts); CUBIC at least that, and
+    its cubic term where RTT / p is large; inf without loss; bbr refused."""
+    for p in (1e-4, 1e-3, 1e-2):
+        reno = window_under_loss("reno", 40, p) / TCP_MSS_BYTES
+        assert 0.8 * math.sqrt(1.5 / p) < reno <= math.sqrt(1.5 / p)
+        assert window_under_loss("cubic", 40, p) >= window_under_loss("reno", 40, p)
+    assert window_under_loss("cubic", 160, 1e-4) > 2 * window_under_loss("reno", 160, 1e-4)
+    assert window_under_loss("reno", 40, 0.0) == math.inf
+    with pytest.raises(ValueError, match="bbr"):
+        window_under_loss("bbr", 40, 0.01)
+
+
+def test_recovery_cost_counts_tail_losses_as_timeouts():
+    """One stripe of one packet: lost with p, resent after RTT + 200 ms; many packets: almost
+    surely one lost, mostly not the tail, so about 1.25 RTT."""
+    assert recovery_ms(0.01, 50, 1, 1) == pytest.approx(0.01 * 250)
+    assert recovery_ms(0.01, 50, 1, 5000) == pytest.approx(0.99 * 62.5 + 0.01 * 250, rel=1e-3)
+    assert recovery_ms(0.0, 50, 4, 100) == 0.0
+
+
+def test_bulk_goodput_is_the_link_or_the_flows_loss_response():
+    many = bulk_goodput_mbit(1024, 10_000, 40, 1e-4, 4.59e6, "cubic")
+    assert many == pytest.approx(10_000 * 1448 / 1514 * (1 - 1e-4))
+    few = bulk_goodput_mbit(16, 10_000, 40, 1e-2, 4.59e6, "reno")
+    assert few == pytest.approx(16 * window_under_loss("reno", 40, 1e-2) * 8 / 40 / 1e3)
+
+
+# -- steady state ------------------------------------------------------------------------------
+
+def test_steady_state_gives_every_iteration_simulated_figures(monkeypatch):
+    """300 iterations from a 16-iteration probe: the same figures as all 300 simulated."""
+    sc = load_scenario(REPO / "topologies" / "atlas_paper.yaml")
+    cfg = load_training(sc)
+    for name in ("baseline", "atlas"):
+        fast = predict(sc, cfg, get_system(name), iterations=300)
+        assert fast.simulated_iterations < 300 and fast.steady
+        monkeypatch.setattr(steady, "SIMULATE_ALL_UP_TO", 10**9)
+        full = predict(sc, cfg, get_system(name), iterations=300)
+        monkeypatch.undo()
+        assert full.simulated_iterations == 300 and full.steady is None
+        assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-6)
+        assert fast.bubble_fraction == pytest.approx(full.bubble_fraction, rel=1e-6)
+        for link, u in full.wan_utilization.items():
+            assert fast.wan_utilization[link] == pytest.approx(u, rel=1e-6)
+
+
+def test_predict_takes_the_same_time_at_8_and_100000_iterations():
+    sc = load_scenario(REPO / "topologies" / "two_dc.yaml")
+    cfg = load_training(sc)
+    t0 = time.perf_counter()
+    few = predict(sc, cfg, get_system("baseline"), iterations=8)
+    t1 = time.perf_counter()
+    many = predict(sc, cfg, get_system("baseline"), iterations=100_000)
+    t2 = time.perf_counter()
+    assert many.iterations == 100_000 and many.simulated_iterations <= 64
+    assert many.iteration_time_s == pytest.approx(few.iteration_time_s, rel=0.01)
+    assert t2 - t1 < 20 * max(t1 - t0, 0.05)     # not 10,000 times longer
+
+
+def test_weights_stand_the_period_for_the_missing_iterations():
+    w = steady._weights(16, 100, 2)
+    assert sum(w.values()) - len(w) == 100 - 16
+    assert set(w) == {13, 14}
+
+
+# -- what `predict` says it leaves out ---------------------------------------------------------
+
+def test_unmodelled_settings_are_named():
+    doc = {"name": "x", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+           "wan": [{"between": ["a", "b"], "delay_ms": 20, "rate_mbit": 100, "jitter_ms": 2,
+                    "loss_pct": 1, "queue": 200}], "congestion_control": "bbr"}
+    lines = unmodelled(parse_scenario(doc, "x.yaml"))
+    assert any(line.startswith("jitter_ms (a<->b 2 ms)") for line in lines)
+    assert any(line.startswith("queue (a<->b)") for line in lines)
+    assert any("bbr" in line for line in lines)
+    plain = dict(doc, congestion_control="cubic", wan=[{"between": ["a", "b"], "delay_ms": 20,
+                                                        "rate_mbit": 100, "loss_pct": 1}])
+    assert unmodelled(parse_scenario(plain, "x.yaml")) == []       # loss is modelled
+
+
+def test_ticker_is_quiet_at_first_then_says_what_runs():
+    out = io.StringIO()
+    t = Ticker("predict x", stream=out, after_s=0.0)
+    t("baseline (1 of 2 systems)")
+    t("atlas (2 of 2 systems)")       # within EVERY_S of the first: not repeated off a terminal
+    t.done()
+    assert out.getvalue().startswith("predict x: baseline (1 of 2 systems) (")
+    assert out.getvalue().count("\n") == 1
+    quiet = io.StringIO()
+    Ticker("predict x", stream=quiet)("baseline")
+    assert quiet.getvalue() == ""
