@@ -61,6 +61,9 @@ from geodc.plans.systems import connections_for, path_between, path_rate_mbit, p
     window_bytes
 from geodc.rules.schedule import schedule_table
 from geodc.rules.stripes import stripe_count
+from geodc.rules.tcpchannel import Channel, ChannelSpec
+from geodc.rules.tcploss import path_loss
+from geodc.spec.systems import get_system
 from geodc.spec.links import LinkDir, hops
 
 if TYPE_CHECKING:
@@ -98,6 +101,28 @@ class Prediction:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
+def channel_spec(scenario: "Scenario", system: "System", src: str, dst: str,
+                 connections: int | None = None) -> ChannelSpec:
+    """The connections of a transfer src -> dst between DCs (geodc.rules.tcpchannel): the
+    path's bottleneck (at most the sending DC's host link), delay, loss over its links, the
+    hosts' window, K (the system's, or `connections`) and TCP settings."""
+    path = path_between(scenario, src, dst)
+    rate = path_rate_mbit(scenario, src, dst)
+    host_rate = {dc.name: dc.rate_mbit for dc in scenario.dcs}
+    if host_rate[src] is not None:
+        rate = min(rate, host_rate[src])
+    loss_pct = {d: w.loss_pct for w in scenario.wan for d in w.directions}
+    rtt = path_rtt_ms(scenario, src, dst)
+    return ChannelSpec(
+        rate_mbit=rate, one_way_ms=path.delay_ms, rtt_ms=rtt,
+        window_bytes=window_bytes(scenario.scale),
+        connections=connections if connections is not None
+        else connections_for(scenario, system, src, dst),
+        loss=path_loss([loss_pct[d] for d in hops(path.dcs)]),
+        congestion_control=scenario.congestion_control,
+        slow_start_after_idle=scenario.tcp_slow_start_after_idle, rto_ms=rtt + RTO_MIN_MS)
+
+
 def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: int) -> Route:
     wire = payload * WIRE_BYTES_PER_PAYLOAD_BYTE
     host_rate = {dc.name: dc.rate_mbit for dc in scenario.dcs}
@@ -105,22 +130,20 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
         rate = host_rate[src]
         return Route(links=(), solo_ms=0.0 if rate is None else wire * 8 / (rate * 1e3),
                      wire_bytes=wire)
-    path = path_between(scenario, src, dst)
-    rate = path_rate_mbit(scenario, src, dst)
-    if host_rate[src] is not None:
-        rate = min(rate, host_rate[src])
-    spec = PathSpec(rate_mbit=rate, one_way_ms=path.delay_ms,
-                    rtt_ms=path_rtt_ms(scenario, src, dst),
-                    window_bytes=window_bytes(scenario.scale),
-                    connections=connections_for(scenario, system, src, dst))
+    ch = channel_spec(scenario, system, src, dst)
+    window = min(ch.window_bytes, ch.loss_window_bytes)
+    spec = PathSpec(rate_mbit=ch.rate_mbit, one_way_ms=ch.one_way_ms, rtt_ms=ch.rtt_ms,
+                    window_bytes=window, connections=ch.connections)
     k = stripe_count(payload, spec.connections) if payload > 0 else 1
-    return Route(links=tuple(hops(path.dcs)),
-                 solo_ms=transfer_ms(payload, spec), one_way_ms=path.delay_ms,
-                 wire_bytes=wire, solo_idle_ms=transfer_ms(payload, spec, slow_start=True)
+    return Route(links=tuple(hops(path_between(scenario, src, dst).dcs)),
+                 solo_ms=Channel(ch).send(0.0, payload) if ch.loss else transfer_ms(payload, spec),
+                 one_way_ms=ch.one_way_ms, wire_bytes=wire,
+                 solo_idle_ms=(Channel(ch, warm=False).send(0.0, payload) if ch.loss
+                               else transfer_ms(payload, spec, slow_start=True))
                  if scenario.tcp_slow_start_after_idle else None,
-                 rto_ms=spec.rtt_ms + RTO_MIN_MS, burst=one_round(payload, spec),
-                 burst_bytes=k * min(payload / k, spec.window_bytes)
-                 * WIRE_BYTES_PER_PAYLOAD_BYTE, rtt_ms=spec.rtt_ms)
+                 rto_ms=ch.rto_ms, burst=one_round(payload, spec),
+                 burst_bytes=k * min(payload / k, window) * WIRE_BYTES_PER_PAYLOAD_BYTE,
+                 rtt_ms=ch.rtt_ms, channel=ch, payload_bytes=payload)
 
 
 def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") -> float:
@@ -135,12 +158,11 @@ def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") 
         if a == b:
             rate = host_rate[a]
             return 0.0 if rate is None else chunk * WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / (rate * 1e3)
-        rate = path_rate_mbit(scenario, a, b)
-        if host_rate[a] is not None:
-            rate = min(rate, host_rate[a])
-        spec = PathSpec(rate_mbit=rate, one_way_ms=path_between(scenario, a, b).delay_ms,
-                        rtt_ms=path_rtt_ms(scenario, a, b),
-                        window_bytes=window_bytes(scenario.scale), connections=1)
+        ch = channel_spec(scenario, get_system("baseline"), a, b, connections=1)
+        if ch.loss:             # gloo's one connection, losing packets
+            return Channel(ch, warm=not first).send(0.0, chunk)
+        spec = PathSpec(rate_mbit=ch.rate_mbit, one_way_ms=ch.one_way_ms, rtt_ms=ch.rtt_ms,
+                        window_bytes=ch.window_bytes, connections=1)
         return transfer_ms(chunk, spec, slow_start=first)
 
     ring = {(dcs[r], dcs[(r + 1) % D]) for r in range(D)}      # every step: the same hops

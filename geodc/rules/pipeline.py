@@ -62,6 +62,7 @@ from typing import Callable, Sequence
 
 from geodc.rules.fairshare import max_min_rates
 from geodc.rules.schedule import format_table, parse_action
+from geodc.rules.tcpchannel import Channel, ChannelSpec
 from geodc.spec.links import LinkDir
 
 EPS = 1e-9
@@ -80,6 +81,11 @@ class Route:
     burst_bytes: float | None = None    # wire bytes entering the bottleneck at once (one round
                                         # of every connection); None: the whole message
     rtt_ms: float = 0.0         # the path's round trip (a lost byte is resent one later)
+    # the connections that carry its messages, persistent across them (geodc.rules.tcpchannel):
+    # given, each message's solo time is its channel's, and solo_ms / solo_idle_ms are what a
+    # fresh channel gives (warm / restarting slow start)
+    channel: ChannelSpec | None = None
+    payload_bytes: float = 0.0  # per message, with a channel
 
     def solo(self, idle_ms: float) -> float:
         """Alone, after idle_ms since this route's last message left."""
@@ -415,6 +421,7 @@ def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None
                 push(now + f.left_bits / (f.rate_mbit * 1e3), "flow_end", (f.key, f.ver))
 
     last_sent: dict[int, float] = {}
+    channels: dict[tuple, Channel] = {}       # (kind, s, r): that route's connections
     sent_at: dict[tuple, float] = {}          # with trains: when each message was sent
     used_gaps: dict[tuple, float] = {}        # the spacing each train was served at
 
@@ -424,8 +431,14 @@ def _simulate(m: PipelineModel, iterations: int, gaps: dict[tuple, float] | None
             sent_at[key] = now
         w = weight[key[2]]
         warm_ms = route.solo_ms
-        solo = route.solo(now - last_sent.get(id(route), float("-inf")))
-        last_sent[id(route)] = now
+        if route.channel is not None:       # its connections, as earlier messages left them
+            channel = channels.get(key[:3])
+            if channel is None:
+                channel = channels[key[:3]] = Channel(route.channel)
+            solo = channel.send(now, route.payload_bytes)
+        else:
+            solo = route.solo(now - last_sent.get(id(route), float("-inf")))
+            last_sent[id(route)] = now
         if solo != route.solo_ms:
             route = replace(route, solo_ms=solo)
         for l in route.links:

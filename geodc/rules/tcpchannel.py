@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from geodc.rules.stripes import stripe_count
-from geodc.rules.tcploss import recovery_ms, window_under_loss
+from geodc.rules.tcploss import MODELLED, recovery_ms, window_under_loss
 from geodc.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
 
 INITIAL_WINDOW_SEGMENTS = 10      # Linux's initial congestion window (RFC 6928)
@@ -55,8 +55,11 @@ class ChannelSpec:
 
     @property
     def loss_window_bytes(self) -> float:
-        return window_under_loss(self.congestion_control, self.rtt_ms, self.loss) \
-            if self.loss > 0 else math.inf
+        """The average window of the loss response (inf without loss, and for BBR, whose rate
+        is taken as insensitive to random loss: geodc.predict.unmodelled says so)."""
+        if self.loss <= 0 or self.congestion_control not in MODELLED:
+            return math.inf
+        return window_under_loss(self.congestion_control, self.rtt_ms, self.loss)
 
 
 @dataclass(slots=True)
@@ -140,5 +143,13 @@ class Channel:
         if gap <= spec.rto_ms:
             return
         floor = min(self.initial_bytes, c.cwnd)
-        halvings = math.ceil(gap / spec.rto_ms - EPS) - 1 if math.isfinite(gap) else 64
-        c.cwnd = max(floor, c.cwnd / 2 ** min(halvings, 64))
+        c.cwnd = max(floor, c.cwnd / 2 ** halvings(gap, spec.rto_ms))
+
+
+def halvings(gap_ms: float, rto_ms: float) -> int:
+    """How often tcp_cwnd_restart halves the window after an idle gap: once per RTO of the gap
+    past the first (64: as good as never sent)."""
+    if gap_ms <= rto_ms:
+        return 0
+    return min(64, math.ceil(gap_ms / rto_ms - EPS) - 1) if math.isfinite(gap_ms) else 64
+
