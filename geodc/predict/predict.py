@@ -143,7 +143,10 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
                  if scenario.tcp_slow_start_after_idle else None,
                  rto_ms=ch.rto_ms, burst=one_round(payload, spec),
                  burst_bytes=k * min(payload / k, window) * WIRE_BYTES_PER_PAYLOAD_BYTE,
-                 rtt_ms=ch.rtt_ms, channel=ch, payload_bytes=payload)
+                 rtt_ms=ch.rtt_ms, payload_bytes=payload,
+                 # under temporal slots a message's channel time would count from its send,
+                 # not its slot: its wait for the slot would be counted twice (not yet done)
+                 channel=None if system.wan_sharing == "temporal" else ch)
 
 
 def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") -> float:
