@@ -23,7 +23,7 @@ def whatif_command(path: str, as_json: bool = False) -> str:
     from geodc.cli.ticker import Ticker
     from geodc.predict.unmodelled import unmodelled
     scenario = load_scenario(path)
-    ticker = Ticker(f"whatif {scenario.name}", after_s=0.0)
+    ticker = Ticker(f"whatif {scenario.name}")
     result = whatif(scenario, progress=ticker)
     ticker.done()
     left_out = unmodelled(scenario)

@@ -11,8 +11,9 @@ micro-batch's activation (or gradient) over them, so a message meets:
   model of geodc.predict.transfer); a connection sends again as soon as acknowledgements free
   its window, so a message sent while an earlier one is in flight waits for the earlier one's
   acknowledgements instead of getting windows of its own;
-- the congestion window as the host left it: it grows by the bytes acknowledged (slow start,
-  up to twice the receive window), and after an idle gap longer than the RTO (Linux's
+- the congestion window as the host left it: it grows by the bytes acknowledged (slow start)
+  while it is below twice the most the connection had in flight (Linux's
+  tcp_is_cwnd_limited; at most twice the receive window), and after an idle gap longer than the RTO (Linux's
   tcp_slow_start_after_idle, where the scenario keeps it) it is halved once per RTO of the gap
   beyond the first and never below the initial window (tcp_cwnd_restart), where the old rule
   restarted from the initial window whatever the gap;
@@ -67,13 +68,17 @@ class _Connection:
     cwnd: float                 # bytes
     chunks: deque               # (start ms, bytes) in flight: acknowledged at start + RTT
     last_sent_ms: float = -math.inf     # when its last chunk finished leaving
+    flight_max: float = 0.0     # the most bytes it had in flight (Linux's max_packets_out)
 
     def acked(self, t: float, rtt_ms: float, cap: float) -> float:
-        """Drop the chunks acknowledged by t, growing the window by their bytes (slow start,
-        up to cap); the bytes still in flight."""
+        """Drop the chunks acknowledged by t, growing the window by their bytes (slow start)
+        while it is below twice the most it had in flight (Linux grows only a window that
+        limits: tcp_is_cwnd_limited), and at most to cap; the bytes still in flight."""
         while self.chunks and self.chunks[0][0] + rtt_ms <= t + EPS:
             _, size = self.chunks.popleft()
-            self.cwnd = min(cap, self.cwnd + size)
+            limit = min(cap, 2 * self.flight_max)
+            if self.cwnd < limit:
+                self.cwnd = min(limit, self.cwnd + size)
         return sum(size for _, size in self.chunks)
 
 
@@ -114,6 +119,7 @@ class Channel:
                 start, size = self._next_chunk(c, max(now, free), left[i])
                 start = max(start, free)
                 c.chunks.append((start, size))
+                c.flight_max = max(c.flight_max, sum(x for _, x in c.chunks))
                 free = start + size * self.ms_per_byte
                 c.last_sent_ms = free
                 left[i] -= size
