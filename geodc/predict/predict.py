@@ -13,15 +13,21 @@ Inputs, each from the module that decides it in a run:
   estimated optimizer step (geodc.spec.profiles.optimizer_ms); profile mode only;
 - a message: the profile's activation bytes / scale (geodc.features.temporal.plan.message_payload_bytes);
   inside a DC, its wire bytes at the DC's host-link rate (no time if the links are unshaped);
-  over the WAN, geodc.predict.transfer over the routed path (geodc.plans.routing) at the lower of the path's
-  rate and the sending DC's host-link rate, K = geodc.plans.systems.connections_for, window =
-  geodc.plans.systems.window_bytes(scale); a message whose connections sat idle longer than the RTO
-  (RTT + Linux's 200 ms minimum) is sent in slow start from 10 segments (unless the scenario
-  sets tcp_slow_start_after_idle: false, as WAN-tuned hosts do);
+  over the WAN, its route's channel (`channel_spec`, geodc.rules.tcpchannel): the K
+  connections (geodc.plans.systems.connections_for) over the routed path (geodc.plans.routing)
+  at the lower of the path's rate and the sending DC's host-link rate, window =
+  geodc.plans.systems.window_bytes(scale), persistent across the route's messages (a message
+  waits for the windows its predecessors hold; after an idle gap past the RTO, RTT + Linux's
+  200 ms minimum, the windows halve per RTO as Linux's tcp_cwnd_restart, unless the scenario
+  sets tcp_slow_start_after_idle: false, as WAN-tuned hosts do), and the path's loss_pct as
+  random loss (the congestion control's loss response, the expected resend time:
+  geodc.rules.tcploss). Under temporal slots the route's fresh-channel time is used instead
+  (geodc.predict.transfer's, loss included): a channel's time counts from the send, not the
+  slot;
 - the all-reduce: a ring (reduce-scatter, all-gather), 2 (D-1) steps of a 1/D chunk to the next replica, each step
   as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
   DCs geodc.predict.transfer over one connection (gloo's pair), in slow start for the first step (the
-  connection sat idle since the last iteration's all-reduce);
+  connection sat idle since the last iteration's all-reduce), with the path's loss as above;
 - WAN sharing: the system's (concurrent: fair, or first come, first served on a link where every
   message is one round trip's burst, geodc.rules.pipeline; temporal: one message at a time per link). The
   stages' all-reduces over the WAN share their links too, as a bound: a stage's all-reduce lasts
@@ -42,9 +48,11 @@ the members between two of them spaced evenly. Against every replica simulated
 1.2% with WAN-tuned hosts (about 400 predictions), within 6.1% with slow start after idle (each
 member's slots warm or slow as its own idle time says, its spread between the simulated ones
 taken as even); gpt160b_5dc's atlas 69.168 s folded, 69.157 s unfolded.
-Not modelled: CPU contention of the emulation, the delay line's own lateness, TCP's window
-reduction after a loss, the temporal arbiter's grant latency, prefill (BubbleTea) traffic on the
-links.
+Past SIMULATE_ALL_UP_TO iterations, a steady state stands for the rest (geodc.predict.steady).
+Not modelled (geodc.predict.unmodelled names what a scenario sets of them): CPU contention of
+the emulation, the delay line's own lateness, the senders' window reduction after a queue's
+drop, jitter, the temporal arbiter's grant latency, faults, cross traffic, prefill (BubbleTea)
+traffic on the links.
 """
 
 from __future__ import annotations
