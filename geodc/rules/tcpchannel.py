@@ -21,6 +21,10 @@ micro-batch's activation (or gradient) over them, so a message meets:
 The message is striped over min(K, bytes / 4 KiB) connections (geodc.rules.stripes); per round
 trip each connection sends what its window allows, and the chunks of the message queue one after
 another at the bottleneck rate (its own FIFO: other messages' contention is the simulator's).
+Past GROUPS stripes (the paper-scale scenarios' hundreds of connections), the stripes are
+simulated as GROUPS groups of equal connections with one state each: a group's chunk is its
+connections' chunks back to back, all acknowledged a round trip after the first started (the
+last of a group's g connections up to g - 1 chunks' time early).
 
 A fresh channel with warm connections gives geodc.predict.transfer.transfer_ms's time, and one
 restarting slow start its slow-start time (tests/test_tcpchannel.py checks both).
@@ -38,6 +42,9 @@ from geodc.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
 
 INITIAL_WINDOW_SEGMENTS = 10      # Linux's initial congestion window (RFC 6928)
 WIRE_PER_PAYLOAD = ETH_FRAME_BYTES / TCP_MSS_BYTES
+# Above this many connections a message's stripes are simulated as this many groups of equal
+# connections (module docstring); at or below it, one by one
+GROUPS = 16
 EPS = 1e-9
 
 
@@ -90,7 +97,7 @@ class Channel:
         self.cap = 2 * spec.window_bytes
         first = self.cap if warm else self.initial_bytes
         self.conns = [_Connection(cwnd=first, chunks=deque())
-                      for _ in range(max(1, spec.connections))]
+                      for _ in range(max(1, min(GROUPS, spec.connections)))]
         self.ms_per_byte = WIRE_PER_PAYLOAD * 8 / (spec.rate_mbit * 1e3)
 
     @property
@@ -107,10 +114,12 @@ class Channel:
             return 0.0
         spec = self.spec
         k = stripe_count(int(payload_bytes), spec.connections)
-        conns = self.conns[:k]
+        groups = min(k, GROUPS)
+        conns = self.conns[:groups]
+        each_ms = self.ms_per_byte * k / groups     # a group's chunk: its connections' in turn
         for c in conns:
             self._restart_if_idle(c, now)
-        left = [payload_bytes / k] * k
+        left = [payload_bytes / k] * groups
         free = now                      # this message's own queue at the bottleneck
         while any(x > EPS for x in left):
             for i, c in enumerate(conns):
@@ -120,7 +129,7 @@ class Channel:
                 start = max(start, free)
                 c.chunks.append((start, size))
                 c.flight_max = max(c.flight_max, sum(x for _, x in c.chunks))
-                free = start + size * self.ms_per_byte
+                free = start + size * each_ms
                 c.last_sent_ms = free
                 left[i] -= size
         packets = math.ceil(payload_bytes / k / TCP_MSS_BYTES - EPS)
