@@ -43,10 +43,11 @@ class Steady:
         if not self.period:
             return None
         if self.repeating:
-            return (f"{self.iterations:,} iterations from {self.simulated} simulated: from "
-                    f"iteration {self.simulated - 1 - self.period} on, every iteration repeats "
-                    f"the one {self.period} before (walls, starts, WAN bits and drops within "
-                    f"{REL:g}); that period stands for the rest")
+            last = self.simulated - 2          # the last one before the run's own last
+            return (f"{self.iterations:,} iterations from {self.simulated} simulated: "
+                    f"iterations {last - 3 * self.period + 1}-{last} each repeat the one "
+                    f"{self.period} before (walls, starts, WAN bits and drops within {REL:g}); "
+                    f"the last {self.period} stand for the rest")
         return (f"{self.iterations:,} iterations from {self.simulated} simulated: no repeating "
                 f"iteration found; the last {self.period} stand for the rest (their walls "
                 f"spread {self.spread:.1%})")
