@@ -290,9 +290,7 @@ def test_planner_ranks_stage_to_dc_assignments(capsys):
 @pytest.mark.parametrize("system", ["baseline", "atlas"])
 def test_folding_alike_replicas(system, monkeypatch):
     """D = 12 (above the folding threshold): under fair sharing folding is exact; under
-    temporal sharing it waits for the last slot of the class, within 5% (the train's middle
-    members hold their slots for the route's solo time, warm or restarting slow start, not
-    their own connections' windows: -3.3% here)."""
+    temporal sharing it waits for the last slot of the class, so it is never faster."""
     import geodc.predict.predict as mp
     sc = load_scenario(REPO / "topologies" / "two_dc.yaml")
     sc = dataclasses.replace(sc, dcs=tuple(dataclasses.replace(dc, hosts=12) for dc in sc.dcs))
@@ -306,7 +304,7 @@ def test_folding_alike_replicas(system, monkeypatch):
         assert folded.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=1e-6)
         assert folded.bubble_fraction == pytest.approx(exact.bubble_fraction, abs=1e-6)
     else:
-        assert folded.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=0.05)
+        assert folded.iteration_time_s >= exact.iteration_time_s * (1 - 1e-9)
     for link, u in exact.wan_utilization.items():
         assert folded.wan_utilization[link] * folded.iteration_time_s == pytest.approx(
             u * exact.iteration_time_s, rel=1e-6)     # the same bytes
