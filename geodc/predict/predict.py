@@ -70,8 +70,7 @@ from geodc.plans.systems import connections_for, path_between, path_rate_mbit, p
 from geodc.rules.schedule import schedule_table
 from geodc.rules.stripes import stripe_count
 from geodc.rules.tcpchannel import Channel, ChannelSpec
-from geodc.rules.tcploss import path_loss
-from geodc.spec.systems import get_system
+from geodc.rules.tcploss import RTO_MIN_MS, path_loss
 from geodc.spec.links import LinkDir, hops
 
 if TYPE_CHECKING:
@@ -83,7 +82,6 @@ if TYPE_CHECKING:
 FOLD_ABOVE_REPLICAS = 8     # more replicas than this: alike ones are folded
 TRAIN_SEGMENTS = 4          # a folded train: its first replica and the ends of this many parts
 WIRE_PACKET_BYTES = 1514     # a full-size packet on the wire (1448 payload + headers)
-RTO_MIN_MS = 200.0          # Linux's tcp_rto_min: idle longer than RTT + this restarts slow start
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,11 +107,10 @@ class Prediction:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-def channel_spec(scenario: "Scenario", system: "System", src: str, dst: str,
-                 connections: int | None = None) -> ChannelSpec:
-    """The connections of a transfer src -> dst between DCs (geodc.rules.tcpchannel): the
+def channel_spec(scenario: "Scenario", src: str, dst: str, connections: int) -> ChannelSpec:
+    """The `connections` of a transfer src -> dst between DCs (geodc.rules.tcpchannel): the
     path's bottleneck (at most the sending DC's host link), delay, loss over its links, the
-    hosts' window, K (the system's, or `connections`) and TCP settings."""
+    hosts' window and TCP settings."""
     path = path_between(scenario, src, dst)
     rate = path_rate_mbit(scenario, src, dst)
     host_rate = {dc.name: dc.rate_mbit for dc in scenario.dcs}
@@ -124,8 +121,7 @@ def channel_spec(scenario: "Scenario", system: "System", src: str, dst: str,
     return ChannelSpec(
         rate_mbit=rate, one_way_ms=path.delay_ms, rtt_ms=rtt,
         window_bytes=window_bytes(scenario.scale),
-        connections=connections if connections is not None
-        else connections_for(scenario, system, src, dst),
+        connections=connections,
         loss=path_loss([loss_pct[d] for d in hops(path.dcs)]),
         congestion_control=scenario.congestion_control,
         slow_start_after_idle=scenario.tcp_slow_start_after_idle, rto_ms=rtt + RTO_MIN_MS)
@@ -138,7 +134,7 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
         rate = host_rate[src]
         return Route(links=(), solo_ms=0.0 if rate is None else wire * 8 / (rate * 1e3),
                      wire_bytes=wire)
-    ch = channel_spec(scenario, system, src, dst)
+    ch = channel_spec(scenario, src, dst, connections_for(scenario, system, src, dst))
     window = min(ch.window_bytes, ch.loss_window_bytes)
     spec = PathSpec(rate_mbit=ch.rate_mbit, one_way_ms=ch.one_way_ms, rtt_ms=ch.rtt_ms,
                     window_bytes=window, connections=ch.connections)
@@ -169,7 +165,7 @@ def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") 
         if a == b:
             rate = host_rate[a]
             return 0.0 if rate is None else chunk * WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / (rate * 1e3)
-        ch = channel_spec(scenario, get_system("baseline"), a, b, connections=1)
+        ch = channel_spec(scenario, a, b, connections=1)
         if ch.loss:             # gloo's one connection, losing packets
             return Channel(ch, warm=not first).send(0.0, chunk)
         spec = PathSpec(rate_mbit=ch.rate_mbit, one_way_ms=ch.one_way_ms, rtt_ms=ch.rtt_ms,

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from geodc.spec.scenario import TCP_MSS_BYTES
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE
 from geodc.rules.stripes import stripe_count
+from geodc.rules.tcpchannel import INITIAL_WINDOW_SEGMENTS
 
-INITIAL_WINDOW_SEGMENTS = 10      # Linux's initial congestion window (RFC 6928)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

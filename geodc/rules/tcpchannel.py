@@ -27,7 +27,7 @@ connections' chunks back to back, all acknowledged a round trip after the first 
 last of a group's g connections up to g - 1 chunks' time early).
 
 A fresh channel with warm connections gives geodc.predict.transfer.transfer_ms's time, and one
-restarting slow start its slow-start time (tests/test_tcpchannel.py checks both).
+restarting slow start its slow-start time (tests/test_model_tcp.py checks both).
 """
 
 from __future__ import annotations
@@ -99,13 +99,14 @@ class Channel:
         self.conns = [_Connection(cwnd=first, chunks=deque())
                       for _ in range(max(1, min(GROUPS, spec.connections)))]
         self.ms_per_byte = WIRE_PER_PAYLOAD * 8 / (spec.rate_mbit * 1e3)
+        self.most = min(spec.window_bytes, spec.loss_window_bytes)   # never above either
 
     @property
     def initial_bytes(self) -> float:
         return min(self.spec.window_bytes, INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES)
 
     def window(self, c: _Connection) -> float:
-        return min(self.spec.window_bytes, c.cwnd, self.spec.loss_window_bytes)
+        return min(self.most, c.cwnd)
 
     def send(self, now: float, payload_bytes: float) -> float:
         """Send a message at `now`: its solo time (first byte sent to last byte arrived), with
@@ -142,8 +143,9 @@ class Channel:
         rtt = self.spec.rtt_ms
         while True:
             in_flight = c.acked(t, rtt, self.cap)
-            room = self.window(c) - in_flight
-            if room >= min(left, self.window(c)) - EPS or not c.chunks:
+            window = self.window(c)
+            room = window - in_flight
+            if room >= min(left, window) - EPS or not c.chunks:
                 return t, min(left, max(room, EPS))
             t = c.chunks[0][0] + rtt
 

@@ -24,7 +24,7 @@ bench_packet_level.py) compares against ns-3.
   tail x (1 - (1 - p)^k) + rack x ((1 - p)^k - (1 - p)^(k n)) (some stripe's last packet lost;
   else some other packet lost).
 - BBR is not modelled: its rate does not follow a loss response function (it ignores random
-  loss up to about 20%); `window_under_loss` refuses it, and geodc.predict.predict names it.
+  loss up to about 20%); `window_under_loss` refuses it, and geodc.predict.unmodelled names it.
 """
 
 from __future__ import annotations
