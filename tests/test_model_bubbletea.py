@@ -148,6 +148,9 @@ def test_folded_replicas_take_their_share_of_the_load(monkeypatch):
     raw["dcs"] = [dict(dc, hosts={"eu": 3, "us": 6}.get(dc["name"], dc["hosts"]))
                   for dc in raw["dcs"]]
     raw["training"] = dict(raw["training"], replicas=3)
+    # WAN-tuned hosts: with slow start after idle, some of these trains' members wait in their
+    # slots for their own acknowledgements unlike their head, and the model does not fold them
+    raw["tcp_slow_start_after_idle"] = False
     sc = parse_scenario(raw, "atlas_bubbletea_d3.yaml")
     cfg = load_training(sc)
     apart = predict(sc, cfg, get_system("atlas+bubbletea"), 12).bubbletea

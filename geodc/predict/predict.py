@@ -21,9 +21,7 @@ Inputs, each from the module that decides it in a run:
   200 ms minimum, the windows halve per RTO as Linux's tcp_cwnd_restart, unless the scenario
   sets tcp_slow_start_after_idle: false, as WAN-tuned hosts do), and the path's loss_pct as
   random loss (the congestion control's loss response, the expected resend time:
-  geodc.rules.tcploss). Under temporal slots the route's fresh-channel time is used instead
-  (geodc.predict.transfer's, loss included): a channel's time counts from the send, not the
-  slot;
+  geodc.rules.tcploss); under temporal slots the channel is timed from the slot's start;
 - the all-reduce: a ring (reduce-scatter, all-gather), 2 (D-1) steps of a 1/D chunk to the next replica, each step
   as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
   DCs geodc.predict.transfer over one connection (gloo's pair), in slow start for the first step (the
@@ -47,7 +45,10 @@ the members between two of them spaced evenly. Against every replica simulated
 (tests/test_folding.py, bench/bench_folding.py, generated scenarios of 9-64 replicas): within
 1.2% with WAN-tuned hosts (about 400 predictions), within 6.1% with slow start after idle (each
 member's slots warm or slow as its own idle time says, its spread between the simulated ones
-taken as even); gpt160b_5dc's atlas 69.168 s folded, 69.157 s unfolded.
+taken as even); gpt160b_5dc's atlas 69.168 s folded, 69.157 s unfolded. Under temporal
+slots a fold whose members wait for their own acknowledgements unlike their head is not used
+(the simulation says so, `trains_unalike`): every replica is simulated instead (gpt160b_5dc's
+temporal, one connection per transfer: about 70 s).
 Past SIMULATE_ALL_UP_TO iterations, a steady state stands for the rest (geodc.predict.steady).
 Not modelled (geodc.predict.unmodelled names what a scenario sets of them): CPU contention of
 the emulation, the delay line's own lateness, the senders' window reduction after a queue's
@@ -147,10 +148,7 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
                  if scenario.tcp_slow_start_after_idle else None,
                  rto_ms=ch.rto_ms, burst=one_round(payload, spec),
                  burst_bytes=k * min(payload / k, window) * WIRE_BYTES_PER_PAYLOAD_BYTE,
-                 rtt_ms=ch.rtt_ms, payload_bytes=payload,
-                 # under temporal slots a message's channel time would count from its send,
-                 # not its slot: its wait for the slot would be counted twice (not yet done)
-                 channel=None if system.wan_sharing == "temporal" else ch)
+                 rtt_ms=ch.rtt_ms, payload_bytes=payload, channel=ch)
 
 
 def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") -> float:
@@ -331,6 +329,10 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     classes = simulated_for(scenario, cfg, system, placement)
     model = build(scenario, cfg, system, placement, classes)
     result, steady = simulate_steady(model, n, progress)
+    if result.trains_unalike:       # the fold does not hold (geodc.rules.pipeline): every one
+        classes = [Simulated(r, 1) for r in range(placement.replicas)]
+        model = build(scenario, cfg, system, placement, classes)
+        result, steady = simulate_steady(model, n, progress)
     plan = {"config": dict(cfg.to_dict(), replicas=model.replicas), "workers": [
         {"stage": s, "replica": r, "host": f"s{s}r{r}", "dc": ""}
         for s in range(cfg.stages) for r in range(model.replicas)]}

@@ -21,7 +21,12 @@ Rules, the workers' (geodc/hostproc/trainer/worker.py):
   random loss shrinks them and adds resends); without one, `solo_ms`, or `solo_idle_ms` (slow
   start) when the route's previous message left more than `rto_ms` before. A folded train's
   middle members (below) hold links for `solo_ms` or `solo_idle_ms`, not their own channels'
-  times. A message over the WAN moves its wire bytes over every link of its routed path, then
+  times, except under temporal slots: there each member's connections are its head's as they
+  were before the head's message, idle since the member's own previous message
+  (geodc.rules.serial_links.MemberHolds); where a member then waits for its own
+  acknowledgements unlike its head, which ones wait depends on their order in the train, which
+  the fold does not know, so the result says so (`trains_unalike`) and geodc.predict.predict
+  simulates every replica instead. A message over the WAN moves its wire bytes over every link of its routed path, then
   arrives one way later:
   - "concurrent" sharing (TCP's fair share): all messages on a link share it max-min fairly
     (progressive filling over the path's links), each at most at its own cap, the rate at which
@@ -35,7 +40,10 @@ Rules, the workers' (geodc/hostproc/trainer/worker.py):
     trips). Measured: sweep_delay's multitcp at 20 and 40 ms ran as fast as atlas, where
     fair sharing predicted +17% and +13%;
   - "temporal" sharing (Atlas): the message's first link is held by one message at a time, in
-    the order they became ready (ties: the order given), each for its solo data time.
+    the order they became ready (ties: the order given), each for its solo data time, its
+    channel timed from the slot's start (its connections send when the slot begins, so a
+    message sent right after its predecessor waits in its slot for that one's
+    acknowledgements, as the emulation's slot holder does).
   - A link's queue (`link_queue_bytes`, the scenario's `queue`) holds what it can: a burst (a
     message's first round trip over its connections, `burst_bytes`) arriving behind the
     link's backlog loses what does not fit (tail drop). First come, first served, the lost
@@ -127,6 +135,10 @@ class SimResult:
     # how far the last member of a train moved between the spacing the pass assumed and the one
     # it found (ms, the most over trains): 0 when the pass agrees with itself
     train_shift_ms: float = 0.0
+    # a folded train's head or member was served under temporal slots with its own previous
+    # message unacknowledged (its hold then depends on its place in the train, which the fold
+    # does not know): the caller simulates every replica instead
+    trains_unalike: bool = False
 
 
 TRAIN_PASSES = 8           # at most, until the trains' spacing settles
@@ -216,8 +228,9 @@ class Simulation:
         drops: dict[LinkDir, dict[int, float]] = {}
         for d in dict.fromkeys(self.links.values()):
             drops.update(d.drops)
+        unalike = any(getattr(d, "trains_unalike", False) for d in self.links.values())
         return SimResult(ops=self.ops, link_bits=self.link_bits, link_drops=drops,
-                         train_gaps=train_gaps, train_shift_ms=shift)
+                         train_gaps=train_gaps, train_shift_ms=shift, trains_unalike=unalike)
 
     # ---- events --------------------------------------------------------------------------------
     def tick(self, now: float) -> list[tuple[int, int]]:
@@ -268,11 +281,16 @@ class Simulation:
             self.trains.sent_at[key] = now
         w = self.weight[key[2]]
         warm_ms = route.solo_ms
+        link = self.links[route.links[0]] if route.links else None
+        channel = None
         if route.channel is not None:       # its connections, as earlier messages left them
             channel = self.channels.get(key[:3])
             if channel is None:
                 channel = self.channels[key[:3]] = Channel(route.channel)
-            solo = channel.send(now, route.payload_bytes)
+            if link is None or not link.times_channels:
+                solo, channel = channel.send(now, route.payload_bytes), None
+            else:
+                solo = route.solo_ms        # the link times the channel from the slot
         else:
             solo = route.solo(now - self.last_sent.get(id(route), float("-inf")))
             self.last_sent[id(route)] = now
@@ -282,10 +300,10 @@ class Simulation:
         for l in route.links:
             link_bits.setdefault(l, {}).setdefault(it, 0.0)
             link_bits[l][it] += route.wire_bytes * 8 * w
-        if not route.links:
+        if link is None:
             self.push(now + route.solo_ms, self.arrive, (key,))
         else:
-            self.links[route.links[0]].send(now, key, route, w, sender, warm_ms)
+            link.send(now, key, route, w, sender, warm_ms, channel)
 
     # ---- workers -------------------------------------------------------------------------------
     def ready(self, w: tuple[int, int]) -> tuple[str, float] | None:

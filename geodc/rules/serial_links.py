@@ -10,8 +10,11 @@ how the lost bytes come back.
 from __future__ import annotations
 
 from abc import abstractmethod
+import math
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
+from geodc.rules.tcpchannel import Channel, halvings
 from geodc.rules.trains import Middle, Trains
 from geodc.rules.wanlinks import EPS, EventQueue, LinkDiscipline, MessageKey, Route
 from geodc.spec.links import LinkDir
@@ -40,8 +43,10 @@ class SerialLinks(LinkDiscipline):
 
     @abstractmethod
     def middle(self, now: float, key: MessageKey, route: Route, n: int, gap: float,
-               one_ms: float, warm_ms: float) -> Middle:
-        """The middle members of head message `key`'s train of n, spaced gap apart."""
+               one_ms: float, warm_ms: float, before: Channel | None, start: float) -> Middle:
+        """The middle members of head message `key`'s train of n, spaced gap apart; the head
+        holds the link one_ms from `start`; before: the head's channel as it was before its
+        message (None: the route has no channel the discipline times)."""
 
     @abstractmethod
     def settle(self, now: float, key: MessageKey, route: Route, link: LinkDir, start: float,
@@ -51,9 +56,8 @@ class SerialLinks(LinkDiscipline):
         arrive."""
 
     def send(self, now: float, key: MessageKey, route: Route, w: int, sender: int,
-             warm_ms: float) -> None:
+             warm_ms: float, channel: Channel | None = None) -> None:
         link = route.links[0]
-        one_ms = self.message_ms(route, link)
         self.serve_middles(link, now)
         r = key[2]
         hold = w
@@ -61,16 +65,21 @@ class SerialLinks(LinkDiscipline):
         if head is not None:            # the train's last: its middle is through first
             mid = self.middles.get(link, {}).pop((*key[:2], head, *key[3:]), None)
             if mid is not None:
-                self.clock[link] = max(self.clock[link], now) + mid.rest_ms()
+                self.clock[link] = mid.rest_until(max(self.clock[link], now))
             hold = 1
         start = max(now, self.clock.get(link, 0.0))
-        self.clock[link] = start + hold * one_ms
         behind = self.trains.behind(r)
+        before = None
+        if channel is not None:         # its connections start sending when it is served
+            before = channel.copy() if behind is not None else None
+            route = replace(route, solo_ms=channel.send(start, route.payload_bytes))
+        one_ms = self.message_ms(route, link)
+        self.clock[link] = start + hold * one_ms
         if behind is not None:          # a train's head: its middle follows it
             tail, n = behind
             gap = self.trains.gap(key, sender, r, tail, n)
-            self.middles.setdefault(link, {})[key] = self.middle(now, key, route, n, gap,
-                                                                 one_ms, warm_ms)
+            self.middles.setdefault(link, {})[key] = self.middle(
+                now, key, route, n, gap, one_ms, warm_ms, before, start)
         self.settle(now, key, route, link, start, hold, w)
 
     def serve_middles(self, link: LinkDir, t: float) -> None:
@@ -94,15 +103,30 @@ class SerialLinks(LinkDiscipline):
             if b.next >= n:
                 del trains[k]
         W = self.clock.get(link, 0.0)
-        if len(due) == 1 and due[0][0].member_ms(due[0][1]) == due[0][0].member_ms(due[0][2]):
+        if (len(due) == 1 and due[0][0].hold_of is None
+                and due[0][0].member_ms(due[0][1], W) == due[0][0].member_ms(due[0][2], W)):
             b, i, j = due[0]
-            count, d = j - i + 1, b.member_ms(i)
+            count, d = j - i + 1, b.member_ms(i, W)
             W = max(W + count * d, b.first_sent + i * b.spacing + count * d,
                     b.first_sent + j * b.spacing + d)
+        elif len(due) == 1:             # one train's members in turn
+            b, i, j = due[0]
+            t0, gap = b.first_sent, b.spacing
+            holds = b.hold_of
+            alike = (holds.alike(max(W, t0 + i * gap))
+                     if isinstance(holds, MemberHolds) else None)
+            if alike is not None:       # all hold alike: in closed form (as above)
+                W = holds.serve(i, j, W, t0, gap, *alike)
+            else:
+                for x in range(i, j + 1):
+                    start = max(W, t0 + x * gap)
+                    W = start + b.member_ms(x, start)
         elif due:
-            for a, d in sorted((b.first_sent + x * b.spacing, b.member_ms(x)) for b, i, j in due
-                               for x in range(i, j + 1)):
-                W = max(W, a) + d
+            for a, _, b, x in sorted((b.first_sent + x * b.spacing, n, b, x)
+                                     for n, (b, i, j) in enumerate(due)
+                                     for x in range(i, j + 1)):
+                start = max(W, a)
+                W = start + b.member_ms(x, start)
         self.clock[link] = W
 
     def overflow(self, link: LinkDir, wait_ms: float, burst: float,
@@ -132,7 +156,7 @@ class FifoTrains(SerialLinks):
         return route.wire_bytes * 8 / (self.rate_mbit[link] * 1e3)
 
     def middle(self, now: float, key: MessageKey, route: Route, n: int, gap: float,
-               one_ms: float, warm_ms: float) -> Middle:
+               one_ms: float, warm_ms: float, before: Channel | None, start: float) -> Middle:
         return Middle(1, n, now, gap, one_ms, one_ms, 0.0, 0.0, route.rto_ms)
 
     def settle(self, now: float, key: MessageKey, route: Route, link: LinkDir, start: float,
@@ -168,26 +192,40 @@ class TemporalSlots(SerialLinks):
     """Temporal sharing (Atlas): the message's first link is held by one message at a time, in
     the order they became ready, each for its solo data time (slow start after idle included:
     a train's members each as their own idle time says). Only the slot's own burst is queued;
-    what it loses is resent within the slot, which lasts a round trip longer."""
+    what it loses is resent within the slot, which lasts a round trip longer. A route's
+    channel is timed from the slot's start: its connections send when the slot begins."""
+
+    times_channels = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # a head's channel (kind, s, r) -> its last train's (first sent, spacing): when each
         # member sent its previous message, so how long its connections sat idle
         self.last_train: dict[tuple, tuple[float, float]] = {}
+        # a head's channel -> its last train's members' holds (when each member's connections
+        # last sent), where the channel is timed from the slot
+        self.last_holds: dict[tuple, MemberHolds] = {}
+        # whether a train's head or member was served with its own previous message still
+        # unacknowledged: then its hold depends on its own place, not the train's even spacing
+        self.trains_unalike = False
 
     def message_ms(self, route: Route, link: LinkDir) -> float:
         return route.solo_ms - route.one_way_ms
 
     def middle(self, now: float, key: MessageKey, route: Route, n: int, gap: float,
-               one_ms: float, warm_ms: float) -> Middle:
+               one_ms: float, warm_ms: float, before: Channel | None, start: float) -> Middle:
+        prev = self.last_train.get(key[:3])
+        self.last_train[key[:3]] = (now, gap)
+        if before is not None:
+            holds = MemberHolds(before, start, route.payload_bytes, route.one_way_ms, one_ms,
+                                self.last_holds.get(key[:3]), self)
+            self.last_holds[key[:3]] = holds
+            return Middle(1, n, now, gap, one_ms, one_ms, 0.0, 0.0, route.rto_ms, holds)
         d, d_idle, idle0, slope = one_ms, one_ms, 0.0, 0.0
         if route.solo_idle_ms is not None:
             d, d_idle = warm_ms - route.one_way_ms, route.solo_idle_ms - route.one_way_ms
-            prev = self.last_train.get(key[:3])
             idle0, slope = ((float("inf"), 0.0) if prev is None
                             else (now - prev[0], gap - prev[1]))
-        self.last_train[key[:3]] = (now, gap)
         return Middle(1, n, now, gap, d, d_idle, idle0, slope, route.rto_ms)
 
     def settle(self, now: float, key: MessageKey, route: Route, link: LinkDir, start: float,
@@ -202,3 +240,122 @@ class TemporalSlots(SerialLinks):
         extra = route.rtt_ms + lost / (self.rate_mbit[link] * 125.0)
         self.clock[link] += extra * hold             # the slot lasts through the resend
         self.events.push(arrive + extra * hold, self.deliver, (key,))
+
+
+class MemberHolds:
+    """How long each middle member of a folded train holds its slot when the route's channel is
+    timed from the slot (temporal sharing). Member x's connections are its head's as they were
+    before the head's message (alike replicas send alike), idle since member x's own previous
+    message on the channel finished sending (`previous`: that train's holds; without it, as
+    long as the head's were). Where every chunk has been acknowledged (idle a round trip or
+    more) the hold depends on the idle time only through how often tcp_cwnd_restart halves the
+    windows, so one hold is computed per count; a shorter idle time is computed as it is. Where
+    a member waits for its own acknowledgements and its head does not, or the other way round,
+    the slots are told (`TemporalSlots.trains_unalike`: which members wait then depends on
+    their order, which the fold does not know, so the fold does not hold there); a train whose
+    every member waits as its head does (one connection, each message behind its own
+    predecessor) folds."""
+
+    def __init__(self, before: Channel, head_start: float, payload_bytes: float,
+                 one_way_ms: float, head_ms: float, previous: "MemberHolds | None",
+                 slots: "TemporalSlots") -> None:
+        self.slots = slots          # told when a member waits for its own acknowledgements
+        self.before, self.payload, self.one_way_ms = before, payload_bytes, one_way_ms
+        self.head_ms = head_ms
+        self.last_sent = max(c.last_sent_ms for c in before.conns)
+        self.head_idle = head_start - self.last_sent
+        self.previous = previous
+        if previous is not None:
+            previous.previous = None        # only the train before is needed
+        self.ends: dict[int, float] = {}    # member -> when its connections last sent
+        # members served in closed form: (first, last, base, t0, gap, hold, sending)
+        self.runs: list[tuple[int, int, float, float, float, float, float]] = []
+        self.last_end = -math.inf           # the latest of its members' ends
+        self.held: dict[tuple, tuple[float, float]] = {}    # idle class -> (hold, sending)
+        self.rtt_ms = before.spec.rtt_ms
+        # without slow start after idle, every member idle a round trip or more holds alike
+        self.restarts = before.spec.slow_start_after_idle
+        self.settled: tuple[float, float] | None = None
+        # whether the head waited in its slot for its own acknowledgements
+        self.head_waited = (self.head_idle < self.rtt_ms and math.isfinite(self.last_sent)
+                            and not math.isclose(head_ms, self.after(self.rtt_ms)[0],
+                                                 rel_tol=1e-9))
+
+    def __call__(self, x: int, start: float) -> float:
+        if not math.isfinite(self.last_sent):       # the channel's first message: as the head
+            self.ends[x] = start + self.head_ms
+            return self.head_ms
+        end = self.previous.end_of(x) if self.previous is not None else None
+        idle = self.head_idle if end is None else max(0.0, start - end)
+        if idle >= self.rtt_ms:
+            if self.restarts:
+                hold, sending = self.after(idle)
+            else:
+                if self.settled is None:
+                    self.settled = self.after(self.rtt_ms)
+                hold, sending = self.settled
+        else:
+            hold, sending = self.after(idle)
+            if (not math.isclose(hold, self.head_ms, rel_tol=1e-9)
+                    and not math.isclose(hold, self.after(self.rtt_ms)[0], rel_tol=1e-9)):
+                self.slots.trains_unalike = True     # it waited for its own windows, unlike
+                                                     # its head
+        if self.head_waited and not math.isclose(hold, self.head_ms, rel_tol=1e-9):
+            self.slots.trains_unalike = True         # its head waited, it did not
+        self.ends[x] = start + sending
+        self.last_end = max(self.last_end, start + sending)
+        return hold
+
+    def alike(self, earliest: float) -> tuple[float, float] | None:
+        """(hold, sending) when every member still to be served, none before `earliest`, holds
+        alike: each idle a round trip or more without slow start after idle (or the channel's
+        first message); None where that is not known without serving them one by one."""
+        if not math.isfinite(self.last_sent):
+            return self.head_ms, self.head_ms
+        if self.restarts:
+            return None
+        if self.previous is None:
+            if self.head_idle < self.rtt_ms:       # each member idle as long as its head
+                return None
+        elif self.previous.last_end > earliest - self.rtt_ms:
+            return None
+        if self.settled is None:
+            self.settled = self.after(self.rtt_ms)
+        if self.head_waited and not math.isclose(self.settled[0], self.head_ms, rel_tol=1e-9):
+            self.slots.trains_unalike = True         # its head waited, they do not
+        return self.settled
+
+    def serve(self, i: int, j: int, free: float, t0: float, gap: float, hold: float,
+              sending: float) -> float:
+        """Members i .. j, sent at t0 + x gap, served in turn from a link free at `free`, each
+        holding it `hold`: member x starts at max(max(free, a_i) + (x - i) hold, a_x); when
+        the link is free again."""
+        base = max(free, t0 + i * gap)
+        self.runs.append((i, j, base, t0, gap, hold, sending))
+        last_start = max(base + (j - i) * hold, t0 + j * gap)
+        self.last_end = max(self.last_end, last_start + sending)
+        return last_start + hold
+
+    def end_of(self, x: int) -> float | None:
+        """When member x's connections last sent on this train's message (None: not served)."""
+        end = self.ends.get(x)
+        if end is not None:
+            return end
+        for i, j, base, t0, gap, hold, sending in self.runs:
+            if i <= x <= j:
+                return max(base + (x - i) * hold, t0 + x * gap) + sending
+        return None
+
+    def after(self, idle: float) -> tuple[float, float]:
+        """(hold, how long its connections send) of a member idle this long."""
+        spec = self.before.spec
+        if idle >= spec.rtt_ms:
+            cls = ("acked", halvings(idle, spec.rto_ms) if spec.slow_start_after_idle else 0)
+        else:
+            cls = ("in flight", round(idle, 6))
+        if cls not in self.held:
+            twin = self.before.copy()
+            t = self.last_sent + idle
+            hold = twin.send(t, self.payload) - self.one_way_ms
+            self.held[cls] = (hold, max(c.last_sent_ms for c in twin.conns) - t)
+        return self.held[cls]

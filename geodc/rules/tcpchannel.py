@@ -45,6 +45,7 @@ WIRE_PER_PAYLOAD = ETH_FRAME_BYTES / TCP_MSS_BYTES
 # Above this many connections a message's stripes are simulated as this many groups of equal
 # connections (module docstring); at or below it, one by one
 GROUPS = 16
+MEMO_STATES = 256       # states a channel remembers the outcome of (Channel.memo)
 EPS = 1e-9
 
 
@@ -100,10 +101,29 @@ class Channel:
                       for _ in range(max(1, min(GROUPS, spec.connections)))]
         self.ms_per_byte = WIRE_PER_PAYLOAD * 8 / (spec.rate_mbit * 1e3)
         self.most = min(spec.window_bytes, spec.loss_window_bytes)   # never above either
+        # (payload, each connection's window and most in flight) with nothing in flight ->
+        # (solo time, the connections after it, times from the send): a message sent in a
+        # state seen before goes as it went then (shared with the channel's copies)
+        self.memo: dict[tuple, tuple[float, list]] = {}
 
     @property
     def initial_bytes(self) -> float:
         return min(self.spec.window_bytes, INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES)
+
+    def copy(self) -> "Channel":
+        """An independent channel in this one's state (a folded train's members start from
+        their head's)."""
+        twin = Channel.__new__(Channel)
+        twin.spec, twin.cap, twin.ms_per_byte, twin.most, twin.memo = (
+            self.spec, self.cap, self.ms_per_byte, self.most, self.memo)
+        twin.conns = [_Connection(cwnd=c.cwnd, chunks=deque(c.chunks),
+                                  last_sent_ms=c.last_sent_ms, flight_max=c.flight_max)
+                      for c in self.conns]
+        return twin
+
+    def idle_ms(self, now: float) -> float:
+        """How long the channel's most recently used connection has sat idle at `now`."""
+        return now - max(c.last_sent_ms for c in self.conns)
 
     def window(self, c: _Connection) -> float:
         return min(self.most, c.cwnd)
@@ -120,6 +140,16 @@ class Channel:
         each_ms = self.ms_per_byte * k / groups     # a group's chunk: its connections' in turn
         for c in conns:
             self._restart_if_idle(c, now)
+        settled = all(not c.chunks for c in conns)
+        if settled:                     # nothing in flight: as the last time in this state
+            key = (payload_bytes, tuple((c.cwnd, c.flight_max) for c in conns))
+            seen = self.memo.get(key)
+            if seen is not None:
+                solo, after = seen
+                for c, (cwnd, flight_max, chunks, last) in zip(conns, after):
+                    c.cwnd, c.flight_max, c.last_sent_ms = cwnd, flight_max, now + last
+                    c.chunks.extend((now + t, size) for t, size in chunks)
+                return solo
         left = [payload_bytes / k] * groups
         free = now                      # this message's own queue at the bottleneck
         while any(x > EPS for x in left):
@@ -134,7 +164,12 @@ class Channel:
                 c.last_sent_ms = free
                 left[i] -= size
         packets = math.ceil(payload_bytes / k / TCP_MSS_BYTES - EPS)
-        return free + spec.one_way_ms + recovery_ms(spec.loss, spec.rtt_ms, k, packets) - now
+        solo = free + spec.one_way_ms + recovery_ms(spec.loss, spec.rtt_ms, k, packets) - now
+        if settled and len(self.memo) < MEMO_STATES:
+            self.memo[key] = (solo, [(c.cwnd, c.flight_max,
+                                      [(t - now, size) for t, size in c.chunks],
+                                      c.last_sent_ms - now) for c in conns])
+        return solo
 
     def _next_chunk(self, c: _Connection, t: float, left: float) -> tuple[float, float]:
         """When connection c may next send and how much: at t if its window has room, else

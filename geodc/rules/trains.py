@@ -12,7 +12,7 @@ finds. `Middle` is one train's members still to be served on one link.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 class Trains:
@@ -86,11 +86,19 @@ class Middle:
     idle0_ms: float
     slope_ms: float
     rto_ms: float
+    # given: how long member x, served from a time, holds the link (its own connections' state)
+    hold_of: Callable[[int, float], float] | None = None
 
-    def member_ms(self, x: int) -> float:
-        """How long member x holds the link."""
+    def member_ms(self, x: int, start: float) -> float:
+        """How long member x, served from `start`, holds the link."""
+        if self.hold_of is not None:
+            return self.hold_of(x, start)
         return self.d_idle_ms if self.idle0_ms + x * self.slope_ms > self.rto_ms else self.d_ms
 
-    def rest_ms(self) -> float:
-        """How long the members not yet served hold the link, one after another."""
-        return sum(self.member_ms(x) for x in range(self.next, self.n))
+    def rest_until(self, free: float) -> float:
+        """When the link is free again after the members not yet served, one after another
+        from `free`."""
+        for x in range(self.next, self.n):
+            free += self.member_ms(x, free)
+        self.next = self.n
+        return free

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from geodc.rules.fairshare import max_min_rates
-from geodc.rules.tcpchannel import ChannelSpec
+from geodc.rules.tcpchannel import Channel, ChannelSpec
 from geodc.spec.links import LinkDir
 
 EPS = 1e-9
@@ -86,12 +86,17 @@ class LinkDiscipline(ABC):
         self.rate_mbit = rate_mbit
         self.drops: dict[LinkDir, dict[int, float]] = {}
 
+    # whether it times a route's channel itself, from when the message is served (temporal
+    # slots: a message's connections start sending when its slot begins, not when it is sent)
+    times_channels = False
+
     @abstractmethod
     def send(self, now: float, key: MessageKey, route: Route, w: int, sender: int,
-             warm_ms: float) -> None:
+             warm_ms: float, channel: Channel | None = None) -> None:
         """Message `key` leaves now over `route` (its solo_ms already the one for how long its
         connections sat idle), standing for w alike messages; sender: the sending stage;
-        warm_ms: its solo time with its connections warm."""
+        warm_ms: its solo time with its connections warm; channel: its connections, given only
+        to a discipline that `times_channels` (route.solo_ms is then a fresh channel's)."""
 
 
 @dataclass
@@ -131,7 +136,7 @@ class FairShare(LinkDiscipline):
         self.fresh: list[_Flow] = []           # started since the last reshare
 
     def send(self, now: float, key: MessageKey, route: Route, w: int, sender: int,
-             warm_ms: float) -> None:
+             warm_ms: float, channel: Channel | None = None) -> None:
         self.progress(now)
         data_ms = max(EPS, route.solo_ms - route.one_way_ms)
         f = self.flows[key] = _Flow(key=key, links=route.links, left_bits=route.wire_bytes * 8,
