@@ -4,7 +4,7 @@ sizes that split stages, 1, 4 or auto connections, several delays and rates, 1F1
 for baseline, multitcp and atlas: hosts WAN-tuned (no slow start after idle, as the paper-scale
 scenarios), the folded iteration time within 2% of the unfolded one; with slow start after idle
 (alike replicas then differ: which of their messages start slow depends on their place in the
-train), within 5%. bench/bench_folding.py runs more of them."""
+train), within 5%; with random loss, within 2%. bench/bench_folding.py runs more of them."""
 
 from __future__ import annotations
 
@@ -60,6 +60,19 @@ def test_folded_within_two_percent_of_every_replica_simulated(rng, monkeypatch):
 @given(rng=st.randoms(use_true_random=False))
 def test_folded_within_five_percent_with_slow_start_after_idle(rng, monkeypatch):
     assert_folded_within(generated_scenario(rng, slow_start=True), 0.05, monkeypatch)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rng=st.randoms(use_true_random=False))
+def test_folded_within_two_percent_with_random_loss(rng, monkeypatch):
+    """Random loss on every WAN link (0.1-1%): each replica's connections lose alike (loss
+    events, geodc.rules.tcpchannel), so a folded member loses as its head does."""
+    doc = generated_scenario(rng, slow_start=rng.random() < 0.5)
+    loss = rng.choice([0.1, 0.5, 1.0])
+    for link in doc["wan"]:
+        link["loss_pct"] = loss
+    assert_folded_within(doc, 0.02, monkeypatch)
 
 
 def test_the_fold_simulates_a_train_in_parts_and_a_fair_share_as_two():

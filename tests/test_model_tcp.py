@@ -163,6 +163,57 @@ def test_idle_halves_the_window_once_per_rto_never_below_the_initial():
 
 # -- random loss -------------------------------------------------------------------------------
 
+def lossy(**kw) -> Channel:
+    """A one-connection channel with loss events, WAN-tuned, window 64 segments."""
+    base = dict(connections=1, loss=0.001, window_bytes=64 * TCP_MSS_BYTES,
+                slow_start_after_idle=False)
+    return Channel(spec(**{**base, **kw}), loss_events=True)
+
+
+@pytest.mark.parametrize("cc, beta", [("reno", 0.5), ("cubic", 0.7)])
+def test_a_loss_event_cuts_the_window_by_beta(cc, beta):
+    """The packet that makes a connection's expected losses reach one is lost: its window
+    (at most the receive window) times beta becomes ssthresh and the window."""
+    ch = lossy(congestion_control=cc)
+    c = ch.conns[0]
+    c.debt = 0.999                          # the next packet is lost
+    ch.send(0.0, 10 * TCP_MSS_BYTES)
+    assert c.ssthresh == pytest.approx(beta * 64 * TCP_MSS_BYTES)
+    assert c.cwnd == pytest.approx(c.ssthresh)
+    assert c.debt < 0.02
+
+
+def test_after_a_loss_reno_grows_one_segment_a_round_trip():
+    """Congestion avoidance, not slow start: back from 32 segments, a 320-segment message
+    takes 9 round trips (32 + 33 + ... + 40), where slow start would double the window each
+    round trip and the window before the loss (64) would take 5."""
+    ch = lossy(congestion_control="reno")
+    c = ch.conns[0]
+    c.debt = 0.999
+    ch.send(0.0, 10 * TCP_MSS_BYTES)
+    solo = ch.send(10_000.0, 320 * TCP_MSS_BYTES)
+    rounds = (solo - ch.spec.one_way_ms) / ch.spec.rtt_ms
+    assert 8 < rounds < 9.5
+    assert 39 * TCP_MSS_BYTES < c.cwnd < 42 * TCP_MSS_BYTES
+    fresh = lossy(congestion_control="reno", loss=0.0)
+    fresh.send(0.0, 10 * TCP_MSS_BYTES)
+    assert fresh.send(10_000.0, 320 * TCP_MSS_BYTES) < ch.spec.rtt_ms * 5.5
+
+
+def test_loss_events_reach_the_loss_responses_window_on_a_long_transfer():
+    """Bulk over many round trips: the connection's average window under periodic losses is
+    Reno's deterministic sqrt(3/(2p)) segments within 15% (the loss events' mean-field is the
+    response function the average model used)."""
+    p = 0.002
+    ch = Channel(spec(connections=1, loss=p, congestion_control="reno", rate_mbit=100_000,
+                      window_bytes=10_000 * TCP_MSS_BYTES, slow_start_after_idle=False),
+                 warm=False, loss_events=True)
+    payload = 100_000 * TCP_MSS_BYTES
+    solo = ch.send(0.0, payload)
+    mean_window = payload / ((solo - ch.spec.one_way_ms) / ch.spec.rtt_ms)
+    assert mean_window / TCP_MSS_BYTES == pytest.approx(math.sqrt(1.5 / p), rel=0.15)
+
+
 def test_loss_response_functions():
     """Reno: sqrt(3 / (2 p)) segments (less a little for timeouts); CUBIC at least that, and
     its cubic term where RTT / p is large; inf without loss; bbr refused."""

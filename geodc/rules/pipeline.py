@@ -286,7 +286,7 @@ class Simulation:
         if route.channel is not None:       # its connections, as earlier messages left them
             channel = self.channels.get(key[:3])
             if channel is None:
-                channel = self.channels[key[:3]] = Channel(route.channel)
+                channel = self.channels[key[:3]] = Channel(route.channel, loss_events=True)
             if link is None or not link.times_channels:
                 solo, channel = channel.send(now, route.payload_bytes), None
             else:

@@ -17,7 +17,19 @@ micro-batch's activation (or gradient) over them, so a message meets:
   tcp_slow_start_after_idle, where the scenario keeps it) it is halved once per RTO of the gap
   beyond the first and never below the initial window (tcp_cwnd_restart), where the old rule
   restarted from the initial window whatever the gap;
-- the time to resend what is lost (geodc.rules.tcploss.recovery_ms), added to its arrival.
+- the time to resend what is lost (geodc.rules.tcploss.recovery_ms), added to its arrival;
+- with `loss_events` (the simulator's channels), random loss as events instead of the loss
+  response's average window: each connection loses the packet at which its expected losses
+  (loss x packets sent) reach one, its first staggered over one loss interval. A loss past the
+  window of the last one's recovery sets ssthresh and the window to the window times beta (0.5
+  Reno, 0.7 CUBIC), detected a round trip after the packet left; above ssthresh the window
+  grows in congestion avoidance while it is full (Reno one segment per window acknowledged;
+  CUBIC towards the larger of its cubic and Reno-friendly windows, RFC 9438, its epoch moved
+  on by idle time as Linux's bictcp_cwnd_event does), and an idle restart keeps ssthresh at
+  3/4 of the window at least (tcp_current_ssthresh). So a loss's smaller window lasts across
+  the messages after it, which the average response does not see: measured, 0.1% loss on
+  25-50 ms cost multitcp and atlas 36-58% (docs/model_grid.md). Where it is used, the window
+  is not also capped at the average response.
 The message is striped over min(K, bytes / 4 KiB) connections (geodc.rules.stripes); per round
 trip each connection sends what its window allows, and the chunks of the message queue one after
 another at the bottleneck rate (its own FIFO: other messages' contention is the simulator's).
@@ -37,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from geodc.rules.stripes import stripe_count
-from geodc.rules.tcploss import MODELLED, recovery_ms, window_under_loss
+from geodc.rules.tcploss import CUBIC_BETA, CUBIC_C, MODELLED, recovery_ms, window_under_loss
 from geodc.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES
 
 INITIAL_WINDOW_SEGMENTS = 10      # Linux's initial congestion window (RFC 6928)
@@ -77,34 +89,94 @@ class _Connection:
     chunks: deque               # (start ms, bytes) in flight: acknowledged at start + RTT
     last_sent_ms: float = -math.inf     # when its last chunk finished leaving
     flight_max: float = 0.0     # the most bytes it had in flight (Linux's max_packets_out)
-
-    def acked(self, t: float, rtt_ms: float, cap: float) -> float:
-        """Drop the chunks acknowledged by t, growing the window by their bytes (slow start)
-        while it is below twice the most it had in flight (Linux grows only a window that
-        limits: tcp_is_cwnd_limited), and at most to cap; the bytes still in flight."""
-        while self.chunks and self.chunks[0][0] + rtt_ms <= t + EPS:
-            _, size = self.chunks.popleft()
-            limit = min(cap, 2 * self.flight_max)
-            if self.cwnd < limit:
-                self.cwnd = min(limit, self.cwnd + size)
-        return sum(size for _, size in self.chunks)
+    # with loss events (Channel's loss_events):
+    ssthresh: float = math.inf  # bytes: slow start below it, congestion avoidance above
+    debt: float = 0.5           # expected losses since the last one (a loss at 1)
+    w_max: float = 0.0          # bytes: the window at the last loss (CUBIC's W_max)
+    epoch_ms: float = -math.inf     # when the last loss was detected, moved on by idle time
+    recovered_ms: float = -math.inf     # before this, a loss is in the same window as the last
 
 
 class Channel:
-    """K persistent connections in one direction (module docstring)."""
+    """K persistent connections in one direction (module docstring). loss_events: random
+    loss as events, one every 1/p packets per connection (module docstring), instead of the
+    loss response's average window and the expected resend time."""
 
-    def __init__(self, spec: ChannelSpec, warm: bool = True):
+    def __init__(self, spec: ChannelSpec, warm: bool = True, loss_events: bool = False):
         self.spec = spec
         self.cap = 2 * spec.window_bytes
         first = self.cap if warm else self.initial_bytes
-        self.conns = [_Connection(cwnd=first, chunks=deque())
-                      for _ in range(max(1, min(GROUPS, spec.connections)))]
+        self.events = (loss_events and spec.loss > 0
+                       and spec.congestion_control in MODELLED)
+        n = max(1, min(GROUPS, spec.connections))
+        # the connections' first losses staggered over one loss interval
+        self.conns = [_Connection(cwnd=first, chunks=deque(), debt=(i + 0.5) / n)
+                      for i in range(n)]
         self.ms_per_byte = WIRE_PER_PAYLOAD * 8 / (spec.rate_mbit * 1e3)
-        self.most = min(spec.window_bytes, spec.loss_window_bytes)   # never above either
+        # never above the receive window, nor (averaged) the loss response's
+        self.most = (spec.window_bytes if self.events
+                     else min(spec.window_bytes, spec.loss_window_bytes))
         # (payload, each connection's window and most in flight) with nothing in flight ->
         # (solo time, the connections after it, times from the send): a message sent in a
         # state seen before goes as it went then (shared with the channel's copies)
         self.memo: dict[tuple, tuple[float, list]] = {}
+
+    def acked(self, c: _Connection, t: float) -> float:
+        """Drop c's chunks acknowledged by t, growing its window; the bytes still in flight."""
+        rtt = self.spec.rtt_ms
+        while c.chunks and c.chunks[0][0] + rtt <= t + EPS:
+            start, size = c.chunks.popleft()
+            self._grow(c, size, start + rtt)
+        return sum(size for _, size in c.chunks)
+
+    def _grow(self, c: _Connection, size: float, at: float) -> None:
+        """Below ssthresh, slow start: the window grows by the bytes acknowledged while it is
+        below twice the most it had in flight (Linux grows only a window that limits:
+        tcp_is_cwnd_limited), at most to the cap. Above it (after a loss), congestion
+        avoidance while the window is full: Reno one segment per window acknowledged, CUBIC
+        towards the larger of its cubic and its Reno-friendly window (RFC 9438) at `at`."""
+        if c.cwnd < c.ssthresh:
+            limit = min(self.cap, 2 * c.flight_max)
+            if c.cwnd < limit:
+                c.cwnd = min(limit, c.cwnd + size)
+            return
+        if c.flight_max < c.cwnd - EPS or c.cwnd >= self.cap:
+            return
+        if self.spec.congestion_control == "reno":
+            inc = TCP_MSS_BYTES * size / c.cwnd
+        else:
+            t_s = max(0.0, at - c.epoch_ms) / 1e3
+            w_max = c.w_max / TCP_MSS_BYTES
+            k = (w_max * (1 - CUBIC_BETA) / CUBIC_C) ** (1 / 3)
+            cubic = CUBIC_C * (t_s - k) ** 3 + w_max
+            friendly = (w_max * CUBIC_BETA + 3 * (1 - CUBIC_BETA) / (1 + CUBIC_BETA)
+                        * t_s * 1e3 / max(self.spec.rtt_ms, EPS))
+            target = max(cubic, friendly) * TCP_MSS_BYTES
+            inc = max(0.0, target - c.cwnd) * size / c.cwnd
+        c.cwnd = min(self.cap, c.cwnd + inc)
+
+    def _lose(self, c: _Connection, start: float, size: float, group: int,
+              each_ms: float) -> None:
+        """The loss events in a chunk of `size` bytes per connection of a group of `group`,
+        sent from `start` at each_ms a byte: where one falls past the window of the last (one
+        reduction per window of data, as NewReno/SACK recovery), ssthresh and the window become
+        the window times beta (0.5 Reno, 0.7 CUBIC; never below 2 segments), detected a round
+        trip after the lost packet left, and congestion avoidance follows (`_grow`)."""
+        spec = self.spec
+        packets = size * group / TCP_MSS_BYTES
+        before = c.debt
+        c.debt += spec.loss * packets
+        if c.debt < 1.0:
+            return
+        c.debt -= math.floor(c.debt)
+        left_at = start + (1.0 - before) / (spec.loss * packets) * size * each_ms
+        if left_at < c.recovered_ms:
+            return
+        w = min(c.cwnd, self.most)
+        beta = 0.5 if spec.congestion_control == "reno" else CUBIC_BETA
+        c.w_max = w if w >= c.w_max else w * (1 + beta) / 2        # CUBIC's fast convergence
+        c.cwnd = c.ssthresh = max(2 * TCP_MSS_BYTES, w * beta)
+        c.epoch_ms = c.recovered_ms = left_at + spec.rtt_ms
 
     @property
     def initial_bytes(self) -> float:
@@ -114,10 +186,12 @@ class Channel:
         """An independent channel in this one's state (a folded train's members start from
         their head's)."""
         twin = Channel.__new__(Channel)
-        twin.spec, twin.cap, twin.ms_per_byte, twin.most, twin.memo = (
-            self.spec, self.cap, self.ms_per_byte, self.most, self.memo)
+        twin.spec, twin.cap, twin.ms_per_byte, twin.most, twin.memo, twin.events = (
+            self.spec, self.cap, self.ms_per_byte, self.most, self.memo, self.events)
         twin.conns = [_Connection(cwnd=c.cwnd, chunks=deque(c.chunks),
-                                  last_sent_ms=c.last_sent_ms, flight_max=c.flight_max)
+                                  last_sent_ms=c.last_sent_ms, flight_max=c.flight_max,
+                                  ssthresh=c.ssthresh, debt=c.debt, w_max=c.w_max,
+                                  epoch_ms=c.epoch_ms, recovered_ms=c.recovered_ms)
                       for c in self.conns]
         return twin
 
@@ -140,7 +214,7 @@ class Channel:
         each_ms = self.ms_per_byte * k / groups     # a group's chunk: its connections' in turn
         for c in conns:
             self._restart_if_idle(c, now)
-        settled = all(not c.chunks for c in conns)
+        settled = not self.events and all(not c.chunks for c in conns)
         if settled:                     # nothing in flight: as the last time in this state
             key = (payload_bytes, tuple((c.cwnd, c.flight_max) for c in conns))
             seen = self.memo.get(key)
@@ -160,6 +234,8 @@ class Channel:
                 start = max(start, free)
                 c.chunks.append((start, size))
                 c.flight_max = max(c.flight_max, sum(x for _, x in c.chunks))
+                if self.events:
+                    self._lose(c, start, size, k / groups, each_ms)
                 free = start + size * each_ms
                 c.last_sent_ms = free
                 left[i] -= size
@@ -177,7 +253,7 @@ class Channel:
         what is left)."""
         rtt = self.spec.rtt_ms
         while True:
-            in_flight = c.acked(t, rtt, self.cap)
+            in_flight = self.acked(c, t)
             window = self.window(c)
             room = window - in_flight
             if room >= min(left, window) - EPS or not c.chunks:
@@ -188,12 +264,15 @@ class Channel:
         """Linux's tcp_cwnd_restart: idle (nothing in flight) longer than the RTO, the window
         halves once per RTO of the gap past the first, never below the initial window."""
         spec = self.spec
-        c.acked(now, spec.rtt_ms, self.cap)
-        if not spec.slow_start_after_idle or c.chunks:
+        self.acked(c, now)
+        if c.chunks:
             return
         gap = now - c.last_sent_ms
-        if gap <= spec.rto_ms:
+        if self.events and math.isfinite(c.epoch_ms) and gap > 0:
+            c.epoch_ms += gap           # CUBIC's epoch skips idle time (bictcp_cwnd_event)
+        if not spec.slow_start_after_idle or gap <= spec.rto_ms:
             return
+        c.ssthresh = max(c.ssthresh, 0.75 * c.cwnd)     # tcp_current_ssthresh
         floor = min(self.initial_bytes, c.cwnd)
         c.cwnd = max(floor, c.cwnd / 2 ** halvings(gap, spec.rto_ms))
 
