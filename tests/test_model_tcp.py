@@ -81,24 +81,35 @@ def test_a_state_seen_before_sends_as_it_did_then():
             [c.cwnd for c in forgets.conns], rel=1e-9)
 
 
+def two_dcs(*, hosts: int, delay_ms: float, rate_mbit: float, systems: list[str],
+            replicas: int, micro_batches: int, micro_batch: int, schedule: str, n_layer: int,
+            iterations: int = 3, **extra) -> dict:
+    """A predict-only scenario: 2 stages over 2 DCs of `hosts` hosts (1 Gbit/s host links)
+    joined by one WAN link, K = 4, the H200 profile at width 2048."""
+    return {"name": "two_dcs", "scale": 100, "predict_only": True, "connections": 4, **extra,
+            "dcs": [{"name": n, "hosts": hosts, "rate_mbit": 1000} for n in ("a", "b")],
+            "wan": [{"between": ["a", "b"], "delay_ms": delay_ms, "rate_mbit": rate_mbit}],
+            "systems": systems,
+            "training": {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
+                                   "vocab_size": 64},
+                         "stages": 2, "replicas": replicas, "micro_batches": micro_batches,
+                         "micro_batch_size": micro_batch, "schedule": schedule,
+                         "iterations": iterations, "compute": "profile",
+                         "profile": {"file": "h200-transformer.json", "width": 2048,
+                                     "seq": 2048, "micro_batch": micro_batch,
+                                     "n_layer": n_layer}}}
+
+
 def test_under_temporal_slots_a_lone_pipeline_keeps_its_windows_warm():
     """One pipeline on 100 ms (D = 1): Atlas's slots never make a message wait for another
     pipeline, so Atlas takes multitcp's time (the channel timed from the slot, which starts at
     the send); timed as a fresh channel per message (slow start after every idle gap past the
     RTO) it was 55% slower than the emulation (docs/model_grid.md, D1_d100: 1.378 s against
     0.894 s measured; now 0.890 s)."""
-    doc = {"name": "lone", "scale": 100, "predict_only": True, "connections": 4,
-           "dcs": [{"name": "a", "hosts": 1, "rate_mbit": 1000},
-                   {"name": "b", "hosts": 1, "rate_mbit": 1000}],
-           "wan": [{"between": ["a", "b"], "delay_ms": 100, "rate_mbit": 100}],
-           "systems": ["multitcp", "atlas"],
-           "training": {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
-                                  "vocab_size": 64},
-                        "stages": 2, "replicas": 1, "micro_batches": 4, "micro_batch_size": 2,
-                        "schedule": "1f1b", "iterations": 4, "compute": "profile",
-                        "profile": {"file": "h200-transformer.json", "width": 2048,
-                                    "seq": 2048, "micro_batch": 2, "n_layer": 24}}}
-    sc = parse_scenario(doc, "lone.yaml")
+    doc = two_dcs(hosts=1, delay_ms=100, rate_mbit=100, systems=["multitcp", "atlas"],
+                  replicas=1, micro_batches=4, micro_batch=2, schedule="1f1b", n_layer=24,
+                  iterations=4)
+    sc = parse_scenario(doc, "two_dcs.yaml")
     cfg = load_training(sc)
     atlas = predict(sc, cfg, get_system("atlas")).iteration_time_s
     multitcp = predict(sc, cfg, get_system("multitcp")).iteration_time_s
@@ -111,19 +122,10 @@ def test_a_fold_whose_trains_wait_for_their_own_acknowledgements_is_not_used(mon
     acknowledgements, where depends on each one's place in the queue, which a folded train
     does not know (folded it was 8.2% slow); the prediction is every replica simulated."""
     import geodc.predict.predict as mp
-    doc = {"name": "generated", "scale": 100, "predict_only": True, "connections": 4,
-           "tcp_slow_start_after_idle": False,
-           "dcs": [{"name": "d0", "hosts": 59, "rate_mbit": 1000},
-                   {"name": "d1", "hosts": 59, "rate_mbit": 1000}],
-           "wan": [{"between": ["d0", "d1"], "delay_ms": 80, "rate_mbit": 50}],
-           "systems": ["atlas"],
-           "training": {"model": {"n_layer": 8, "n_embd": 64, "n_head": 4, "seq_len": 32,
-                                  "vocab_size": 256},
-                        "stages": 2, "replicas": 57, "micro_batches": 8, "micro_batch_size": 1,
-                        "schedule": "gpipe", "iterations": 3, "compute": "profile",
-                        "profile": {"file": "h200-transformer.json", "width": 2048,
-                                    "seq": 2048, "micro_batch": 1, "n_layer": 32}}}
-    sc = parse_scenario(doc, "generated.yaml")
+    doc = two_dcs(hosts=59, delay_ms=80, rate_mbit=50, systems=["atlas"], replicas=57,
+                  micro_batches=8, micro_batch=1, schedule="gpipe", n_layer=32,
+                  tcp_slow_start_after_idle=False)
+    sc = parse_scenario(doc, "two_dcs.yaml")
     cfg = load_training(sc)
     got = predict(sc, cfg, get_system("atlas"))
     assert got.simulated_replicas == 57
