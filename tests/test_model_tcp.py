@@ -120,7 +120,8 @@ def test_a_fold_whose_trains_wait_for_their_own_acknowledgements_is_not_used(mon
     """57 GPipe pipelines over one 80 ms, 50 Mbit/s link under Atlas's slots: a pipeline's
     backward messages queue behind each other and wait in their slots for their own
     acknowledgements, where depends on each one's place in the queue, which a folded train
-    does not know (folded it was 8.2% slow); the prediction is every replica simulated."""
+    does not know (in 4 parts it was 8.2% slow, in 8, 16, 32 parts 3.3%, 1.1%, 0.0%): the fold
+    is refined until two in turn agree within 0.5%, here every replica simulated."""
     import geodc.predict.predict as mp
     doc = two_dcs(hosts=59, delay_ms=80, rate_mbit=50, systems=["atlas"], replicas=57,
                   micro_batches=8, micro_batch=1, schedule="gpipe", n_layer=32,

@@ -26,7 +26,7 @@ Rules, the workers' (geodc/hostproc/trainer/worker.py):
   (geodc.rules.serial_links.MemberHolds); where a member then waits for its own
   acknowledgements unlike its head, which ones wait depends on their order in the train, which
   the fold does not know, so the result says so (`trains_unalike`) and geodc.predict.predict
-  simulates every replica instead. A message over the WAN moves its wire bytes over every link of its routed path, then
+  refines the fold until two in turn agree. A message over the WAN moves its wire bytes over every link of its routed path, then
   arrives one way later:
   - "concurrent" sharing (TCP's fair share): all messages on a link share it max-min fairly
     (progressive filling over the path's links), each at most at its own cap, the rate at which
