@@ -135,9 +135,9 @@ class SimResult:
     # how far the last member of a train moved between the spacing the pass assumed and the one
     # it found (ms, the most over trains): 0 when the pass agrees with itself
     train_shift_ms: float = 0.0
-    # a folded train's head or member was served under temporal slots with its own previous
-    # message unacknowledged (its hold then depends on its place in the train, which the fold
-    # does not know): the caller simulates every replica instead
+    # under temporal slots a folded train's member waited for its own acknowledgements unlike
+    # its head (which members wait depends on their order, which the fold does not know): the
+    # caller folds in more parts
     trains_unalike: bool = False
 
 
