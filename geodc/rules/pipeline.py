@@ -228,7 +228,7 @@ class Simulation:
         drops: dict[LinkDir, dict[int, float]] = {}
         for d in dict.fromkeys(self.links.values()):
             drops.update(d.drops)
-        unalike = any(getattr(d, "trains_unalike", False) for d in self.links.values())
+        unalike = any(d.trains_unalike for d in self.links.values())
         return SimResult(ops=self.ops, link_bits=self.link_bits, link_drops=drops,
                          train_gaps=train_gaps, train_shift_ms=shift, trains_unalike=unalike)
 
@@ -287,10 +287,11 @@ class Simulation:
             channel = self.channels.get(key[:3])
             if channel is None:
                 channel = self.channels[key[:3]] = Channel(route.channel, loss_events=True)
-            if link is None or not link.times_channels:
-                solo, channel = channel.send(now, route.payload_bytes), None
-            else:
+            if link is not None and link.times_channels:
                 solo = route.solo_ms        # the link times the channel from the slot
+            else:
+                solo = channel.send(now, route.payload_bytes)
+                channel = None              # timed here: the link needs only the route
         else:
             solo = route.solo(now - self.last_sent.get(id(route), float("-inf")))
             self.last_sent[id(route)] = now

@@ -205,9 +205,7 @@ class TemporalSlots(SerialLinks):
         # a head's channel -> its last train's members' holds (when each member's connections
         # last sent), where the channel is timed from the slot
         self.last_holds: dict[tuple, MemberHolds] = {}
-        # whether a train's head or member was served with its own previous message still
-        # unacknowledged: then its hold depends on its own place, not the train's even spacing
-        self.trains_unalike = False
+        self.trains_unalike = False     # (LinkDiscipline's) told by MemberHolds
 
     def message_ms(self, route: Route, link: LinkDir) -> float:
         return route.solo_ms - route.one_way_ms
@@ -275,7 +273,6 @@ class MemberHolds:
         self.rtt_ms = before.spec.rtt_ms
         # without slow start after idle, every member idle a round trip or more holds alike
         self.restarts = before.spec.slow_start_after_idle
-        self.settled: tuple[float, float] | None = None
         # whether the head waited in its slot for its own acknowledgements
         self.head_waited = (self.head_idle < self.rtt_ms and math.isfinite(self.last_sent)
                             and not math.isclose(head_ms, self.after(self.rtt_ms)[0],
@@ -287,15 +284,8 @@ class MemberHolds:
             return self.head_ms
         end = self.previous.end_of(x) if self.previous is not None else None
         idle = self.head_idle if end is None else max(0.0, start - end)
-        if idle >= self.rtt_ms:
-            if self.restarts:
-                hold, sending = self.after(idle)
-            else:
-                if self.settled is None:
-                    self.settled = self.after(self.rtt_ms)
-                hold, sending = self.settled
-        else:
-            hold, sending = self.after(idle)
+        hold, sending = self.after(idle)
+        if idle < self.rtt_ms:
             if (not math.isclose(hold, self.head_ms, rel_tol=1e-9)
                     and not math.isclose(hold, self.after(self.rtt_ms)[0], rel_tol=1e-9)):
                 self.slots.trains_unalike = True     # it waited for its own windows, unlike
@@ -319,11 +309,10 @@ class MemberHolds:
                 return None
         elif self.previous.last_end > earliest - self.rtt_ms:
             return None
-        if self.settled is None:
-            self.settled = self.after(self.rtt_ms)
-        if self.head_waited and not math.isclose(self.settled[0], self.head_ms, rel_tol=1e-9):
+        settled = self.after(self.rtt_ms)
+        if self.head_waited and not math.isclose(settled[0], self.head_ms, rel_tol=1e-9):
             self.slots.trains_unalike = True         # its head waited, they do not
-        return self.settled
+        return settled
 
     def serve(self, i: int, j: int, free: float, t0: float, gap: float, hold: float,
               sending: float) -> float:

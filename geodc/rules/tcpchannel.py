@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from geodc.rules.stripes import stripe_count
 from geodc.rules.tcploss import CUBIC_BETA, CUBIC_C, MODELLED, recovery_ms, window_under_loss
@@ -188,11 +188,7 @@ class Channel:
         twin = Channel.__new__(Channel)
         twin.spec, twin.cap, twin.ms_per_byte, twin.most, twin.memo, twin.events = (
             self.spec, self.cap, self.ms_per_byte, self.most, self.memo, self.events)
-        twin.conns = [_Connection(cwnd=c.cwnd, chunks=deque(c.chunks),
-                                  last_sent_ms=c.last_sent_ms, flight_max=c.flight_max,
-                                  ssthresh=c.ssthresh, debt=c.debt, w_max=c.w_max,
-                                  epoch_ms=c.epoch_ms, recovered_ms=c.recovered_ms)
-                      for c in self.conns]
+        twin.conns = [replace(c, chunks=deque(c.chunks)) for c in self.conns]
         return twin
 
     def idle_ms(self, now: float) -> float:

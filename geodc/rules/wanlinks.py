@@ -89,6 +89,10 @@ class LinkDiscipline(ABC):
     # whether it times a route's channel itself, from when the message is served (temporal
     # slots: a message's connections start sending when its slot begins, not when it is sent)
     times_channels = False
+    # whether a folded train's members waited for their own acknowledgements unlike their
+    # head (temporal slots say so: geodc.rules.serial_links.MemberHolds), so the fold does not
+    # hold as simulated
+    trains_unalike = False
 
     @abstractmethod
     def send(self, now: float, key: MessageKey, route: Route, w: int, sender: int,
