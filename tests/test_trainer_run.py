@@ -104,7 +104,7 @@ def gpipe_profile_run(tmp_path_factory):
     # blocks 21.6 ms forward, 46.0 ms backward; the real model here needs ~1 ms.
     cfg = TrainConfig.from_dict({
         "model": MODEL, "stages": 2, "replicas": 1, "micro_batches": 4, "micro_batch_size": 2,
-        "schedule": "gpipe", "iterations": 4, "compute": "profile",
+        "schedule": "gpipe", "iterations": 6, "compute": "profile",
         "profile": {"file": "h200-transformer.json", "width": 4096, "seq": 2048,
                     "micro_batch": 1, "n_layer": 32}})
     spawner = LocalSpawner()
@@ -144,22 +144,26 @@ def test_profile_gpipe_runs_the_schedule_with_profile_holds(gpipe_profile_run):
     assert m["bubble_fraction_formula"] == pytest.approx((2 - 1) / (4 + 2 - 1))
     assert 0 < m["bubble_fraction"] < 1 and 0 < m["pipeline_bubble_fraction"] < 1, m
     # messages were padded to the target's activation bytes / scale
-    assert m["communication"]["SEND_F"]["bytes"] == 3 * 4 * (16777216 // 100)
+    assert m["communication"]["SEND_F"]["bytes"] == (cfg.iterations - 1) * 4 * (16777216 // 100)
 
 
 @pytest.mark.network   # wall-clock fidelity: the root ring's, not loopback's (the module docstring)
 def test_profile_gpipe_bubble_and_holds_match_the_profile(gpipe_profile_run):
     """GPipe's measured bubble is the textbook (P-1)/(M+P-1), the iteration the compute-only
-    simulation of the profile, each stage's F/B means the profile's; each hold lasts its
-    profile time: the median op within 5 %, and at least 3 in 4 ops within 10 % (a stall of a
-    2-core VM may stretch one op; its spread is bench_bubbles' figure)."""
+    simulation of the profile (the median measured iteration within 10 %), each stage's F/B
+    means the profile's; each hold lasts its profile time: the median op within 5 %, and at
+    least 3 in 4 ops within 10 % (a stall of a 2-core VM may stretch one op or one iteration:
+    CI's busy host once made one of three iterations' mean 15 % long; the spread is
+    bench_bubbles' figure)."""
     cfg, run, spans, m = gpipe_profile_run
     formula = (2 - 1) / (4 + 2 - 1)
     assert_within([m["bubble_fraction"]], formula, abs=0.05, what="bubble_fraction")
     assert_within([m["pipeline_bubble_fraction"]], formula, abs=0.05,
                   what="pipeline_bubble_fraction")
-    assert_within([m["iteration_time_s"]], m["compute_only"]["iteration_time_s"], rel=0.1,
-                  what="iteration_time_s against compute_only")
+    walls = [m["iteration_walls_s"][it] for it in m["iterations_averaged"]]
+    assert len(walls) == cfg.iterations - 1, m["iterations_averaged"]
+    assert_within(walls, m["compute_only"]["iteration_time_s"], rel=0.1, center="median",
+                  what="iteration walls against compute_only, median")
     assert_within([s["forward_ms"] for s in m["stages"]], PROFILE_HOLD_MS["F"], rel=0.1,
                   what="stages' forward_ms")
     assert_within([s["backward_ms"] for s in m["stages"]], PROFILE_HOLD_MS["B"], rel=0.1,
