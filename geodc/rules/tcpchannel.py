@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
+from operator import attrgetter, itemgetter
 
 from geodc.rules.stripes import stripe_count
 from geodc.rules.tcploss import CUBIC_BETA, CUBIC_C, MODELLED, recovery_ms, window_under_loss
@@ -96,6 +97,16 @@ class _Connection:
     epoch_ms: float = -math.inf     # when the last loss was detected, moved on by idle time
     recovered_ms: float = -math.inf     # before this, a loss is in the same window as the last
 
+    def copy(self) -> "_Connection":
+        """An independent connection in this one's state (its own chunks)."""
+        twin = _Connection(*_FIELDS(self))       # every field, in declaration order
+        twin.chunks = deque(self.chunks)
+        return twin
+
+
+_FIELDS = attrgetter(*(f.name for f in fields(_Connection)))
+_SIZE = itemgetter(1)
+
 
 class Channel:
     """K persistent connections in one direction (module docstring). loss_events: random
@@ -123,11 +134,14 @@ class Channel:
 
     def acked(self, c: _Connection, t: float) -> float:
         """Drop c's chunks acknowledged by t, growing its window; the bytes still in flight."""
+        chunks = c.chunks
+        if not chunks:
+            return 0.0
         rtt = self.spec.rtt_ms
-        while c.chunks and c.chunks[0][0] + rtt <= t + EPS:
-            start, size = c.chunks.popleft()
+        while chunks and chunks[0][0] + rtt <= t + EPS:
+            start, size = chunks.popleft()
             self._grow(c, size, start + rtt)
-        return sum(size for _, size in c.chunks)
+        return sum(map(_SIZE, chunks))
 
     def _grow(self, c: _Connection, size: float, at: float) -> None:
         """Below ssthresh, slow start: the window grows by the bytes acknowledged while it is
@@ -188,7 +202,7 @@ class Channel:
         twin = Channel.__new__(Channel)
         twin.spec, twin.cap, twin.ms_per_byte, twin.most, twin.memo, twin.events = (
             self.spec, self.cap, self.ms_per_byte, self.most, self.memo, self.events)
-        twin.conns = [replace(c, chunks=deque(c.chunks)) for c in self.conns]
+        twin.conns = [c.copy() for c in self.conns]
         return twin
 
     def idle_ms(self, now: float) -> float:
@@ -229,7 +243,7 @@ class Channel:
                 start, size = self._next_chunk(c, max(now, free), left[i])
                 start = max(start, free)
                 c.chunks.append((start, size))
-                c.flight_max = max(c.flight_max, sum(x for _, x in c.chunks))
+                c.flight_max = max(c.flight_max, sum(map(_SIZE, c.chunks)))
                 if self.events:
                     self._lose(c, start, size, k / groups, each_ms)
                 free = start + size * each_ms
