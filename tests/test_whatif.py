@@ -236,3 +236,14 @@ def test_predict_says_what_speedups_are_against_and_counts_of_what(tmp_path, cap
     assert main(["predict", paper, "--systems", "atlas,baseline"]) == 0
     out = capsys.readouterr().out
     assert "speedup: against baseline\n" in out and "not among" not in out
+
+
+def test_the_request_rate_row_keeps_training_figures_a_prediction_gives_again(small):
+    """The request-rate row reuses the as-given row's training figures (only BubbleTea's
+    requests changed): each system predicted afresh on that row's scenario gives the same."""
+    from geodc.predict.whatif import _system
+    row = small.rows[-1]
+    assert row.key == "request_rate" and row.systems is small.rows[0].systems
+    sc = parse_scenario(row.doc, path="small.yaml")
+    for name, figures in row.systems.items():
+        assert _system(sc, load_training(sc), name) == figures, name

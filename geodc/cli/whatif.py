@@ -10,6 +10,7 @@ paper's "up to 17x", BubbleTea's GPU utilization beside its "up to 94%" where it
 from __future__ import annotations
 
 import json
+import os
 
 from geodc.predict.whatif import (BUBBLETEA, PAPER_GPU_UTILIZATION, PAPER_SPEEDUP, SYSTEMS, Row,
                                   WhatIf, whatif)
@@ -24,7 +25,7 @@ def whatif_command(path: str, as_json: bool = False) -> str:
     from geodc.predict.unmodelled import unmodelled
     scenario = load_scenario(path)
     ticker = Ticker(f"whatif {scenario.name}")
-    result = whatif(scenario, progress=ticker)
+    result = whatif(scenario, progress=ticker, workers=os.cpu_count() or 1)
     ticker.done()
     left_out = unmodelled(scenario)
     if as_json:

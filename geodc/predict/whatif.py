@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from geodc.plans.placement import place_for_system
 from geodc.predict.binding import Bound, binding, bounds
 from geodc.predict.predict import predict
+from geodc.predict.rowpool import rows_pool
 from geodc.predict.variants import (Variant, as_given, changed_fields, request_rate_variant,
                                     round_rate, variants)
 from geodc.spec.errors import ScenarioError
@@ -139,9 +140,13 @@ class WhatIf:
                 "seconds": self.seconds, "rows": [r.to_dict() for r in self.rows]}
 
 
-def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None) -> WhatIf:
+def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None,
+           workers: int = 1) -> WhatIf:
     """The table's rows for `scenario` (module docstring). ScenarioError if it has a sweep or
-    no training the model can predict. progress(text): told which row is being predicted."""
+    no training the model can predict. progress(text): told which row is being predicted, or
+    has been. workers > 1: the rows as given and changed are predicted in that many processes
+    at once (geodc.predict.rowpool; the same rows as one by one), the request-rate row as soon
+    as the first row is (it starts from that row's figures)."""
     from geodc.spec.training import TrainConfig
     if scenario.sweep:
         raise ScenarioError("sweep", "the what-if changes one scenario, not a sweep",
@@ -157,21 +162,32 @@ def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None) 
     doc = dict(scenario.raw)
     with_bt = scenario.bubbletea is not None
     todo = [as_given(doc), *variants(doc)]
-    rows = []
-    for i, v in enumerate(todo):
-        if progress is not None:
-            progress(f"row {i + 1} of {len(todo)}: {v.label}")
-        rows.append(_row(doc, v, scenario.path, with_bt and i == 0))
-    bt = rows[0].bubbletea
-    if bt is not None and bt.capacity_per_s:
-        target = round_rate(SATURATION * bt.capacity_per_s)
-        v = request_rate_variant(doc, bt.offered_per_s, target, "to saturation")
-        if progress is not None:
-            progress(f"row {len(rows) + 1}: {v.label}")
-        rows.append(_row(doc, v, scenario.path, True, base=rows[0]))
+    tasks = [(doc, v, scenario.path, with_bt and i == 0, None) for i, v in enumerate(todo)]
+    n = len(tasks)
+    with rows_pool(workers if n > 1 else 1) as pool:
+        pending = [pool.submit(row_task, task) for task in tasks]
+        rows: list[Row] = []
+        for i, job in enumerate(pending):
+            rows.append(job.get())
+            if progress is not None:
+                progress(f"{i + 1} of {n} rows: {todo[i].label}")
+            bt = rows[0].bubbletea
+            if i == 0 and bt is not None and bt.capacity_per_s:
+                # the request-rate row starts from the first row's figures; the others go on
+                target = round_rate(SATURATION * bt.capacity_per_s)
+                v = request_rate_variant(doc, bt.offered_per_s, target, "to saturation")
+                pending.append(pool.submit(row_task, (doc, v, scenario.path, True, rows[0])))
+                todo.append(v)
+                n += 1
     return WhatIf(scenario=scenario.name, path=scenario.path,
                   gpus=cfg.stages * cfg.replicas, stages=cfg.stages, replicas=cfg.replicas,
                   scale=scenario.scale, rows=rows, seconds=time.perf_counter() - t0)
+
+
+def row_task(task: tuple[dict, Variant, str, bool, "Row | None"]) -> Row:
+    """One row from (base document, variant, path, with BubbleTea, the row it is compared
+    with): what a worker computes."""
+    return _row(*task)
 
 
 def _row(base_doc: dict, v: Variant, path: str, with_bt: bool, base: Row | None = None) -> Row:
@@ -186,7 +202,10 @@ def _row(base_doc: dict, v: Variant, path: str, with_bt: bool, base: Row | None 
         return Row(key=v.key, label=v.label, fields=v.fields, changed=changed, doc=v.doc,
                    systems={}, error=str(exc),
                    reason=f"the change makes no valid scenario: {exc}")
-    systems = {name: _system(sc, cfg, name) for name in SYSTEMS}
+    if base is not None and changed and all(f.startswith("bubbletea.load.") for f in changed):
+        systems = base.systems      # only BubbleTea's requests changed: training's figures stay
+    else:
+        systems = {name: _system(sc, cfg, name) for name in SYSTEMS}
     bt, bt_error = None, None
     if with_bt:
         try:
