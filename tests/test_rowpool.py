@@ -1,9 +1,17 @@
 """The what-if's rows in worker processes (geodc.predict.rowpool): the same table as one by
-one, a worker's error raised in the caller, and no worker left after the block."""
+one, a worker's error raised in the caller, and no worker left after the block, nor after a
+SIGTERM or SIGHUP to the caller."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +21,8 @@ from geodc.spec.scenario import parse_scenario
 from tests.test_whatif import small_bubbletea_doc
 
 pytestmark = pytest.mark.loopback
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _strip(doc):
@@ -44,3 +54,43 @@ def test_a_workers_error_is_raised_in_the_caller_and_no_worker_is_left():
         with rows_pool(2) as pool:
             pool.submit(_fails, 3).get()
     assert multiprocessing.active_children() == []
+
+
+CHILD = """
+import os, sys, time
+sys.path.insert(0, os.getcwd())
+from geodc.predict.rowpool import rows_pool
+from tests.test_rowpool import _sleeps
+try:
+    with rows_pool(2) as pool:
+        jobs = [pool.submit(_sleeps, sys.argv[1] + f"/{i}") for i in range(2)]
+        [job.get() for job in jobs]
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def _sleeps(path: str) -> None:
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_ends_the_workers_with_the_caller(tmp_path, sig):
+    """SIGTERM or SIGHUP to the caller mid-row: it exits 130 and both workers are gone at
+    once (watched through pidfds taken while they ran), not a row's time later."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int((tmp_path / str(i)).read_text()) for i in range(2)]
+        fds = [os.pidfd_open(pid) for pid in pids]
+        proc.send_signal(sig)
+        assert proc.wait(timeout=15) == 130
+        ready, _, _ = select.select(fds, [], [], 5)     # a pidfd is readable once it exited
+        assert sorted(ready) == sorted(fds), pids
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
