@@ -169,15 +169,15 @@ class Channel:
             inc = max(0.0, target - c.cwnd) * size / c.cwnd
         c.cwnd = min(self.cap, c.cwnd + inc)
 
-    def _lose(self, c: _Connection, start: float, size: float, group: int,
-              each_ms: float) -> None:
-        """The loss events in a chunk of `size` bytes per connection of a group of `group`,
-        sent from `start` at each_ms a byte: where one falls past the window of the last (one
+    def _lose(self, c: _Connection, start: float, size: float, each_ms: float) -> None:
+        """The loss events in a chunk of `size` bytes per connection (of c's group: each of
+        its alike connections loses on its own packet count, at once), sent from `start` at
+        each_ms a byte: where one falls past the window of the last (one
         reduction per window of data, as NewReno/SACK recovery), ssthresh and the window become
         the window times beta (0.5 Reno, 0.7 CUBIC; never below 2 segments), detected a round
         trip after the lost packet left, and congestion avoidance follows (`_grow`)."""
         spec = self.spec
-        packets = size * group / TCP_MSS_BYTES
+        packets = size / TCP_MSS_BYTES
         before = c.debt
         c.debt += spec.loss * packets
         if c.debt < 1.0:
@@ -245,7 +245,7 @@ class Channel:
                 c.chunks.append((start, size))
                 c.flight_max = max(c.flight_max, sum(map(_SIZE, c.chunks)))
                 if self.events:
-                    self._lose(c, start, size, k / groups, each_ms)
+                    self._lose(c, start, size, each_ms)
                 free = start + size * each_ms
                 c.last_sent_ms = free
                 left[i] -= size
