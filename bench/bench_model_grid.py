@@ -209,6 +209,8 @@ def repeat_record(m: dict, where: str, wall: float) -> dict:
             "overrun_share": overrun_share(m),
             "tcp_retransmits": tcp.get("retransmitted_segments"),
             "tcp_timeouts": tcp.get("timeouts"),
+            "tcp_spurious": tcp.get("dsack_received_segments"),     # DSACKed: not lost
+            "tcp_reorderings": tcp.get("reordering_detected"),
             "queue_drops": {k: (v.get("queue") or {}).get("drops") for k, v in used.items()},
             "delay_line_queue_full": {k: v.get("dropped_queue_full") for k, v in used.items()},
             "loss_drops": {k: v.get("dropped_loss") for k, v in used.items()},
@@ -216,6 +218,12 @@ def repeat_record(m: dict, where: str, wall: float) -> dict:
             "connections": m.get("connections"),
             "cpu_busy_pct": (m.get("cpu") or {}).get("busy_pct"),
             "run_dir": where, "run_wall_s": round(wall, 1)}
+
+
+def _spurious(rec: dict) -> str:
+    """' (N spurious)' where the run counted DSACKed retransmits (runs before the counter: '')."""
+    n = rec.get("tcp_spurious")
+    return "" if n is None else f" ({n} spurious)"
 
 
 def new_row(point: dict, system: str) -> dict:
@@ -276,8 +284,8 @@ def table(rows: list[dict]) -> tuple[str, list[float]]:
         within = ("yes" if s["within10"] else "no") + " / " + (
             "yes" if s["within_spread"] else "no" if s["n"] > 1 else "-")
         bub = statistics.fmean(x["bubble"] for x in ok)
-        per = "; ".join(f"{x.get('tcp_retransmits', '-')}, {_sum(x.get('queue_drops'))}, "
-                        f"{_sum(x.get('loss_drops'))}" for x in ok)
+        per = "; ".join(f"{x.get('tcp_retransmits', '-')}{_spurious(x)}, "
+                        f"{_sum(x.get('queue_drops'))}, {_sum(x.get('loss_drops'))}" for x in ok)
         if failed:
             per += f"; {len(failed)} failed"
         out.append(f"| {name} | {r['axes']} | {r['system']} | "
@@ -359,7 +367,9 @@ def report(rows: list[dict], rows_path: Path, note: str) -> str:
             f"{WINDOW_BYTES / 1e3:.1f} kB x pipelines crossing at once (D; 1 for atlas); a "
             f"queue point's queue is that of its first system. {note}\n\n"
             f"'within 10% / run spread': |error| <= 10% / the model inside the repeats' "
-            f"min..max. Per run: TCP retransmitted segments, WAN queue drops and random-loss "
+            f"min..max. Per run: TCP retransmitted segments (with, where counted, how many "
+            f"the receiver already had: DSACKed, reordered on the way, not lost), WAN queue "
+            f"drops and random-loss "
             f"drops summed over both directions.\n")
     body = (f"{head}\n{text}\n\n{distribution(errs)}\n\nBy system: {breakdown(rows, 'system')}."
             f"\n\nBy axes: {breakdown(rows, 'axes')}.\n\n{worst(rows)}\n")

@@ -68,3 +68,18 @@ def test_queue_counters_of_tc_json() -> None:
             '"bytes":9000,"packets":6,"drops":2,"overlimits":0,"requeues":0,"backlog":0,"qlen":0}]')
     assert queue_counters_of_tc(text) == {"drops": 2, "packets": 6, "bytes": 9000, "leaves": 1}
     assert queue_counters_of_tc("[]") == {"drops": 0, "packets": 0, "bytes": 0, "leaves": 0}
+
+
+def test_the_loss_line_says_how_many_retransmits_were_spurious() -> None:
+    """Retransmits the receiver reported it already had (DSACK) are named as reordering, not
+    loss; without any, the line is as before."""
+    from geodc.run.systemrun import loss_lines
+    links = {"a->b": {"queue": {"drops": 0}}}
+    tcp = {"out_segments": 452_692, "retransmitted_segments": 392, "timeouts": 0,
+           "dsack_received_segments": 392, "reordering_detected": 63}
+    [line] = loss_lines({"tcp": tcp, "wan_links": links})
+    assert line == ("losses over the run: TCP retransmitted 392 of 452,692 segments (0 timeouts, "
+                    "392 of them spurious (the receiver already had them: reordered on the way, "
+                    "not lost; 63 reorderings seen)); WAN queue drops: none")
+    [line] = loss_lines({"tcp": dict(tcp, dsack_received_segments=0), "wan_links": links})
+    assert line.endswith("segments (0 timeouts); WAN queue drops: none")

@@ -26,6 +26,13 @@ TCP_FIELDS = {
     "timeouts": ("TcpExt", "TCPTimeouts"),
     "lost_retransmits": ("TcpExt", "TCPLostRetransmit"),
     "spurious_rtos": ("TcpExt", "TCPSpuriousRTOs"),
+    # why segments were sent again without a drop to answer for them: the receiver's DSACKs
+    # (it already had them), reordering the sender detected, tail loss probes, and resends
+    # while the original still sat in the host's own queue
+    "dsack_received_segments": ("TcpExt", "TCPDSACKRecvSegs"),
+    "reordering_detected": ("TcpExt", "TCPSACKReorder"),
+    "loss_probes": ("TcpExt", "TCPLossProbes"),
+    "spurious_rtx_host_queues": ("TcpExt", "TCPSpuriousRtxHostQueues"),
 }
 
 

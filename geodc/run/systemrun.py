@@ -334,6 +334,11 @@ def loss_lines(metrics: dict) -> list[str]:
              if (v.get("queue") or {}).get("drops")}
     if not tcp.get("retransmitted_segments") and not drops:
         return []
+    spurious = tcp.get("dsack_received_segments") or 0
+    why = (f", {spurious:,} of them spurious (the receiver already had them: reordered on the "
+           f"way, not lost; {tcp.get('reordering_detected', 0):,} reorderings seen)"
+           if spurious else "")
     return [f"losses over the run: TCP retransmitted {tcp.get('retransmitted_segments', 0):,} "
-            f"of {tcp.get('out_segments', 0):,} segments ({tcp.get('timeouts', 0):,} timeouts); "
-            "WAN queue drops: " + (", ".join(f"{k} {n:,}" for k, n in drops.items()) or "none")]
+            f"of {tcp.get('out_segments', 0):,} segments ({tcp.get('timeouts', 0):,} timeouts"
+            f"{why}); WAN queue drops: "
+            + (", ".join(f"{k} {n:,}" for k, n in drops.items()) or "none")]
