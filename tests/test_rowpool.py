@@ -1,6 +1,6 @@
 """The what-if's rows in worker processes (geodc.predict.rowpool): the same table as one by
 one, a worker's error raised in the caller, and no worker left after the block, nor after a
-SIGTERM or SIGHUP to the caller."""
+SIGTERM or SIGHUP to the `whatif` command."""
 
 from __future__ import annotations
 
@@ -56,41 +56,45 @@ def test_a_workers_error_is_raised_in_the_caller_and_no_worker_is_left():
     assert multiprocessing.active_children() == []
 
 
-CHILD = """
-import os, sys, time
-sys.path.insert(0, os.getcwd())
-from geodc.predict.rowpool import rows_pool
-from tests.test_rowpool import _sleeps
-try:
-    with rows_pool(2) as pool:
-        jobs = [pool.submit(_sleeps, sys.argv[1] + f"/{i}") for i in range(2)]
-        [job.get() for job in jobs]
-except KeyboardInterrupt:
-    sys.exit(130)
-"""
-
-
-def _sleeps(path: str) -> None:
-    Path(path).write_text(str(os.getpid()))
-    time.sleep(60)
+def _workers(pid: int) -> list[int]:
+    """pid's children that are multiprocessing's spawned workers (not its resource tracker,
+    which ends on its own when its pipe closes)."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(k) for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_stop_signal_ends_the_workers_with_the_caller(tmp_path, sig):
-    """SIGTERM or SIGHUP to the caller mid-row: it exits 130 and both workers are gone at
-    once (watched through pidfds taken while they ran), not a row's time later."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO)
+def test_a_stop_signal_to_whatif_ends_its_workers(sig):
+    """SIGTERM or SIGHUP to `run_testbed.py whatif` mid-row: it exits 130 and both row workers
+    are gone at once (watched through pidfds taken while they ran), not a row's time later."""
+    proc = subprocess.Popen([sys.executable, "run_testbed.py", "whatif",
+                             "topologies/paper/gpt160b_5dc.yaml"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
-        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = [int((tmp_path / str(i)).read_text()) for i in range(2)]
+        while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)       # both workers (this machine has 2 cores or more)
+        pids = _workers(proc.pid)
+        assert len(pids) >= 2, "whatif started no workers"
         fds = [os.pidfd_open(pid) for pid in pids]
         proc.send_signal(sig)
-        assert proc.wait(timeout=15) == 130
+        assert proc.wait(timeout=15) == 130, proc.stderr.read()
         ready, _, _ = select.select(fds, [], [], 5)     # a pidfd is readable once it exited
         assert sorted(ready) == sorted(fds), pids
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_interrupts_installed_for_a_block_gives_the_handlers_back():
+    """`whatif` runs in its caller's process too (tests, notebooks): the stop handlers it
+    sets for its block are the caller's again after it, also when the block raises."""
+    from geodc.emulation import interrupts
+    before = {sig: signal.getsignal(sig) for sig in interrupts.STOP_SIGNALS}
+    with pytest.raises(ValueError):
+        with interrupts.installed():
+            assert all(signal.getsignal(sig) is interrupts._on_stop
+                       for sig in interrupts.STOP_SIGNALS)
+            raise ValueError("the block failed")
+    assert {sig: signal.getsignal(sig) for sig in interrupts.STOP_SIGNALS} == before

@@ -22,10 +22,12 @@ UTIL_HEAD = f"paper: up to {PAPER_GPU_UTILIZATION:.0%}"
 
 def whatif_command(path: str, as_json: bool = False) -> str:
     from geodc.cli.ticker import Ticker
+    from geodc.emulation import interrupts
     from geodc.predict.unmodelled import unmodelled
     scenario = load_scenario(path)
     ticker = Ticker(f"whatif {scenario.name}")
-    result = whatif(scenario, progress=ticker, workers=os.cpu_count() or 1)
+    with interrupts.installed():    # SIGTERM, SIGHUP as Ctrl-C: the row workers end with it
+        result = whatif(scenario, progress=ticker, workers=os.cpu_count() or 1)
     ticker.done()
     left_out = unmodelled(scenario)
     if as_json:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -42,6 +44,19 @@ def install() -> None:
     _owner = os.getpid()
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_stop)
+
+
+@contextmanager
+def installed() -> Iterator[None]:
+    """install() for a block (a command that runs in its caller's process, as `whatif` may):
+    the handlers there before are back after it."""
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    install()
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def check() -> None:

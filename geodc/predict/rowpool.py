@@ -4,16 +4,16 @@ needs it. Pure but for the processes: no root, no network.
 One job: `whatif`'s rows at once on a machine's cores. The workers are spawned (not forked: the
 caller may hold threads), ignore SIGINT (the caller's Ctrl-C stops the table, not each worker
 with a traceback of its own) and are ended when the pool's block ends, by return, error or
-interrupt (multiprocessing.Pool's terminate: its own children, not yet reaped); SIGTERM and SIGHUP
-end the block as Ctrl-C does while it lasts. With one worker
-nothing is spawned: each computation runs in the caller when it is submitted.
+interrupt (multiprocessing.Pool's terminate: its own children, not yet reaped). A caller that
+must end them on SIGTERM or SIGHUP too makes those raise KeyboardInterrupt (the `whatif`
+command: geodc.emulation.interrupts.installed). With one worker nothing is spawned: each
+computation runs in the caller when it is submitted.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import signal
-import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol
 
@@ -56,26 +56,6 @@ def rows_pool(workers: int) -> Iterator[_Inline | _Spawned]:
         yield _Inline()
         return
     ctx = multiprocessing.get_context("spawn")
-    with _stops_raise(), ctx.Pool(workers, initializer=_ignore_sigint) as pool:
+    with ctx.Pool(workers, initializer=_ignore_sigint) as pool:
         yield _Spawned(pool)
 
-
-def _stop(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-
-
-@contextmanager
-def _stops_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so the pool's block ends and
-    its workers with it (a process killed by the default action would leave them computing);
-    the caller's handlers are back after. Only the main thread may set handlers: elsewhere,
-    nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)

@@ -162,23 +162,21 @@ def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None,
     doc = dict(scenario.raw)
     with_bt = scenario.bubbletea is not None
     todo = [as_given(doc), *variants(doc)]
-    tasks = [(doc, v, scenario.path, with_bt and i == 0, None) for i, v in enumerate(todo)]
-    n = len(tasks)
-    with rows_pool(workers if n > 1 else 1) as pool:
-        pending = [pool.submit(row_task, task) for task in tasks]
+    with rows_pool(workers if len(todo) > 1 else 1) as pool:
+        pending = [pool.submit(row_task, (doc, v, scenario.path, with_bt and i == 0, None))
+                   for i, v in enumerate(todo)]
         rows: list[Row] = []
         for i, job in enumerate(pending):
             rows.append(job.get())
             if progress is not None:
-                progress(f"{i + 1} of {n} rows: {todo[i].label}")
-            bt = rows[0].bubbletea
-            if i == 0 and bt is not None and bt.capacity_per_s:
+                progress(f"{i + 1} of {len(pending)} rows: {todo[i].label}")
+            bt = rows[0].bubbletea if i == 0 else None
+            if bt is not None and bt.capacity_per_s:
                 # the request-rate row starts from the first row's figures; the others go on
                 target = round_rate(SATURATION * bt.capacity_per_s)
                 v = request_rate_variant(doc, bt.offered_per_s, target, "to saturation")
                 pending.append(pool.submit(row_task, (doc, v, scenario.path, True, rows[0])))
                 todo.append(v)
-                n += 1
     return WhatIf(scenario=scenario.name, path=scenario.path,
                   gpus=cfg.stages * cfg.replicas, stages=cfg.stages, replicas=cfg.replicas,
                   scale=scenario.scale, rows=rows, seconds=time.perf_counter() - t0)
