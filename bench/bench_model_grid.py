@@ -195,7 +195,9 @@ def model_of(doc: dict, system: str, T: float) -> dict:
     cfg = load_training(sc)
     p = predict(sc, cfg, get_system(system), cfg.iterations)
     return {"iteration_s": p.iteration_time_s, "bubble": p.bubble_fraction,
-            "wan_use": dict(p.wan_utilization), "time_scale": T}
+            "wan_use": dict(p.wan_utilization), "time_scale": T,
+            # per run, as the runs count them: every iteration's, both directions
+            "queue_drops": sum(p.wan_drop_packets.values()) * cfg.iterations}
 
 
 def repeat_record(m: dict, where: str, wall: float) -> dict:
@@ -262,10 +264,20 @@ def _sum(d) -> int | None:
     return sum(vals) if vals else None
 
 
+def _drops(ok: list[dict], model: dict) -> str:
+    """The WAN queue drops per run, measured (mean of the repeats) and the model's."""
+    measured = [_sum(x.get("queue_drops")) for x in ok]
+    measured = [m for m in measured if m is not None]
+    mo = model.get("queue_drops")
+    return (f"{statistics.fmean(measured):.0f}" if measured else "-") + " / " + (
+        "-" if mo is None else f"{mo:.0f}")
+
+
 def table(rows: list[dict]) -> tuple[str, list[float]]:
     head = ["| point | axes | system | T | measured s: mean (min..max, n) | model s | error | "
             "within 10% / run spread | bubble measured / model | per run: TCP retransmits, "
-            "WAN queue drops, loss drops |", "|" + "---|" * 10]
+            "WAN queue drops, loss drops | WAN queue drops per run: measured mean / model |",
+            "|" + "---|" * 11]
     out, errs = list(head), []
     for r in rows:
         s = summary(r)
@@ -277,7 +289,7 @@ def table(rows: list[dict]) -> tuple[str, list[float]]:
                    "model failed: " + r["model"]["error"] if "error" in (r.get("model") or {})
                    else "not run")
             out.append(f"| {name} | {r['axes']} | {r['system']} | - | - | - | - | - | - | "
-                       f"{why[:250]} |")
+                       f"{why[:250]} | - |")
             continue
         errs.append(abs(s["err"]))
         Ts = sorted({x["time_scale"] for x in ok})
@@ -292,7 +304,7 @@ def table(rows: list[dict]) -> tuple[str, list[float]]:
                    f"{'/'.join(format(t, 'g') for t in Ts)} | {s['mean']:.3f} ({s['min']:.3f}.."
                    f"{s['max']:.3f}, {s['n']}) | {s['model']:.3f} | {s['err']:+.1%}"
                    f"{'' if s['within10'] else ' **miss**'} | {within} | {bub:.3f} / "
-                   f"{r['model']['bubble']:.3f} | {per} |")
+                   f"{r['model']['bubble']:.3f} | {per} | {_drops(ok, r['model'])} |")
     return "\n".join(out), errs
 
 

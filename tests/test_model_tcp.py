@@ -164,6 +164,39 @@ def test_idle_halves_the_window_once_per_rto_never_below_the_initial():
     assert off.send(100 * rto, 168_000) == pytest.approx(warm)
 
 
+# -- a queue's drops ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cc, beta", [("reno", 0.5), ("cubic", 0.7)])
+def test_a_queue_drop_cuts_the_windows_it_falls_on_once_per_window(cc, beta):
+    """Two packets lost from the tail of a K = 4 burst fall on two connections (the last two):
+    their windows become beta times what they were, the others keep theirs; a second drop
+    before the first one's round trip is over is the same loss event and changes nothing."""
+    ch = Channel(spec(congestion_control=cc, slow_start_after_idle=False))
+    ch.send(0.0, 168_000)
+    assert ch.first_round_bytes == pytest.approx(168_000)    # the whole message in one round
+    before = [c.cwnd for c in ch.conns]
+    ch.congest(0.0, 2 * TCP_MSS_BYTES)
+    after = [c.cwnd for c in ch.conns]
+    assert after[:2] == before[:2]
+    assert after[2:] == pytest.approx([beta * min(w, 45_900) for w in before[2:]])
+    ch.congest(50.0, 4 * TCP_MSS_BYTES)                      # within the same round trip
+    assert [c.cwnd for c in ch.conns][2:] == after[2:]
+    assert ch.conns[0].cwnd == pytest.approx(beta * min(before[0], 45_900))   # now all four
+
+
+def test_after_a_queue_drop_the_next_message_takes_another_round():
+    """Windows cut by a drop carry the next message in two round trips where the uncut ones
+    carried it in one; its first round (what enters the queue at once) is smaller."""
+    cut, whole = (Channel(spec(slow_start_after_idle=False)) for _ in range(2))
+    for ch in (cut, whole):
+        ch.send(0.0, 168_000)
+    cut.congest(0.0, 4 * TCP_MSS_BYTES)
+    assert cut.send(1000.0, 168_000) == pytest.approx(whole.send(1000.0, 168_000) + 200.0,
+                                                      rel=0.05)
+    assert cut.first_round_bytes == pytest.approx(4 * 0.7 * 45_900, rel=0.01)   # CUBIC beta
+    assert whole.first_round_bytes == pytest.approx(168_000)
+
+
 # -- random loss -------------------------------------------------------------------------------
 
 def lossy(**kw) -> Channel:

@@ -52,8 +52,8 @@ agree within FOLD_AGREE, at most every replica simulated (gpt160b_5dc's temporal
 30,046 s against 30,019 s unfolded, 12 s against 90 s).
 Past SIMULATE_ALL_UP_TO iterations, a steady state stands for the rest (geodc.predict.steady).
 Not modelled (geodc.predict.unmodelled names what a scenario sets of them): CPU contention of
-the emulation, the delay line's own lateness, the senders' window reduction after a queue's
-drop, jitter, the temporal arbiter's grant latency, faults, cross traffic, prefill (BubbleTea)
+the emulation, the delay line's own lateness, a queue on fair-shared links and the window
+reduction inside a temporal slot, jitter, the temporal arbiter's grant latency, faults, cross traffic, prefill (BubbleTea)
 traffic on the links.
 """
 

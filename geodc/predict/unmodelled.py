@@ -23,8 +23,9 @@ def unmodelled(scenario: "Scenario") -> list[str]:
                    "used")
     queued = [f"{w.a}<->{w.b}" for w in scenario.wan if w.queue_given]
     if queued:
-        out.append("queue (" + ", ".join(queued) + "): the senders' window reduction after a "
-                   "burst's drop (the drop and its resend a round trip later are modelled)")
+        out.append("queue (" + ", ".join(queued) + "): drops of messages that take several "
+                   "round trips (fair-shared), timeouts, and window reduction inside a temporal "
+                   "slot (a burst's drop, its resend and the senders' window cut are modelled)")
     if scenario.congestion_control == "bbr" and any(w.loss_pct > 0 for w in scenario.wan):
         out.append("congestion_control bbr with loss_pct: a loss response (BBR's rate is "
                    "taken as insensitive to random loss; only the resends cost time); not "

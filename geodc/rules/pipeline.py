@@ -46,11 +46,15 @@ Rules, the workers' (geodc/hostproc/trainer/worker.py):
     acknowledgements, as the emulation's slot holder does).
   - A link's queue (`link_queue_bytes`, the scenario's `queue`) holds what it can: a burst (a
     message's first round trip over its connections, `burst_bytes`) arriving behind the
-    link's backlog loses what does not fit (tail drop). First come, first served, the lost
-    bytes leave the link's time and enter it again a round trip after they were sent (fast
-    retransmit), behind what came meanwhile; under temporal slots only the slot's own burst is
-    queued, and its slot lasts through the resend. Not modelled: the sender's window
-    reduction after a loss, timeouts.
+    link's backlog loses what does not fit (tail drop). First come, first served, the burst
+    is what the message's connections send at once (their windows' room, with a channel),
+    the backlog counts only bytes that have reached the queue (not a message's later rounds,
+    which acknowledgements clock out as the link serves it), the lost bytes leave the link's
+    time and enter it again a round trip after they were sent (fast retransmit), behind what
+    came meanwhile, and the connections the drop falls on cut their windows
+    (geodc.rules.tcpchannel.Channel.congest); under temporal slots only the slot's own burst
+    is queued, and its slot lasts through the resend. Not modelled: a slot's window
+    reduction, timeouts, and queues on fair-shared links (messages of several rounds).
 Structure: `Simulation` is one pass (the workers, the event loop, the messages leaving); each WAN
 link direction's messages go to one link discipline (`link_disciplines`): the fair share
 (geodc.rules.wanlinks, rates from geodc.rules.fairshare over the links that can fill), FIFO trains
@@ -291,7 +295,6 @@ class Simulation:
                 solo = route.solo_ms        # the link times the channel from the slot
             else:
                 solo = channel.send(now, route.payload_bytes)
-                channel = None              # timed here: the link needs only the route
         else:
             solo = route.solo(now - self.last_sent.get(id(route), float("-inf")))
             self.last_sent[id(route)] = now

@@ -14,7 +14,7 @@ import math
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from geodc.rules.tcpchannel import Channel, halvings
+from geodc.rules.tcpchannel import WIRE_PER_PAYLOAD, Channel, halvings
 from geodc.rules.trains import Middle, Trains
 from geodc.rules.wanlinks import EPS, EventQueue, LinkDiscipline, MessageKey, Route
 from geodc.spec.links import LinkDir
@@ -50,7 +50,7 @@ class SerialLinks(LinkDiscipline):
 
     @abstractmethod
     def settle(self, now: float, key: MessageKey, route: Route, link: LinkDir, start: float,
-               hold: int, w: int) -> None:
+               hold: int, w: int, channel: Channel | None = None) -> None:
         """The message, served from `start` for `hold` messages' time (the link's clock at its
         end), arrives: what its burst loses at the queue, and when it and its resent bytes
         arrive."""
@@ -70,7 +70,7 @@ class SerialLinks(LinkDiscipline):
         start = max(now, self.clock.get(link, 0.0))
         behind = self.trains.behind(r)
         before = None
-        if channel is not None:         # its connections start sending when it is served
+        if channel is not None and self.times_channels:     # they send when it is served
             before = channel.copy() if behind is not None else None
             route = replace(route, solo_ms=channel.send(start, route.payload_bytes))
         one_ms = self.message_ms(route, link)
@@ -80,7 +80,7 @@ class SerialLinks(LinkDiscipline):
             gap = self.trains.gap(key, sender, r, tail, n)
             self.middles.setdefault(link, {})[key] = self.middle(
                 now, key, route, n, gap, one_ms, warm_ms, before, start)
-        self.settle(now, key, route, link, start, hold, w)
+        self.settle(now, key, route, link, start, hold, w, channel)
 
     def serve_middles(self, link: LinkDir, t: float) -> None:
         """Serve, in the order sent, every train member sent by t (before a message sent at t).
@@ -130,13 +130,14 @@ class SerialLinks(LinkDiscipline):
         self.clock[link] = W
 
     def overflow(self, link: LinkDir, wait_ms: float, burst: float,
-                 most: float | None = None) -> float:
-        """Wire bytes a burst loses at the link's queue, with wait_ms of the link's time queued
-        ahead of it (tail drop: what does not fit)."""
+                 most: float | None = None, not_arrived: float = 0.0) -> float:
+        """Wire bytes a burst loses at the link's queue, with wait_ms of the link's time ahead
+        of it, less not_arrived bytes of that not in the queue yet (tail drop: what does not
+        fit)."""
         q = self.queue_bytes.get(link)
         if q is None:
             return 0.0
-        ahead = max(0.0, wait_ms) * self.rate_mbit[link] * 125.0     # Mbit/s x ms -> bytes
+        ahead = max(0.0, max(0.0, wait_ms) * self.rate_mbit[link] * 125.0 - not_arrived)
         return min(burst if most is None else most, max(0.0, ahead + burst - q))
 
     def add_drops(self, link: LinkDir, it: int, lost: float) -> None:
@@ -148,9 +149,16 @@ class FifoTrains(SerialLinks):
     """Concurrent sharing on a link whose every route is a `burst` (the whole message leaves in
     its first round trip): the bursts queue at the bottleneck in the order sent. Each holds the
     link for its wire bytes at the link's rate and arrives one way later, or no earlier than its
-    solo time after it was sent. A burst arriving behind the link's backlog loses what does not
-    fit in its queue; the lost bytes leave the link's time and enter it again a round trip after
-    they were sent (`resend`), behind what came meanwhile."""
+    solo time after it was sent. A burst (what its connections send at once) arriving behind
+    the link's backlog (what of it has reached the queue: `not_arrived`) loses what does not
+    fit in its queue; the connections it falls on cut their windows (Channel.congest); the lost
+    bytes leave the link's time and enter it again a round trip after they were sent
+    (`resend`), behind what came meanwhile."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # per link: (when a message's hold ends, its wire bytes that wait for acknowledgements)
+        self.later: dict[LinkDir, list[tuple[float, float]]] = {}
 
     def message_ms(self, route: Route, link: LinkDir) -> float:
         return route.wire_bytes * 8 / (self.rate_mbit[link] * 1e3)
@@ -159,15 +167,35 @@ class FifoTrains(SerialLinks):
                one_ms: float, warm_ms: float, before: Channel | None, start: float) -> Middle:
         return Middle(1, n, now, gap, one_ms, one_ms, 0.0, 0.0, route.rto_ms)
 
+    def not_arrived(self, link: LinkDir, t: float) -> float:
+        """Wire bytes of the link's backlog at t that have not reached its queue: what a
+        message past its first round sends as acknowledgements free its windows (they come
+        as the link serves the message, the last of its bytes on the clock)."""
+        entries = self.later.get(link)
+        if not entries:
+            return 0.0
+        per_ms = self.rate_mbit[link] * 125.0
+        entries[:] = [(end, b) for end, b in entries if end > t]
+        return sum(min(b, (end - t) * per_ms) for end, b in entries)
+
     def settle(self, now: float, key: MessageKey, route: Route, link: LinkDir, start: float,
-               hold: int, w: int) -> None:
+               hold: int, w: int, channel: Channel | None = None) -> None:
         arrive = max(self.clock[link] + route.one_way_ms, now + route.solo_ms)
         burst = route.burst_bytes if route.burst_bytes is not None else route.wire_bytes
-        # what waits ahead of it, then its (alike) bursts
-        lost = self.overflow(link, start - now, burst * hold, hold * route.wire_bytes)
+        if channel is not None:         # its first round as its connections' windows allowed
+            burst = min(burst, channel.first_round_bytes * WIRE_PER_PAYLOAD)
+        # what waits ahead of it (and has reached the queue), then its (alike) bursts
+        lost = self.overflow(link, start - now, burst * hold,
+                             None if channel is not None else hold * route.wire_bytes,
+                             self.not_arrived(link, now))
+        if channel is not None and hold * route.wire_bytes > burst * hold:
+            self.later.setdefault(link, []).append(
+                (self.clock[link], hold * (route.wire_bytes - burst)))
         if lost <= 0:
             self.events.push(arrive, self.deliver, (key,))
             return
+        if channel is not None:         # the senders' response to the drop
+            channel.congest(now, lost / hold / WIRE_PER_PAYLOAD)
         self.add_drops(link, key[3], lost)
         self.clock[link] -= lost / (self.rate_mbit[link] * 125.0)
         self.events.push(now + route.rtt_ms, self.resend, (key, route, lost, arrive))
@@ -178,7 +206,7 @@ class FifoTrains(SerialLinks):
         link = route.links[0]
         self.serve_middles(link, now)
         start = max(now, self.clock.get(link, 0.0))
-        again = self.overflow(link, start - now, lost)
+        again = self.overflow(link, start - now, lost, None, self.not_arrived(link, now))
         self.clock[link] = start + (lost - again) / (self.rate_mbit[link] * 125.0)
         arrive = max(arrive, self.clock[link] + route.one_way_ms)
         if again > 0:
@@ -227,7 +255,7 @@ class TemporalSlots(SerialLinks):
         return Middle(1, n, now, gap, d, d_idle, idle0, slope, route.rto_ms)
 
     def settle(self, now: float, key: MessageKey, route: Route, link: LinkDir, start: float,
-               hold: int, w: int) -> None:
+               hold: int, w: int, channel: Channel | None = None) -> None:
         arrive = self.clock[link] + route.one_way_ms            # the last of them
         burst = route.burst_bytes if route.burst_bytes is not None else route.wire_bytes
         lost = self.overflow(link, 0.0, burst)     # one message's burst in the queue at a time

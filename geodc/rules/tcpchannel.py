@@ -119,6 +119,8 @@ class Channel:
         first = self.cap if warm else self.initial_bytes
         self.events = (loss_events and spec.loss > 0
                        and spec.congestion_control in MODELLED)
+        self.reduced = False            # a queue's drop reduced a window (`congest`)
+        self.first_round_bytes = 0.0    # payload the last message sent before any wait
         n = max(1, min(GROUPS, spec.connections))
         # the connections' first losses staggered over one loss interval
         self.conns = [_Connection(cwnd=first, chunks=deque(), debt=(i + 0.5) / n)
@@ -128,9 +130,10 @@ class Channel:
         self.most = (spec.window_bytes if self.events
                      else min(spec.window_bytes, spec.loss_window_bytes))
         # (payload, each connection's window and most in flight) with nothing in flight ->
-        # (solo time, the connections after it, times from the send): a message sent in a
+        # (solo time, the connections after it, times from the send; its first round's bytes):
+        # a message sent in a
         # state seen before goes as it went then (shared with the channel's copies)
-        self.memo: dict[tuple, tuple[float, list]] = {}
+        self.memo: dict[tuple, tuple[float, list, float]] = {}
 
     def acked(self, c: _Connection, t: float) -> float:
         """Drop c's chunks acknowledged by t, growing its window; the bytes still in flight."""
@@ -184,13 +187,34 @@ class Channel:
             return
         c.debt -= math.floor(c.debt)
         left_at = start + (1.0 - before) / (spec.loss * packets) * size * each_ms
+        self._reduce(c, left_at)
+
+    def _reduce(self, c: _Connection, left_at: float) -> None:
+        """The congestion control's response to a packet c sent at left_at and lost: where it
+        falls past the window of the last reduction, ssthresh and the window become the window
+        times beta, detected a round trip later."""
         if left_at < c.recovered_ms:
             return
+        spec = self.spec
         w = min(c.cwnd, self.most)
         beta = 0.5 if spec.congestion_control == "reno" else CUBIC_BETA
         c.w_max = w if w >= c.w_max else w * (1 + beta) / 2        # CUBIC's fast convergence
         c.cwnd = c.ssthresh = max(2 * TCP_MSS_BYTES, w * beta)
         c.epoch_ms = c.recovered_ms = left_at + spec.rtt_ms
+
+    def congest(self, sent_ms: float, lost_bytes: float) -> None:
+        """A queue on the path dropped lost_bytes (payload) of the message whose first round
+        left at sent_ms: the last packets of a burst whose connections' packets interleave, so
+        the drops fall on min(K, packets lost) of its connections (the last ones), each of which
+        reduces its window (`_reduce`) if the drop is past its last reduction's window. The
+        channel is no longer one whose outcome a state of windows alone decides (no memo)."""
+        if lost_bytes <= 0 or self.spec.congestion_control not in MODELLED:
+            return
+        self.reduced = True
+        hit = min(1.0, lost_bytes / TCP_MSS_BYTES / max(1, self.spec.connections))
+        n = len(self.conns)
+        for c in self.conns[n - max(1, round(hit * n)):]:
+            self._reduce(c, sent_ms)
 
     @property
     def initial_bytes(self) -> float:
@@ -200,8 +224,10 @@ class Channel:
         """An independent channel in this one's state (a folded train's members start from
         their head's)."""
         twin = Channel.__new__(Channel)
-        twin.spec, twin.cap, twin.ms_per_byte, twin.most, twin.memo, twin.events = (
-            self.spec, self.cap, self.ms_per_byte, self.most, self.memo, self.events)
+        (twin.spec, twin.cap, twin.ms_per_byte, twin.most, twin.memo, twin.events,
+         twin.reduced, twin.first_round_bytes) = (
+            self.spec, self.cap, self.ms_per_byte, self.most, self.memo, self.events,
+            self.reduced, self.first_round_bytes)
         twin.conns = [c.copy() for c in self.conns]
         return twin
 
@@ -224,18 +250,20 @@ class Channel:
         each_ms = self.ms_per_byte * k / groups     # a group's chunk: its connections' in turn
         for c in conns:
             self._restart_if_idle(c, now)
-        settled = not self.events and all(not c.chunks for c in conns)
+        settled = not (self.events or self.reduced) and all(not c.chunks for c in conns)
         if settled:                     # nothing in flight: as the last time in this state
             key = (payload_bytes, tuple((c.cwnd, c.flight_max) for c in conns))
             seen = self.memo.get(key)
             if seen is not None:
-                solo, after = seen
+                solo, after = seen[0], seen[1]
                 for c, (cwnd, flight_max, chunks, last) in zip(conns, after):
                     c.cwnd, c.flight_max, c.last_sent_ms = cwnd, flight_max, now + last
                     c.chunks.extend((now + t, size) for t, size in chunks)
+                self.first_round_bytes = seen[2]
                 return solo
         left = [payload_bytes / k] * groups
         free = now                      # this message's own queue at the bottleneck
+        first_round = sum(self._room_now(c, now, left[0]) for c in conns) * k / groups
         while any(x > EPS for x in left):
             for i, c in enumerate(conns):
                 if left[i] <= EPS:
@@ -251,11 +279,19 @@ class Channel:
                 left[i] -= size
         packets = math.ceil(payload_bytes / k / TCP_MSS_BYTES - EPS)
         solo = free + spec.one_way_ms + recovery_ms(spec.loss, spec.rtt_ms, k, packets) - now
+        self.first_round_bytes = first_round
         if settled and len(self.memo) < MEMO_STATES:
             self.memo[key] = (solo, [(c.cwnd, c.flight_max,
                                       [(t - now, size) for t, size in c.chunks],
-                                      c.last_sent_ms - now) for c in conns])
+                                      c.last_sent_ms - now) for c in conns], first_round)
         return solo
+
+    def _room_now(self, c: _Connection, now: float, stripe: float) -> float:
+        """What connection c sends of a stripe at `now` without waiting for acknowledgements
+        (as `_next_chunk` decides: a full chunk's room, or nothing)."""
+        room = self.window(c) - self.acked(c, now)
+        return min(stripe, max(room, 0.0)) if room >= min(stripe, self.window(c)) - EPS \
+            or not c.chunks else 0.0
 
     def _next_chunk(self, c: _Connection, t: float, left: float) -> tuple[float, float]:
         """When connection c may next send and how much: at t if its window has room, else
@@ -278,7 +314,7 @@ class Channel:
         if c.chunks:
             return
         gap = now - c.last_sent_ms
-        if self.events and math.isfinite(c.epoch_ms) and gap > 0:
+        if math.isfinite(c.epoch_ms) and gap > 0:
             c.epoch_ms += gap           # CUBIC's epoch skips idle time (bictcp_cwnd_event)
         if not spec.slow_start_after_idle or gap <= spec.rto_ms:
             return
