@@ -332,22 +332,31 @@ def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
 
 
 @pytest.mark.unit
-def test_predict_only_scenarios_may_use_more_connections(tmp_path, capsys):
-    """16 connections is the emulator's limit (sender threads on 2 cores), not the model's."""
+def test_predict_only_scenarios_may_use_more_connections_up_to_nccls(tmp_path, capsys):
+    """16 connections is the emulator's limit (sender threads on 2 cores); the model's is what
+    NCCL's socket transport opens between two GPUs (64), per GPU of a tensor-parallel host;
+    `connections: auto` past it is capped and says so."""
     from run_testbed import main
-    from geodc.plans.systems import scenario_connections
+    from geodc.plans.systems import capped_connections, scenario_connections
     doc = {"name": "wide", "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
            "wan": [{"between": ["a", "b"], "delay_ms": 80, "rate_mbit": 100000}],
-           "connections": 200}
+           "connections": 64}
     path = tmp_path / "wide.yaml"
     path.write_text(json.dumps(doc))
     assert main(["validate", str(path)]) == 2
     assert "connections" in capsys.readouterr().err
     path.write_text(json.dumps(dict(doc, predict_only=True)))
-    assert load_scenario(path).connections == 200
+    assert load_scenario(path).connections == 64
+    path.write_text(json.dumps(dict(doc, predict_only=True, connections=65)))
+    assert main(["validate", str(path)]) == 2
+    assert "NCCL's socket transport" in capsys.readouterr().err
     path.write_text(json.dumps(dict(doc, predict_only=True, connections="auto")))
-    # 100 Gbit/s x 160 ms over Linux's default window: more than 16 windows, fewer than 4096
-    assert 16 < scenario_connections(load_scenario(path), "a", "b") < 4096
+    # 100 Gbit/s x 160 ms over Linux's default window: 436 windows, capped at 64
+    sc = load_scenario(path)
+    assert scenario_connections(sc, "a", "b") == 64
+    [line] = capped_connections(sc)
+    assert line.startswith("connections auto capped at 64 (NCCL's socket transport")
+    assert "2 DC pairs would need more windows to fill their paths, up to 436" in line
     path.write_text(json.dumps(dict(doc, connections="auto")))
     assert scenario_connections(load_scenario(path), "a", "b") == 16
 

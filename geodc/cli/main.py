@@ -268,7 +268,8 @@ def _validate(path: str, routes: bool = True, cluster: str | None = None) -> str
         from geodc.cli.planview import load_training
         cfg = load_training(scenario)
         what = (f"predict only: {sum(dc.hosts for dc in scenario.dcs)} hosts, "
-                f"training P={cfg.stages} D={cfg.replicas}")
+                f"training P={cfg.stages} D={cfg.replicas}"
+                + (f" TP={cfg.tp}" if cfg.tp > 1 else ""))
     elif scenario.sweep:
         from geodc.features.checks import check_points
         from geodc.spec.sweep import expand
@@ -279,6 +280,12 @@ def _validate(path: str, routes: bool = True, cluster: str | None = None) -> str
         _, cfg, systems = load_run(path)  # exactly what `run` checks
         what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
     head = f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, {what})"
+    if scenario.training is not None and not scenario.sweep:
+        from geodc.cli.planview import load_training
+        from geodc.rules.memory import stage_memory, summary
+        memory = summary(stage_memory(load_training(scenario)))
+        if memory:
+            head += "\n  " + memory
     paths = {(p.src, p.dst): p for p in dc_paths(scenario)}   # routed either way: a check too
     servers: list[str] = []
     if cluster is not None:

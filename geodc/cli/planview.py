@@ -202,11 +202,16 @@ def resolve_systems(scenario: Scenario, names: Sequence[str] | None) -> list[Sys
 
 
 def load_training(scenario: Scenario) -> "TrainConfig":
+    """The scenario's training section, checked: its stages fit on the profile's GPU
+    (geodc.rules.memory)."""
+    from geodc.rules.memory import check_memory
     from geodc.spec.training import TrainConfig  # torch-free
     if scenario.training is None:
         raise ScenarioError("training", f"{scenario.path or scenario.name} has no training "
                             "section", "add one (see topologies/two_dc.yaml)")
-    return TrainConfig.from_dict(scenario.training)
+    cfg = TrainConfig.from_dict(scenario.training)
+    check_memory(cfg)
+    return cfg
 
 
 def plan_document(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan],

@@ -58,6 +58,8 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
         return plan_text(scenario, options, plan_top)
     from geodc.cli.ticker import Ticker
     from geodc.predict.unmodelled import unmodelled
+    from geodc.plans.systems import capped_connections
+    from geodc.rules.memory import stage_memory, summary as memory_summary
     rows = []
     t0 = time.perf_counter()
     chosen = resolve_systems(scenario, systems)
@@ -71,13 +73,18 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
     left_out = unmodelled(scenario)
     ref = next((p for p in rows if p.system == "baseline"), rows[0])
     base = ref.iteration_time_s
+    memory = stage_memory(cfg)
     if as_json:
         return json.dumps({"scenario": scenario.name, "seconds": took_s,
                            "speedup_against": ref.system, "not_modelled": left_out,
+                           "tp": cfg.tp, "memory_per_gpu": [m.to_dict() for m in memory],
+                           "connections_capped": capped_connections(scenario),
                            "systems": [dict(p.to_dict(), speedup=base / p.iteration_time_s)
                                        for p in rows]}, indent=1)
     out = [f"{scenario.name}: model of P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
-           f"{cfg.schedule}, {rows[0].iterations} iterations ({took_s:.2f} s)",
+           f"{cfg.schedule}" + (f" TP={cfg.tp} (a host is {cfg.tp} GPUs)" if cfg.tp > 1 else "")
+           + f", {rows[0].iterations} iterations ({took_s:.2f} s)",
+           memory_summary(memory),
            f"speedup: against {ref.system}" + ("" if ref.system == "baseline"
                                                 else " (baseline not among the systems)"),
            f"{'system':<24} {'iteration s':>11} {'speedup':>8} {'bubble':>7} {'GPU util':>8}"
@@ -100,6 +107,7 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
             out.append(bubbletea_text(p.system, p.bubbletea))
     if rows[0].steady:
         out.append(rows[0].steady)
+    out += capped_connections(scenario)
     out += [f"not in the model: {line}" for line in left_out]
     if scenario.time_scale_auto and not scenario.predict_only:
         from geodc.cli.show import auto_line, auto_record

@@ -23,6 +23,7 @@ UTIL_HEAD = f"paper: up to {PAPER_GPU_UTILIZATION:.0%}"
 def whatif_command(path: str, as_json: bool = False) -> str:
     from geodc.cli.ticker import Ticker
     from geodc.emulation import interrupts
+    from geodc.plans.systems import capped_connections
     from geodc.predict.unmodelled import unmodelled
     scenario = load_scenario(path)
     ticker = Ticker(f"whatif {scenario.name}")
@@ -30,15 +31,19 @@ def whatif_command(path: str, as_json: bool = False) -> str:
         result = whatif(scenario, progress=ticker, workers=os.cpu_count() or 1)
     ticker.done()
     left_out = unmodelled(scenario)
+    capped = capped_connections(scenario)
     if as_json:
-        return json.dumps(dict(result.to_dict(), not_modelled=left_out), indent=1)
-    return "\n".join([whatif_text(result)]
+        return json.dumps(dict(result.to_dict(), not_modelled=left_out,
+                               connections_capped=capped), indent=1)
+    return "\n".join([whatif_text(result)] + capped
                      + [f"not in the model: {line}" for line in left_out])
 
 
 def header(result: WhatIf) -> str:
     return (f"{result.scenario}: what if, one setting changed at a time (the model: "
-            f"{result.gpus:,} GPUs, P={result.stages} x D={result.replicas}, rates real at "
+            f"{result.gpus:,} GPUs, P={result.stages} x D={result.replicas}"
+            + (f" x TP={result.gpus // (result.stages * result.replicas)}"
+               if result.gpus > result.stages * result.replicas else "") + ", rates real at "
             f"scale {result.scale:g}; {BUBBLETEA} on the rows with a GPU utilization; "
             f"{result.seconds:.1f} s)")
 

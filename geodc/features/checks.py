@@ -11,6 +11,7 @@ from geodc.features.bubbletea import plan as bubbletea
 from geodc.features.faults.plan import check as check_faults
 from geodc.spec.errors import ScenarioError
 from geodc.plans.placement import place_for_system
+from geodc.rules.memory import check_memory
 from geodc.spec.scenario import Scenario, load_scenario, parse_scenario
 from geodc.spec.systems import get_system
 
@@ -46,12 +47,24 @@ def check_run(scenario: Scenario, *, systems: list[str] | None = None,
     if iterations is not None:
         training["iterations"] = iterations
     cfg = TrainConfig.from_dict(training)
+    check_memory(cfg)
     validate_against_hosts(cfg, len(scenario.host_names()), scenario.host_names())
     field = "--systems" if systems else "systems"
     systems = list(systems or scenario.systems)
     for i, name in enumerate(systems):
         system = get_system(name, f"{field}[{i}]")   # geodc.plans.systems: what `run` can train
+        if system.fill_bubbles and cfg.tp > 1:
+            raise ScenarioError("training.tp", f"{cfg.tp} with {name}: the emulation's prefill "
+                                "servers hold one GPU's profiled prefill time",
+                                "set tp: 1 to run BubbleTea, or predict it (the model splits "
+                                "prefill over the TP group)")
         placement = place_for_system(scenario, cfg, system)
+        if cfg.tp > 1 and any(placement.allreduce_across_wan()):
+            raise ScenarioError("training.tp", f"{cfg.tp} with {name}, whose all-reduce crosses "
+                                "the WAN: the emulation builds one of the TP group's rails, "
+                                "and the others would share that WAN link",
+                                "set tp: 1 to run it, or predict it (the model counts every "
+                                "rail on the WAN)")
         if system.fill_bubbles:
             bubbletea.check(scenario, placement, name)
         check_faults(scenario, system)

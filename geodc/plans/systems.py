@@ -23,9 +23,10 @@ import math
 from typing import TYPE_CHECKING
 
 from geodc.plans.routing import Path, path_table
+from geodc.spec.links import LinkDir
 from geodc.spec.systems import System
-from geodc.spec.scenario import (MAX_CONNECTIONS, RCV_WINDOW_FRACTION,
-                              max_connections, scaled_tcp_rmem_max_bytes)
+from geodc.spec.scenario import (MAX_CONNECTIONS, RCV_WINDOW_FRACTION, max_connections,
+                                 scaled_tcp_rmem_max_bytes, training_tp)
 
 if TYPE_CHECKING:
     from geodc.spec.scenario import Scenario
@@ -95,7 +96,40 @@ def scenario_connections(scenario: "Scenario", src_dc: str, dst_dc: str) -> int:
         return int(scenario.connections)
     return auto_connections(path_rate_mbit(scenario, src_dc, dst_dc),
                             path_rtt_ms(scenario, src_dc, dst_dc), window_bytes(scenario.scale),
-                            max_connections(scenario.predict_only))
+                            connection_cap(scenario))
+
+
+def connection_cap(scenario: "Scenario") -> int:
+    """The most connections a transfer of the scenario may use (geodc.spec.scenario's
+    max_connections: the emulator's threads, or NCCL's sockets per GPU pair)."""
+    return max_connections(scenario.predict_only, training_tp(scenario.training))
+
+
+def capped_connections(scenario: "Scenario") -> list[str]:
+    """A line where `connections: auto` would open more connections than the cap allows on some
+    DC pairs (the windows that would fill their paths), saying the cap and why; [] if none."""
+    if scenario.connections != "auto":
+        return []
+    cap = connection_cap(scenario)
+    out: list[tuple[int, str]] = []
+    names = [dc.name for dc in scenario.dcs]
+    for src in names:
+        for dst in names:
+            if src == dst:
+                continue
+            want = auto_connections(path_rate_mbit(scenario, src, dst),
+                                    path_rtt_ms(scenario, src, dst),
+                                    window_bytes(scenario.scale), cap=10**9)
+            if want > cap:
+                out.append((want, str(LinkDir(src, dst))))
+    if not out:
+        return []
+    why = ("NCCL's socket transport: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS <= 64 per "
+           "GPU pair" + (f", x tp {training_tp(scenario.training)}" if cap > 64 else "")
+           if scenario.predict_only else "the emulator's sender threads")
+    top = max(out)
+    return [f"connections auto capped at {cap} ({why}): {len(out)} DC pairs would need more "
+            f"windows to fill their paths, up to {top[0]:,} ({top[1]})"]
 
 
 def connections_for(scenario: "Scenario", system: System, src_dc: str, dst_dc: str) -> int:

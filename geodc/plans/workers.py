@@ -131,7 +131,7 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path,
     ts = setup.time_scale
     place = plan_placement(cfg, hosts)
     P, D = cfg.stages, cfg.replicas
-    costs = stage_costs(cfg.profile, P) if cfg.compute == "profile" else None
+    costs = stage_costs(cfg.profile, P, cfg.tp) if cfg.compute == "profile" else None
     block = find_block(cfg.profile) if cfg.profile is not None else None
     pads = [int(costs[s].activation_bytes / setup.scale) if costs is not None and block is not None
             else 0 for s in range(P)]
@@ -158,7 +158,7 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path,
                 hold_f = ts.emulated_span(costs[s].forward_ms)
                 hold_b = ts.emulated_span(costs[s].backward_ms)
                 hold_o = ts.emulated_span(costs[s].optimizer_ms)
-                ar_pad = int(costs[s].gradient_bytes / setup.scale)
+                ar_pad = int(costs[s].rail_gradient_bytes / setup.scale)   # one rail
             neighbours = {}
             for key, peer, stage in (("prev", prev, s - 1), ("next", nxt, s + 1)):
                 if peer is None:

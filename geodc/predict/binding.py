@@ -84,7 +84,7 @@ class _Link:
 def bounds(scenario: "Scenario", cfg: "TrainConfig", system: "System",
            placement: "Placement", prediction: "Prediction") -> list[Bound]:
     """Every resource's estimate for `system` (module docstring)."""
-    costs = stage_costs(cfg.profile, cfg.stages)
+    costs = stage_costs(cfg.profile, cfg.stages, cfg.tp)
     compute_s = compute_only(schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches),
                              [c.forward_ms for c in costs], [c.backward_ms for c in costs],
                              opt_ms=[c.optimizer_ms for c in costs]).window_ms / 1e3

@@ -194,10 +194,11 @@ def fill(bubbles: dict[str, list[tuple[int, int]]], host_dc: dict[str, str],
 
 def predict_bubbletea(spans: Sequence[dict], host_dc: dict[str, str],
                       rows: Sequence[Sequence[str]], dp: bool, cfg: "BubbleTeaConfig",
-                      load: dict[str, Any]) -> dict[str, Any]:
+                      load: dict[str, Any], tp: int = 1) -> dict[str, Any]:
     """BubbleTea's figures (geodc.rules.bubbletea_figures' block) for the simulated training `spans`, one
-    host per GPU, under `load` (geodc.features.bubbletea.run.make_requests)."""
-    profile = PrefillProfile.load(cfg.profile)
+    host per GPU (or per tensor-parallel group of tp), under `load`
+    (geodc.features.bubbletea.run.make_requests)."""
+    profile = PrefillProfile.load(cfg.profile, tp)
     bubbles = announced_bubbles(spans, rows, dp, cfg.fill_allreduce)
     end_ns = max(s["t_end_ns"] for s in spans)
     records = fill(bubbles, host_dc, load["per_dc"], cfg, profile, end_ns)

@@ -45,7 +45,7 @@ the members between two of them spaced evenly. Against every replica simulated
 (tests/test_folding.py, bench/bench_folding.py, generated scenarios of 9-64 replicas): within
 1.2% with WAN-tuned hosts (about 400 predictions), within 6.1% with slow start after idle (each
 member's slots warm or slow as its own idle time says, its spread between the simulated ones
-taken as even); gpt160b_5dc's atlas 69.168 s folded, 69.157 s unfolded. Under temporal
+taken as even); gpt160b_5dc's atlas (then 500 replicas of one GPU) 69.168 s folded, 69.157 s unfolded. Under temporal
 slots, where members wait for their own acknowledgements unlike their head (the simulation
 says so, `trains_unalike`), the fold is refined, twice the parts each time, until two in turn
 agree within FOLD_AGREE, at most every replica simulated (gpt160b_5dc's temporal: 16 parts,
@@ -253,8 +253,8 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     if placement is None:
         placement = place_for_system(scenario, cfg, system)
     P = cfg.stages
-    costs = stage_costs(cfg.profile, P)
-    buffers = [int(c.gradient_bytes / scenario.scale) for c in costs]
+    costs = stage_costs(cfg.profile, P, cfg.tp)
+    buffers = [int(c.rail_gradient_bytes / scenario.scale) for c in costs]   # one rail each
     payloads = message_payload_bytes(cfg, scenario.scale)
     if classes is None:
         classes = simulated_for(scenario, cfg, system, placement)
@@ -267,7 +267,7 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     rates = {d: w.rate_mbit for w in scenario.wan for d in w.directions}
     queues = {d: float(w.queue_bytes) for w in scenario.wan for d in w.directions
               if w.queue_given}
-    stage_bits = _allreduce_wan_bits(scenario, placement, buffers)
+    stage_bits = _allreduce_wan_bits(scenario, placement, [b * cfg.tp for b in buffers])
     link_bits: dict[LinkDir, float] = {}
     for bits in stage_bits:
         for link, b in bits.items():
@@ -423,7 +423,7 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     gpus = {dc: len(hs) for dc, hs in hosts_by_dc(placement).items()}
     load, share = thin_load(bt, cfg.compute, host_dc, gpus)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
-    m = predict_bubbletea(spans, host_dc, rows, placement.replicas > 1, bt, load)
+    m = predict_bubbletea(spans, host_dc, rows, placement.replicas > 1, bt, load, cfg.tp)
     m = unthin(m, weight, share)
     keep = ("gpu_utilization", "training_only", "prefill_share", "per_stage", "window_s",
             "iterations", "iteration_time_s", "prefill", "unused_bubble", "load", "simulated")

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from geodc.spec.scenario import MAX_RATE_MBIT
+from geodc.spec.scenario import MAX_RATE_MBIT, training_tp
 
 RATE_DOWN, RATE_UP = 0.1, 4.0
 DELAY_UP, DELAY_DOWN = 4.0, 0.25
@@ -86,11 +86,11 @@ def variants(doc: dict[str, Any]) -> list[Variant]:
             dc["hosts"] = whole * fewer + math.ceil(rest * fewer / replicas)
         out.append(Variant(key="fewer_pipelines", fields=("training.replicas", "dcs[].hosts"),
                            doc=d, label=(f"pipelines /{FEWER_PIPELINES} (D {replicas} -> "
-                                         f"{fewer}, DCs {_sizes(d)} GPUs)")))
+                                         f"{fewer}, DCs {_sizes(d)} {_hosts(doc)})")))
     if replicas >= 2 and len(doc["dcs"]) >= 2:
         d = _uneven(doc, replicas, int(training.get("stages", 1)))
         out.append(Variant(key="uneven_dcs", fields=("dcs[].hosts",), doc=d, label=(
-            f"DC sizes not whole stages ({_sizes(doc)} -> {_sizes(d)} GPUs)")))
+            f"DC sizes not whole stages ({_sizes(doc)} -> {_sizes(d)} {_hosts(doc)})")))
     if wan:
         d = copy.deepcopy(doc)
         on = not doc.get("tcp_slow_start_after_idle", True)
@@ -180,6 +180,12 @@ def round_rate(per_s: float) -> float:
 
 def _sizes(doc: dict[str, Any]) -> str:
     return "/".join(str(dc["hosts"]) for dc in doc["dcs"])
+
+
+def _hosts(doc: dict[str, Any]) -> str:
+    """What a DC's hosts are: GPUs, or nodes of a tensor-parallel group's GPUs."""
+    tp = training_tp(doc.get("training"))
+    return "GPUs" if tp == 1 else f"nodes of {tp} GPUs"
 
 
 def _span(values: list[float]) -> str:

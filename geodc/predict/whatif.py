@@ -178,7 +178,7 @@ def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None,
                 pending.append(pool.submit(row_task, (doc, v, scenario.path, True, rows[0])))
                 todo.append(v)
     return WhatIf(scenario=scenario.name, path=scenario.path,
-                  gpus=cfg.stages * cfg.replicas, stages=cfg.stages, replicas=cfg.replicas,
+                  gpus=cfg.stages * cfg.replicas * cfg.tp, stages=cfg.stages, replicas=cfg.replicas,
                   scale=scenario.scale, rows=rows, seconds=time.perf_counter() - t0)
 
 

@@ -38,7 +38,10 @@ class PrefillProfile:
     ms: tuple[float, ...]        # measured prefill times
 
     @classmethod
-    def load(cls, name: str = "h200-transformer.json") -> "PrefillProfile":
+    def load(cls, name: str = "h200-transformer.json", tp: int = 1) -> "PrefillProfile":
+        """The profile's prefill stack; with tp > 1 (a host stands for a tensor-parallel group
+        of tp GPUs, geodc.rules.costs) a prefill takes 1/tp of the measured time, the same
+        perfect scaling the group's training compute is given (a stated simplification)."""
         doc = load_profile(name, "bubbletea.profile")
         stack = doc.get("prefill_stack")
         if not stack or not stack.get("points"):
@@ -46,7 +49,7 @@ class PrefillProfile:
         points = sorted(stack["points"], key=lambda p: p["prompt_tokens"])
         prof = cls(width=int(stack["width"]), layers=int(stack["layers"]),
                    tokens=tuple(int(p["prompt_tokens"]) for p in points),
-                   ms=tuple(float(p["prefill_ms"]) for p in points))
+                   ms=tuple(float(p["prefill_ms"]) / tp for p in points))
         for p in points:
             if "kv_cache_bytes" in p and p["kv_cache_bytes"] != prof.kv_cache_bytes(
                     p["prompt_tokens"]):

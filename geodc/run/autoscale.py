@@ -175,7 +175,7 @@ def plan_load(scenario: Scenario, cfg: TrainConfig, cpu: list[dict[str, float]],
         raise ScenarioError("time_scale", "auto needs training.compute: profile (holds to keep)",
                             "set compute: profile, or give time_scale a number 1..100")
     P, D, M = cfg.stages, cfg.replicas, cfg.micro_batches
-    costs = stage_costs(cfg.profile, P)
+    costs = stage_costs(cfg.profile, P, cfg.tp)
     ops = []
     for s in range(P):
         ops += [Op(s, "F", cpu[s]["F"], costs[s].forward_ms, D * M),
@@ -284,7 +284,7 @@ def check_after(record: dict | None, scenario: Scenario, cfg: TrainConfig,
 
 def overrun_fraction_measured(overruns: dict, cfg: TrainConfig, t: float) -> float:
     """Measured overrun ms (real time, metrics' compute_overruns) over the dilated compute."""
-    costs = stage_costs(cfg.profile, cfg.stages)
+    costs = stage_costs(cfg.profile, cfg.stages, cfg.tp)
     per_it = sum(cfg.replicas * (cfg.micro_batches * (c.forward_ms + c.backward_ms)
                                  + c.optimizer_ms) for c in costs)
     ops_per_it = cfg.stages * cfg.replicas * (2 * cfg.micro_batches + 1)

@@ -82,14 +82,26 @@ RCV_WINDOW_FRACTION = 0.73
 MIN_TCP_BUFFER_BYTES = 4096
 # K TCP connections per cross-DC transfer: "auto" (geodc.plans.systems.auto_connections) or 1..16:
 # the emulator's limit (each connection is a sender thread on this 2-core machine). A
-# `predict_only` scenario may use up to MAX_CONNECTIONS_PREDICT_ONLY: the model has no threads,
-# and a 100 Gbit/s, 80 ms path needs about 230 windows of Linux's default buffer to fill.
+# `predict_only` scenario may use as many as a real stack opens between two GPUs: NCCL's socket
+# transport caps NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS at 64 sockets per peer (its
+# documented limit; gloo opens one per pair), so 64 per GPU of a host's tensor-parallel group
+# (each GPU sends its share over its own NIC), though a 100 Gbit/s, 80 ms path needs about 230
+# windows of Linux's default buffer to fill.
 MAX_CONNECTIONS = 16
-MAX_CONNECTIONS_PREDICT_ONLY = 4096
+NCCL_SOCKETS_PER_PEER = 64
 
 
-def max_connections(predict_only: bool) -> int:
-    return MAX_CONNECTIONS_PREDICT_ONLY if predict_only else MAX_CONNECTIONS
+def max_connections(predict_only: bool, tp: int = 1) -> int:
+    """The most connections one transfer may use: the emulator's limit, or, predicted only, 64
+    (NCCL's socket transport) per GPU of a tensor-parallel host."""
+    return NCCL_SOCKETS_PER_PEER * max(1, tp) if predict_only else MAX_CONNECTIONS
+
+
+def training_tp(raw_training: Any) -> int:
+    """training.tp as written, where it is a positive integer (else 1: the training section's
+    own check reports it)."""
+    tp = raw_training.get("tp", 1) if isinstance(raw_training, dict) else 1
+    return tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
 
 
 def scaled_tcp_rmem_max_bytes(scale: float) -> int:
@@ -231,7 +243,8 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
     congestion_control = _choice(top.get("congestion_control", "cubic"), "congestion_control",
                                  CONGESTION_CONTROLS)
     connections = _parse_connections(top.get("connections", "auto"),
-                                     max_connections(predict_only))
+                                     max_connections(predict_only,
+                                                     training_tp(top.get("training"))))
     systems = top.get("systems", ["baseline"])
     if isinstance(systems, str):
         systems = [systems]
@@ -297,7 +310,8 @@ def _parse_connections(value: Any, cap: int = MAX_CONNECTIONS) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
         raise ScenarioError("connections", f"{shown(value)} is not a connection count",
                             f"use auto or an integer from 1 to {cap}"
-                            + ("" if cap > MAX_CONNECTIONS else
+                            + (" (NCCL's socket transport opens at most 64 per GPU pair)"
+                               if cap > MAX_CONNECTIONS else
                                " (more only in a predict_only scenario)"))
     return value
 

@@ -19,6 +19,7 @@ checked by `validate_against_hosts`, which the launcher calls with the hosts it 
       seed: 0
       compute: profile     # measured | profile
       profile: {file: h200-transformer.json, width: 4096, seq: 2048, micro_batch: 1, n_layer: 32}
+      tp: 1                # tensor parallelism of profile compute: GPUs per stage replica
       placement: [[dc0h1, dc0h2], [dc1h1, dc1h2]]   # optional: hosts[stage][replica]
       # or placement: [east, west]: one DC per stage (all its replicas there; geodc.plans.placement
       # checks the names and host counts against the scenario)
@@ -41,7 +42,7 @@ OPTIMIZERS = ("adamw", "sgd")
 MAX_COUNT = {"stages": 1024, "replicas": 100_000, "micro_batches": 4096, "micro_batch_size": 4096,
              "iterations": 100_000, "n_layer": 10_000, "n_embd": 1 << 16, "n_head": 1024,
              "seq_len": 1 << 20, "vocab_size": 1 << 20, "width": 1 << 20, "seq": 1 << 20,
-             "micro_batch": 4096}
+             "micro_batch": 4096, "tp": 64}
 MAX_SEED = 2**63 - 1
 MAX_LR = 10.0
 
@@ -176,6 +177,7 @@ class TrainConfig:
     seed: int = 0
     compute: str = "measured"
     profile: ProfileConfig | None = None
+    tp: int = 1                      # tensor parallelism: one host stands for tp GPUs
     placement: tuple[tuple[str, ...], ...] | None = None   # hosts[stage][replica]
     placement_dcs: tuple[str, ...] | None = None   # DC per stage (the `placement: [dc, ...]` form)
 
@@ -209,6 +211,15 @@ class TrainConfig:
         elif d.get("profile") is not None:
             raise ScenarioError(f"{p}.profile", "given but compute is 'measured'",
                                 "set compute: profile or drop profile")
+        tp = _pos_int(d, "tp", p, 1)
+        if tp > 1 and profile is None:
+            raise ScenarioError(f"{p}.tp", f"{tp} but compute is 'measured' (the small GPT "
+                                "trains on one host's CPU or GPU)",
+                                "set compute: profile, or drop tp")
+        if profile is not None and (profile.width // 128) % tp:
+            raise ScenarioError(f"{p}.tp", f"{tp} does not divide the {profile.width // 128} "
+                                f"attention heads of width {profile.width} (128 per head)",
+                                "pick tp dividing the heads: 1, 2, 4 or 8")
         seed = d.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise ScenarioError(f"{p}.seed", f"{shown(seed)} is not an integer from 0 to "
@@ -222,7 +233,7 @@ class TrainConfig:
                    iterations=_pos_int(d, "iterations", p, 10),
                    lr=_pos_float(d, "lr", p, 3e-3),
                    optimizer=_choice(d, "optimizer", p, OPTIMIZERS, "adamw"),
-                   seed=seed, compute=compute, profile=profile,
+                   seed=seed, compute=compute, profile=profile, tp=tp,
                    placement=placement, placement_dcs=placement_dcs)
 
     def to_dict(self) -> dict:

@@ -239,7 +239,7 @@ def message_payload_bytes(cfg: "TrainConfig", scale: float) -> list[int]:
     """Per stage boundary s -> s+1: bytes of one activation (and of its gradient)."""
     if cfg.compute == "profile" and cfg.profile is not None:
         from geodc.rules.costs import stage_costs
-        costs = stage_costs(cfg.profile, cfg.stages)
+        costs = stage_costs(cfg.profile, cfg.stages, cfg.tp)
         return [int(costs[s].activation_bytes / scale) for s in range(cfg.stages - 1)]
     m = cfg.model
     return [cfg.micro_batch_size * m.seq_len * m.n_embd * FLOAT32_BYTES] * (cfg.stages - 1)
@@ -264,7 +264,7 @@ def _compute_timeline(cfg: "TrainConfig") -> tuple[dict[tuple[str, int, int], fl
     table = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
     if cfg.compute == "profile" and cfg.profile is not None:
         from geodc.rules.costs import stage_costs
-        costs = stage_costs(cfg.profile, cfg.stages)
+        costs = stage_costs(cfg.profile, cfg.stages, cfg.tp)
         sim = compute_only(table, [c.forward_ms for c in costs], [c.backward_ms for c in costs])
         iteration: float | None = sim.window_ms
     else:
