@@ -3,13 +3,14 @@
 
     sudo .venv/bin/python scripts/make_reference.py [--keep-full DIR]
 
-Runs the shipped emulated scenarios with training (two_dc, atlas_bubbletea, atlas_paper) and the
-shipped sweeps (sweep_delay, sweep_bubbletea_rate) with -q into a scratch folder, then copies
+Runs the shipped emulated scenarios with training (two_dc, atlas_bubbletea, atlas_paper,
+paper_testbed) and the shipped sweeps (sweep_delay, sweep_bubbletea_rate, sweep_paper_testbed)
+with -q into a scratch folder (`--add FILE ...`: only those, kept beside the others), then copies
 into results/reference/ what `reproduce` reads: metrics.json, scenario.resolved.yaml, env.json,
 a sweep's index.json and points, and per system metrics.json, trainer_spans.jsonl and
 prefill_records.jsonl (their timelines). Logs, captures, per-worker files and traces stay out
 (size). Then runs `reproduce` on them into results/reference/tables/ and pastes the tables into
-the README. About 20 minutes on a 2-core machine.
+docs/experiments.md. About 26 minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = ["topologies/two_dc.yaml", "topologies/atlas_bubbletea.yaml",
              "topologies/sweep_delay.yaml", "topologies/atlas_paper.yaml",
-             "topologies/sweep_bubbletea_rate.yaml"]
+             "topologies/sweep_bubbletea_rate.yaml", "topologies/paper_testbed.yaml",
+             "topologies/sweep_paper_testbed.yaml"]
 KEEP_TOP = ("metrics.json", "scenario.resolved.yaml", "env.json", "index.json", "scenario.yaml")
 KEEP_SYSTEM = ("metrics.json", "trainer_spans.jsonl", "prefill_records.jsonl")
 OUT = REPO / "results" / "reference"
 
 
 def reference_runs() -> list[str]:
-    """The committed runs, in the order the README's tables list them (by folder name)."""
+    """The committed runs, in the order the tables list them (by folder name)."""
     return [str(p.relative_to(REPO)) for p in sorted(OUT.iterdir())
             if p.is_dir() and p.name != "tables"]
 
@@ -57,30 +59,33 @@ def copy_run(src: Path, dst: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep-full", default=None, help="run into this folder and keep it")
+    ap.add_argument("--add", nargs="+", metavar="SCENARIO", default=None,
+                    help="run only these scenario files and add them to the committed runs "
+                    "(the others stay)")
     args = ap.parse_args()
     scratch = Path(args.keep_full or tempfile.mkdtemp(prefix="reference-"))
     made = []
-    for scenario in SCENARIOS:
+    for scenario in args.add or SCENARIOS:
         before = set(scratch.glob("*")) if scratch.exists() else set()
         subprocess.run([sys.executable, "run_testbed.py", "run", scenario, "--out", str(scratch),
                         "-q"], cwd=REPO, check=True)
         made += sorted(set(scratch.glob("*")) - before)
-    if OUT.exists():
+    if OUT.exists() and not args.add:
         shutil.rmtree(OUT)
     for run in made:
         copy_run(run, OUT / run.name)
     subprocess.run([sys.executable, "run_testbed.py", "reproduce", *reference_runs(),
                     "--out", str(OUT / "tables")], cwd=REPO, check=True)
-    paste_into_readme()
+    paste_into_docs()
     if args.keep_full is None:
         shutil.rmtree(scratch)
     return 0
 
 
-def paste_into_readme() -> None:
-    """Replace the README's <!-- reproduce: NAME --> blocks with results/reference/tables/NAME
-    (tests/test_reference.py checks that they agree)."""
-    readme = REPO / "README.md"
+def paste_into_docs() -> None:
+    """Replace docs/experiments.md's <!-- reproduce: NAME --> blocks with
+    results/reference/tables/NAME (tests/test_reference.py checks that they agree)."""
+    readme = REPO / "docs" / "experiments.md"
     text = readme.read_text()
     for name in ("training.md", "bubbletea.md"):
         start = f"<!-- reproduce: {name} -->\n"

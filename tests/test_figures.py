@@ -62,11 +62,12 @@ def test_a_line_never_joins_two_scenarios(runs):
     both = runs + twin(runs, "sweep_delay_slow", 1.5)
     by_delay = lines(delay_points(both))
     check_one_scenario_per_line(by_delay, both)
-    assert sorted(by_delay) == ["sweep_delay", "sweep_delay_slow"]
+    assert sorted(by_delay) == ["sweep_delay", "sweep_delay_slow", "sweep_paper_testbed"]
     for name in by_delay:
         (only_panel,) = by_delay[name].values()        # the sweep varies the delay alone
         assert sorted(only_panel) == ["atlas", "baseline", "multitcp"]   # what the sweep ran
-        assert [p.x for p in only_panel["atlas"]] == [5, 20, 40]
+        assert [p.x for p in only_panel["atlas"]] == (
+            [10, 20, 30, 40] if name == "sweep_paper_testbed" else [5, 20, 40])
     fast = [p.y["speedup"] for p in next(iter(by_delay["sweep_delay"].values()))["atlas"]]
     slow = [p.y["speedup"] for p in next(iter(by_delay["sweep_delay_slow"].values()))["atlas"]]
     assert slow == pytest.approx([s / 1.5 for s in fast])
@@ -89,7 +90,7 @@ def test_a_figure_per_scenario_titled_with_it_and_a_colour_per_system(runs):
     plan = line_figure_plan(runs + twin(runs, "sweep_delay_slow", 1.5))
     assert [name for name, *_ in plan] == [
         "speedup_vs_delay-sweep_delay.png", "speedup_vs_delay-sweep_delay_slow.png",
-        "bubbletea_vs_rate-sweep_bubbletea_rate.png"]
+        "speedup_vs_delay-sweep_paper_testbed.png", "bubbletea_vs_rate-sweep_bubbletea_rate.png"]
     for _, draw, scenario, by_panel in plan:
         fig = draw(scenario, by_panel)
         assert fig._suptitle.get_text().startswith(f"{scenario}: ")
@@ -200,4 +201,5 @@ def test_committed_figures_are_the_ones_reproduce_writes(runs):
     committed = {p.name for p in (REFERENCE / "tables").glob("*.png")
                  if not p.name.startswith("timeline-")}
     assert committed == expected == {"speedup_vs_delay-sweep_delay.png",
+                                     "speedup_vs_delay-sweep_paper_testbed.png",
                                      "bubbletea_vs_rate-sweep_bubbletea_rate.png"}

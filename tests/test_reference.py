@@ -1,6 +1,6 @@
 """The committed reference runs (results/reference/, made by scripts/make_reference.py):
-`reproduce` on them gives the committed tables byte for byte, and the README's tables are those
-tables."""
+`reproduce` on them gives the committed tables byte for byte, and docs/experiments.md's tables
+are those tables."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def reference_runs() -> list[str]:
 def test_reference_runs_are_shipped():
     names = [Path(r).name for r in reference_runs()]
     for scenario in ("two_dc", "atlas_bubbletea", "atlas_paper", "sweep_delay-sweep",
-                     "sweep_bubbletea_rate-sweep"):
+                     "sweep_bubbletea_rate-sweep", "paper_testbed", "sweep_paper_testbed-sweep"):
         assert any(n.startswith(scenario + "-") for n in names), names
 
 
@@ -40,15 +40,15 @@ def test_reproduce_gives_the_committed_tables(tmp_path, monkeypatch, capsys):
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / name).read_bytes()
 
 
-def test_readme_tables_are_reproduce_s():
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_tables_are_reproduce_s():
+    readme = (REPO / "docs" / "experiments.md").read_text()
     for name in ("training.md", "bubbletea.md"):
         block = re.search(rf"<!-- reproduce: {re.escape(name)} -->\n(.*?)<!-- /reproduce -->",
                           readme, re.S)
-        assert block, f"README has no <!-- reproduce: {name} --> block"
+        assert block, f"docs/experiments.md has no <!-- reproduce: {name} --> block"
         assert block.group(1) == (REFERENCE / "tables" / name).read_text(), (
-            f"README's {name} table differs from results/reference/tables/{name}: regenerate "
-            "with scripts/make_reference.py or reproduce, and paste it")
+            f"docs/experiments.md's {name} table differs from results/reference/tables/{name}: "
+            "regenerate with scripts/make_reference.py or reproduce, and paste it")
 
 
 def test_schema_1_and_its_schema_2_equivalent_give_the_same_tables(tmp_path):

@@ -32,6 +32,8 @@ def test_the_systems_table():
                            wan_sharing="temporal"),
         "atlas": System(name="atlas", placement="atlas", connections="scenario",
                         wan_sharing="temporal"),
+        "atlas-concurrent": System(name="atlas-concurrent", placement="atlas",
+                                   connections="scenario", wan_sharing="concurrent"),
         "dp-across-dcs": System(name="dp-across-dcs", placement="dp-across-dcs",
                                 connections="one", wan_sharing="concurrent"),
     }

@@ -7,6 +7,7 @@ says what its speedups are against and what its counts are counted of. Small sce
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,7 @@ def test_rate_up_stays_within_what_a_scenario_may_give():
 
 def test_the_paper_claims_sit_beside_the_columns_they_compare_to(small):
     lines = whatif_text(small).splitlines()
+    assert lines.pop().startswith("waterfall, as given: ")      # after the table
     heads = re.split(r"\s{2,}", lines[1].strip())
     x, bt = heads.index("Atlas speedup"), heads.index("BubbleTea GPU")
     assert heads[x + 1] == SPEEDUP_HEAD == f"paper: up to {PAPER_SPEEDUP:g}x"
@@ -247,3 +249,21 @@ def test_the_request_rate_row_keeps_training_figures_a_prediction_gives_again(sm
     sc = parse_scenario(row.doc, path="small.yaml")
     for name, figures in row.systems.items():
         assert _system(sc, load_training(sc), name) == figures, name
+
+
+def test_the_waterfall_adds_one_mechanism_at_a_time(small):
+    """As given: the baseline (Varuna's design), then K connections (multitcp), Atlas's
+    placement (atlas-concurrent) and temporal sharing (atlas), each step's gain the ratio of
+    the two iteration times, their product Atlas over the baseline; only on the row as given."""
+    steps = small.rows[0].waterfall()
+    assert [s[0] for s in steps] == ["baseline", "multitcp", "atlas-concurrent", "atlas"]
+    times = [small.rows[0].systems[n].iteration_s for n, *_ in steps]
+    assert [g for *_, g in steps] == [None] + [pytest.approx(a / b)
+                                                 for a, b in zip(times, times[1:])]
+    assert math.prod(g for *_, g in steps[1:]) == pytest.approx(small.rows[0].speedup)
+    assert all(not r.waterfall() for r in small.rows[1:])
+    line = whatif_text(small).splitlines()[-1]
+    assert line.startswith("waterfall, as given: the baseline (Varuna's design) (baseline)")
+    assert f"Atlas over the baseline {small.rows[0].speedup:.2f}x" in line
+    doc = json.loads(json.dumps(small.to_dict()))
+    assert [s["system"] for s in doc["rows"][0]["waterfall"]][-1] == "atlas"

@@ -27,11 +27,13 @@ from geodc.spec.timescale import TimeScale
 
 PNG_META = {"Software": None}   # no version string: same bytes across matplotlib builds
 
-# One colour per system in every figure (matplotlib's tab10, in geodc.spec.systems' order).
+# One colour per system in every figure (matplotlib's tab10, and two of tab20's light ones,
+# in geodc.spec.systems' order).
 SYSTEM_COLOURS = {
     "baseline": "#1f77b4", "multitcp": "#ff7f0e", "temporal": "#2ca02c", "atlas": "#d62728",
-    "dp-across-dcs": "#9467bd", "baseline+bubbletea": "#8c564b", "multitcp+bubbletea": "#e377c2",
-    "temporal+bubbletea": "#bcbd22", "atlas+bubbletea": "#17becf",
+    "atlas-concurrent": "#ff9896", "dp-across-dcs": "#9467bd", "baseline+bubbletea": "#8c564b",
+    "multitcp+bubbletea": "#e377c2", "temporal+bubbletea": "#bcbd22",
+    "atlas+bubbletea": "#17becf", "atlas-concurrent+bubbletea": "#9edae5",
     "dp-across-dcs+bubbletea": "#7f7f7f"}
 OTHER_COLOUR = "#000000"        # a system this table does not know
 
@@ -106,7 +108,7 @@ def speedup_figure(scenario: str, by_panel: dict[tuple, dict[str, list[Point]]])
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.grid(alpha=0.3)
     _legends(list(axes[0]), [set(by_panel[k]) for k in keys])
-    fig.suptitle(f"{scenario}: speedup over baseline (same run) vs WAN delay", fontsize=10)
+    fig.suptitle(f"{scenario}: speedup over baseline (same run)\nvs WAN delay", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from geodc.spec.errors import ScenarioError, TestbedError
+from geodc.spec.systems import SYSTEMS
 
 COMMANDS = ("run", "calibrate", "validate", "plan", "predict", "whatif", "list", "show",
             "reproduce", "cleanup")
@@ -43,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="build the network and train on it (default command)")
     run.add_argument("scenario")
     run.add_argument("--systems", default=None,
-                     help="comma-separated, each on a fresh network: baseline, multitcp, temporal, "
-                          "atlas, dp-across-dcs (default: the scenario's systems)")
+                     help="comma-separated, each on a fresh network: "
+                          + ", ".join(SYSTEMS) + " (default: the scenario's systems)")
     run.add_argument("--iterations", type=int, default=None, help="override training.iterations")
     run.add_argument("--resume", default=None, metavar="SWEEP_DIR",
                      help="a sweep's results folder: run only its points not done yet (same "

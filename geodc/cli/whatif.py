@@ -63,7 +63,21 @@ def whatif_text(result: WhatIf) -> str:
     out = [header(result), fmt(heads)]
     for r, c in zip(result.rows, cells):
         out += [fmt(c), f"  why: {r.reason}"]
-    return "\n".join(out)
+    return "\n".join(out + waterfall_lines(result))
+
+
+def waterfall_lines(result: WhatIf) -> list[str]:
+    """The gain from the baseline to Atlas one mechanism at a time, on the row as given."""
+    steps = result.rows[0].waterfall() if result.rows else []
+    if not steps:
+        return []
+    parts = []
+    for name, what, x, gain in steps:
+        secs = "-" if x is None else f"{x:,.2f} s"
+        parts.append(f"{what} ({name}) {secs}" + ("" if gain is None else f", {gain:.2f}x"))
+    total = steps[0][2] / steps[-1][2] if None not in (steps[0][2], steps[-1][2]) else None
+    return ["waterfall, as given: " + " -> ".join(parts)
+            + ("" if total is None else f"; Atlas over the baseline {total:.2f}x")]
 
 
 def markdown(result: WhatIf) -> str:
@@ -74,7 +88,7 @@ def markdown(result: WhatIf) -> str:
     for r in result.rows:
         cells = [r.label, *(_secs(r, n) for n in SYSTEMS), *_claims(r), r.reason]
         out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    return "\n".join(out)
+    return "\n".join(out + [""] + waterfall_lines(result))
 
 
 def _secs(row: Row, name: str) -> str:

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
     from geodc.spec.scenario import Scenario
 
 SYSTEMS = ("baseline", "multitcp", "atlas")
+# the gain from the baseline (Varuna's design) to Atlas one mechanism at a time, on the row as
+# given: K connections, then Atlas's placement, then temporal sharing
+WATERFALL = (("baseline", "the baseline (Varuna's design)"),
+             ("multitcp", "K connections"),
+             ("atlas-concurrent", "Atlas's placement"),
+             ("atlas", "temporal sharing"))
 BUBBLETEA = "atlas+bubbletea"
 PAPER_SPEEDUP = 17.0            # "up to 17x": Atlas's training time against the baseline's
 PAPER_GPU_UTILIZATION = 0.94    # "up to 94%": GPU utilization with BubbleTea
@@ -101,6 +107,19 @@ class Row:
     reason: str = ""
     seconds: float = 0.0                 # the model's time for this row
 
+    def waterfall(self) -> list[tuple[str, str, float | None, float | None]]:
+        """(system, mechanism added, iteration s, gain over the step before) from the baseline
+        to Atlas (WATERFALL), where the row has them (the row as given)."""
+        if self.key != "as_given" or "atlas-concurrent" not in self.systems:
+            return []
+        out, before = [], None
+        for name, what in WATERFALL:
+            x = self.systems[name].iteration_s
+            gain = None if before is None or x is None else before / x
+            out.append((name, what, x, gain))
+            before = x
+        return out
+
     @property
     def speedup(self) -> float | None:
         base, atlas = (self.systems.get(n) for n in ("baseline", "atlas"))
@@ -118,7 +137,9 @@ class Row:
                 "bubbletea": None if self.bubbletea is None else self.bubbletea.to_dict(),
                 "bubbletea_error": self.bubbletea_error,
                 "paper_gpu_utilization": PAPER_GPU_UTILIZATION,
-                "reason": self.reason, "seconds": self.seconds}
+                "reason": self.reason, "seconds": self.seconds,
+                "waterfall": [{"system": n, "adds": w, "iteration_s": x, "gain": g}
+                              for n, w, x, g in self.waterfall()]}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -203,7 +224,8 @@ def _row(base_doc: dict, v: Variant, path: str, with_bt: bool, base: Row | None 
     if base is not None and changed and all(f.startswith("bubbletea.load.") for f in changed):
         systems = base.systems      # only BubbleTea's requests changed: training's figures stay
     else:
-        systems = {name: _system(sc, cfg, name) for name in SYSTEMS}
+        names = SYSTEMS + (("atlas-concurrent",) if v.key == "as_given" else ())
+        systems = {name: _system(sc, cfg, name) for name in names}
     bt, bt_error = None, None
     if with_bt:
         try:

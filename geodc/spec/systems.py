@@ -7,7 +7,13 @@ names against it.
     multitcp       scenario-order placement, the scenario's K connections, concurrent
     temporal       scenario-order placement, 1 connection, temporal WAN slots
     atlas          Atlas placement (all replicas of a stage in one DC), K connections, temporal
+    atlas-concurrent  Atlas placement, K connections, concurrent: Atlas without its slots (the
+                   step before temporal sharing in the gain's waterfall, geodc.predict.whatif)
     dp-across-dcs  each pipeline in one DC, so every stage's all-reduce crosses the WAN
+
+The baseline is Varuna's design as the Atlas paper compares against it (pipelines across DCs
+in the order the GPUs come, one TCP connection per transfer, transfers sharing the WAN as TCP
+does); its all-reduce is a flat ring, so a stage split over DCs runs its ring over the WAN.
     <any>+bubbletea  the same system, with prefill requests filling its bubbles (fill_bubbles;
                    geodc.features.bubbletea runs it, the scenario's `bubbletea:` section configures it)
 """
@@ -56,6 +62,8 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
     System(name="temporal", placement="scenario-order", connections="one",
            wan_sharing="temporal"),
     System(name="atlas", placement="atlas", connections="scenario", wan_sharing="temporal"),
+    System(name="atlas-concurrent", placement="atlas", connections="scenario",
+           wan_sharing="concurrent"),
     System(name="dp-across-dcs", placement="dp-across-dcs", connections="one",
            wan_sharing="concurrent"),
 )}
