@@ -34,6 +34,7 @@ SETTING_FIELDS = {
     "fewer_pipelines": {"training.replicas", "dcs[].hosts"}, "uneven_dcs": {"dcs[].hosts"},
     "slow_start": {"tcp_slow_start_after_idle"},
     "request_rate": {"bubbletea.load.poisson_per_s", "bubbletea.load.rate_multiplier"},
+    "deadline_rate": {"bubbletea.load.poisson_per_s", "bubbletea.load.rate_multiplier"},
 }
 
 
@@ -165,7 +166,8 @@ def test_the_paper_claims_sit_beside_the_columns_they_compare_to(small):
             assert cells[bt + 1] == ("reached" if row.bubbletea.gpu_utilization
                                      >= PAPER_GPU_UTILIZATION else "below")
     assert seen == {"reached", "below"}       # both sides of 17x occur: the check can fail
-    assert [r.key for r in small.rows if r.bubbletea] == ["as_given", "request_rate"]
+    assert [r.key for r in small.rows if r.bubbletea] == ["as_given", "request_rate",
+                                                           "deadline_rate"]
     doc = json.loads(json.dumps(small.to_dict()))
     assert all(r["reaches_paper_speedup"] == (r["speedup"] >= 17) for r in doc["rows"])
 
@@ -198,12 +200,13 @@ def test_reasons_follow_the_figures():
 
 
 def test_bubbletea_reason_says_saturated_or_not(small):
-    given, raised = small.rows[0].bubbletea, small.rows[-1].bubbletea
-    for bt, reason in ((given, small.rows[0].reason), (raised, small.rows[-1].reason)):
+    rate_row = next(r for r in small.rows if r.key == "request_rate")
+    given, raised = small.rows[0].bubbletea, rate_row.bubbletea
+    for bt, reason in ((given, small.rows[0].reason), (raised, rate_row.reason)):
         assert ("BubbleTea saturated" in reason) == (bt.in_time < 0.95 * bt.requests)
         assert f"of {bt.requests:,} requests" in reason
     assert raised.offered_per_s > given.offered_per_s and raised.saturated
-    assert small.rows[-1].reason.startswith("iteration times as given")
+    assert rate_row.reason.startswith("iteration times as given")
 
 
 def test_whatif_refuses_a_sweep_in_one_line(capsys):
@@ -244,8 +247,8 @@ def test_the_request_rate_row_keeps_training_figures_a_prediction_gives_again(sm
     """The request-rate row reuses the as-given row's training figures (only BubbleTea's
     requests changed): each system predicted afresh on that row's scenario gives the same."""
     from geodc.predict.whatif import _system
-    row = small.rows[-1]
-    assert row.key == "request_rate" and row.systems is small.rows[0].systems
+    row = next(r for r in small.rows if r.key == "request_rate")
+    assert row.systems is small.rows[0].systems
     sc = parse_scenario(row.doc, path="small.yaml")
     for name, figures in row.systems.items():
         assert _system(sc, load_training(sc), name) == figures, name
@@ -267,3 +270,23 @@ def test_the_waterfall_adds_one_mechanism_at_a_time(small):
     assert f"Atlas over the baseline {small.rows[0].speedup:.2f}x" in line
     doc = json.loads(json.dumps(small.to_dict()))
     assert [s["system"] for s in doc["rows"][0]["waterfall"]][-1] == "atlas"
+
+
+def test_the_deadline_row_is_the_highest_rate_tried_that_keeps_the_deadline(small):
+    """BubbleTea at the deadline: not saturated and at most 1% of the decided requests past
+    the TTFT, at a rate between the row as given and the saturation row; the next rate tried
+    above it (in its label) does not keep the deadline."""
+    from geodc.predict.variants import request_rate_variant
+    from geodc.predict.whatif import _row, meets_deadline
+    rows = {r.key: r for r in small.rows}
+    given, sat, at = rows["as_given"], rows["request_rate"], rows["deadline_rate"]
+    assert meets_deadline(at.bubbletea) and not meets_deadline(sat.bubbletea)
+    assert sat.bubbletea.saturated and not at.bubbletea.saturated
+    assert at.systems == given.systems                      # training's figures as given
+    lo, hi = (float(x.replace(",", "")) for x in re.findall(r"([\d,]+) /s", at.label))
+    assert at.bubbletea.offered_per_s == pytest.approx(lo, rel=0.1)
+    assert lo < hi <= sat.bubbletea.offered_per_s * 1.01
+    above = _row(small_bubbletea_doc(), request_rate_variant(
+        small_bubbletea_doc(), given.bubbletea.offered_per_s, hi, "x"), "small.yaml", True, given)
+    assert not meets_deadline(above.bubbletea)
+    assert at.bubbletea.gpu_utilization <= sat.bubbletea.gpu_utilization

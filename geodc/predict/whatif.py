@@ -11,7 +11,11 @@ than IN_TIME of the requests are served by their TTFT deadline (the queue grows:
 or still wait when the simulated run ends). The request-rate row offers
 SATURATION x the requests/s the as-given row's bubbles would hold if all their idle time were
 prefill at the rate they served (served x (1 - training share) / prefill share), to two
-significant figures: a rate past saturation, where the GPU utilization stops growing.
+significant figures: a rate past saturation, where the GPU utilization stops growing. The
+deadline row is BubbleTea at the highest offered rate found whose requests meet the TTFT
+deadline (at most 1% past it: its p99), between the row as given and the saturation row
+(`deadline_row`): the GPU utilization a deployment that keeps its deadline gets. The row as
+given also predicts atlas-concurrent, for the gain's waterfall (Row.waterfall).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ PAPER_SPEEDUP = 17.0            # "up to 17x": Atlas's training time against the
 PAPER_GPU_UTILIZATION = 0.94    # "up to 94%": GPU utilization with BubbleTea
 SATURATION = 1.15
 IN_TIME = 0.95                  # fewer requests than this share served by the TTFT: saturated
+DEADLINE_SHARE = 0.99           # a load meets the deadline: this share served within the TTFT
+DEADLINE_STEPS = 3              # geometric bisection steps between a rate that meets it and one
+                                # that does not
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -198,9 +205,62 @@ def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None,
                 v = request_rate_variant(doc, bt.offered_per_s, target, "to saturation")
                 pending.append(pool.submit(row_task, (doc, v, scenario.path, True, rows[0])))
                 todo.append(v)
+        by_key = {r.key: r for r in rows}
+        if "request_rate" in by_key and by_key["as_given"].bubbletea is not None:
+            row = deadline_row(doc, scenario.path, by_key["as_given"], by_key["request_rate"])
+            if row is not None:
+                rows.append(row)
+                if progress is not None:
+                    progress(f"{len(rows)} rows: {row.label}")
     return WhatIf(scenario=scenario.name, path=scenario.path,
                   gpus=cfg.stages * cfg.replicas * cfg.tp, stages=cfg.stages, replicas=cfg.replicas,
                   scale=scenario.scale, rows=rows, seconds=time.perf_counter() - t0)
+
+
+def meets_deadline(bt: "BubbleTeaFigures | None") -> bool:
+    """Not saturated (the queue does not grow) and at most 1 - DEADLINE_SHARE of the requests
+    past the TTFT deadline (the p99 meets it); those still queued when the simulated run ends,
+    their deadline not yet past, are not counted either way."""
+    if bt is None or bt.saturated:
+        return False
+    decided = bt.requests - bt.queued
+    return decided > 0 and bt.deadline_misses <= (1 - DEADLINE_SHARE) * decided
+
+
+def deadline_row(doc: dict, path: str, given: Row, saturated: Row) -> Row | None:
+    """BubbleTea at the highest offered rate found whose requests meet the TTFT deadline
+    (DEADLINE_SHARE within it): a geometric bisection of DEADLINE_STEPS between the highest
+    rate tried that meets it (the row as given, else a quarter of its rate) and the lowest that
+    does not (the saturation row); training's figures as given. None where even a quarter of
+    the offered rate misses it."""
+    assert given.bubbletea is not None and saturated.bubbletea is not None
+    offered = given.bubbletea.offered_per_s
+
+    def at(rate: float) -> Row:
+        v = request_rate_variant(doc, offered, rate, "at the deadline")
+        return _row(doc, v, path, True, given)
+
+    if meets_deadline(saturated.bubbletea):
+        return None                     # the saturation row itself meets it: nothing to find
+    lo_rate, lo = (offered, given) if meets_deadline(given.bubbletea) else (None, None)
+    if lo is None:
+        lo_rate = round_rate(offered / 4)
+        lo = at(lo_rate)
+        if not meets_deadline(lo.bubbletea):
+            return None
+    hi_rate = saturated.bubbletea.offered_per_s
+    for _ in range(DEADLINE_STEPS):
+        mid = round_rate((lo_rate * hi_rate) ** 0.5)
+        if mid <= lo_rate or mid >= hi_rate:
+            break
+        row = at(mid)
+        if meets_deadline(row.bubbletea):
+            lo_rate, lo = mid, row
+        else:
+            hi_rate = mid
+    label = (f"request rate at the deadline (p99 TTFT within it; "
+             f"{lo_rate:,.0f} /s meets it, {hi_rate:,.0f} /s does not)")
+    return replace(lo, key="deadline_rate", label=label)
 
 
 def row_task(task: tuple[dict, Variant, str, bool, "Row | None"]) -> Row:
