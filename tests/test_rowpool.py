@@ -40,7 +40,7 @@ def test_rows_in_two_processes_are_the_rows_one_by_one():
     one = whatif(sc)
     two = whatif(sc, progress=told.append, workers=2)
     assert _strip(two.to_dict()) == _strip(one.to_dict())
-    assert [r.key for r in two.rows][-1] == "request_rate"
+    assert [r.key for r in two.rows][-2:] == ["request_rate", "deadline_rate"]
     assert len(told) == len(two.rows) and told[-1].startswith(f"{len(two.rows)} of ")
     assert multiprocessing.active_children() == []
 

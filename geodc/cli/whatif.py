@@ -76,8 +76,11 @@ def waterfall_lines(result: WhatIf) -> list[str]:
         secs = "-" if x is None else f"{x:,.2f} s"
         parts.append(f"{what} ({name}) {secs}" + ("" if gain is None else f", {gain:.2f}x"))
     total = steps[0][2] / steps[-1][2] if None not in (steps[0][2], steps[-1][2]) else None
+    best = result.rows[0].best_other()
     return ["waterfall, as given: " + " -> ".join(parts)
-            + ("" if total is None else f"; Atlas over the baseline {total:.2f}x")]
+            + ("" if total is None else f"; Atlas over the baseline {total:.2f}x")
+            + ("" if best is None else f", over the best other system ({best[0]}) "
+               f"{best[1]:.2f}x")]
 
 
 def markdown(result: WhatIf) -> str:

@@ -38,6 +38,8 @@ def unmodelled(scenario: "Scenario") -> list[str]:
                    + ("s" if len(scenario.cross_traffic) > 1 else "")
                    + "): other tenants' traffic on the WAN links")
     if scenario.bubbletea is not None:
-        out.append("bubbletea: prefill requests' and KV-cache transfers on the WAN links "
-                   "(prefill compute in the bubbles is modelled)")
+        out.append("bubbletea: the KV-cache transfers to each DC's decode servers (inside the "
+                   "DC: no request or cache crosses the WAN) and training's slowdown beside "
+                   "prefill (+0.7-3.3% measured on an H200: docs/bubbletea/design.md); prefill "
+                   "compute in the bubbles is modelled")
     return out

@@ -127,6 +127,16 @@ class Row:
             before = x
         return out
 
+    def best_other(self) -> tuple[str, float] | None:
+        """(the fastest of the table's other systems on this row, Atlas's speedup over it)."""
+        atlas = self.systems.get("atlas")
+        others = [(f.iteration_s, n) for n, f in self.systems.items()
+                  if n in SYSTEMS and n != "atlas" and f.iteration_s is not None]
+        if atlas is None or atlas.iteration_s is None or not others:
+            return None
+        t, name = min(others)
+        return name, t / atlas.iteration_s
+
     @property
     def speedup(self) -> float | None:
         base, atlas = (self.systems.get(n) for n in ("baseline", "atlas"))
@@ -146,7 +156,9 @@ class Row:
                 "paper_gpu_utilization": PAPER_GPU_UTILIZATION,
                 "reason": self.reason, "seconds": self.seconds,
                 "waterfall": [{"system": n, "adds": w, "iteration_s": x, "gain": g}
-                              for n, w, x, g in self.waterfall()]}
+                              for n, w, x, g in self.waterfall()],
+                "best_other": None if self.best_other() is None else dict(
+                    zip(("system", "atlas_speedup"), self.best_other()))}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -211,7 +223,7 @@ def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None,
             if row is not None:
                 rows.append(row)
                 if progress is not None:
-                    progress(f"{len(rows)} rows: {row.label}")
+                    progress(f"{len(rows)} of {len(rows)} rows: {row.label}")
     return WhatIf(scenario=scenario.name, path=scenario.path,
                   gpus=cfg.stages * cfg.replicas * cfg.tp, stages=cfg.stages, replicas=cfg.replicas,
                   scale=scenario.scale, rows=rows, seconds=time.perf_counter() - t0)
