@@ -265,6 +265,7 @@ def _validate(path: str, routes: bool = True, cluster: str | None = None) -> str
     from geodc.spec.scenario import load_scenario
     scenario = load_scenario(path)
     what = "network only"
+    cfg = None                        # the training checked (a sweep: every point's, not one)
     if scenario.predict_only:
         from geodc.cli.planview import load_training
         cfg = load_training(scenario)
@@ -281,10 +282,9 @@ def _validate(path: str, routes: bool = True, cluster: str | None = None) -> str
         _, cfg, systems = load_run(path)  # exactly what `run` checks
         what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
     head = f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, {what})"
-    if scenario.training is not None and not scenario.sweep:
-        from geodc.cli.planview import load_training
+    if cfg is not None:
         from geodc.rules.memory import stage_memory, summary
-        memory = summary(stage_memory(load_training(scenario)))
+        memory = summary(stage_memory(cfg))
         if memory:
             head += "\n  " + memory
     paths = {(p.src, p.dst): p for p in dc_paths(scenario)}   # routed either way: a check too

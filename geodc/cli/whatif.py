@@ -42,8 +42,7 @@ def whatif_command(path: str, as_json: bool = False) -> str:
 def header(result: WhatIf) -> str:
     return (f"{result.scenario}: what if, one setting changed at a time (the model: "
             f"{result.gpus:,} GPUs, P={result.stages} x D={result.replicas}"
-            + (f" x TP={result.gpus // (result.stages * result.replicas)}"
-               if result.gpus > result.stages * result.replicas else "") + ", rates real at "
+            + (f" x TP={result.tp}" if result.tp > 1 else "") + ", rates real at "
             f"scale {result.scale:g}; {BUBBLETEA} on the rows with a GPU utilization; "
             f"{result.seconds:.1f} s)")
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from geodc.plans.routing import Path, path_table
 from geodc.spec.links import LinkDir
 from geodc.spec.systems import System
-from geodc.spec.scenario import (MAX_CONNECTIONS, RCV_WINDOW_FRACTION, max_connections,
-                                 scaled_tcp_rmem_max_bytes, training_tp)
+from geodc.spec.scenario import (MAX_CONNECTIONS, NCCL_SOCKETS_PER_PEER, RCV_WINDOW_FRACTION,
+                                 max_connections, scaled_tcp_rmem_max_bytes, training_tp)
 
 if TYPE_CHECKING:
     from geodc.spec.scenario import Scenario
@@ -124,8 +124,9 @@ def capped_connections(scenario: "Scenario") -> list[str]:
                 out.append((want, str(LinkDir(src, dst))))
     if not out:
         return []
-    why = ("NCCL's socket transport: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS <= 64 per "
-           "GPU pair" + (f", x tp {training_tp(scenario.training)}" if cap > 64 else "")
+    why = ("NCCL's socket transport: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS <= "
+           f"{NCCL_SOCKETS_PER_PEER} per GPU pair"
+           + (f", x tp {training_tp(scenario.training)}" if cap > NCCL_SOCKETS_PER_PEER else "")
            if scenario.predict_only else "the emulator's sender threads")
     top = max(out)
     return [f"connections auto capped at {cap} ({why}): {len(out)} DC pairs would need more "

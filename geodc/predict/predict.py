@@ -45,7 +45,8 @@ the members between two of them spaced evenly. Against every replica simulated
 (tests/test_folding.py, bench/bench_folding.py, generated scenarios of 9-64 replicas): within
 1.2% with WAN-tuned hosts (about 400 predictions), within 6.1% with slow start after idle (each
 member's slots warm or slow as its own idle time says, its spread between the simulated ones
-taken as even); gpt160b_5dc's atlas (then 500 replicas of one GPU) 69.168 s folded, 69.157 s unfolded. Under temporal
+taken as even); gpt160b_5dc's atlas (then 500 replicas of one GPU) 69.168 s folded, 69.157 s
+unfolded. Under temporal
 slots, where members wait for their own acknowledgements unlike their head (the simulation
 says so, `trains_unalike`), the fold is refined, twice the parts each time, until two in turn
 agree within FOLD_AGREE, at most every replica simulated (gpt160b_5dc's temporal: 16 parts,
@@ -53,8 +54,8 @@ agree within FOLD_AGREE, at most every replica simulated (gpt160b_5dc's temporal
 Past SIMULATE_ALL_UP_TO iterations, a steady state stands for the rest (geodc.predict.steady).
 Not modelled (geodc.predict.unmodelled names what a scenario sets of them): CPU contention of
 the emulation, the delay line's own lateness, a queue on fair-shared links and the window
-reduction inside a temporal slot, jitter, the temporal arbiter's grant latency, faults, cross traffic, prefill (BubbleTea)
-traffic on the links.
+reduction inside a temporal slot, jitter, the temporal arbiter's grant latency, faults, cross
+traffic, prefill (BubbleTea) traffic on the links.
 """
 
 from __future__ import annotations

@@ -165,12 +165,16 @@ class Row:
 class WhatIf:
     scenario: str
     path: str
-    gpus: int
     stages: int
     replicas: int
+    tp: int = 1                          # GPUs a host stands for (tensor parallelism)
     scale: float
     rows: list[Row] = field(default_factory=list)
     seconds: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.stages * self.replicas * self.tp
 
     def to_dict(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "path": self.path, "gpus": self.gpus,
@@ -225,7 +229,7 @@ def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None,
                 if progress is not None:
                     progress(f"{len(rows)} of {len(rows)} rows: {row.label}")
     return WhatIf(scenario=scenario.name, path=scenario.path,
-                  gpus=cfg.stages * cfg.replicas * cfg.tp, stages=cfg.stages, replicas=cfg.replicas,
+                  stages=cfg.stages, replicas=cfg.replicas, tp=cfg.tp,
                   scale=scenario.scale, rows=rows, seconds=time.perf_counter() - t0)
 
 

@@ -53,12 +53,14 @@ class StageMemory:
     def fits(self) -> bool:
         return self.total_bytes <= self.capacity_bytes
 
-    def line(self) -> str:
-        return (f"stage {self.stage}: {self.total_bytes / GB:.1f} GB of "
-                f"{self.capacity_bytes / GB:.0f} GB (weights, gradients and Adam "
-                f"{self.state_bytes / GB:.1f}, activations of {self.in_flight} "
-                f"micro-batch{'es' if self.in_flight != 1 else ''} "
+    def figures(self) -> str:
+        return (f"{self.total_bytes / GB:.1f} GB of {self.capacity_bytes / GB:.0f} GB "
+                f"(weights, gradients and Adam {self.state_bytes / GB:.1f}, activations of "
+                f"{self.in_flight} micro-batch{'es' if self.in_flight != 1 else ''} "
                 f"{self.activation_bytes / GB:.1f})")
+
+    def line(self) -> str:
+        return f"stage {self.stage}: {self.figures()}"
 
     def to_dict(self) -> dict:
         return {"stage": self.stage, "layers": self.layers, "in_flight": self.in_flight,
@@ -113,7 +115,7 @@ def check_memory(cfg: "TrainConfig", field: str = "training") -> list[StageMemor
         if not m.fits:
             raise ScenarioError(
                 f"{field}.stages", f"stage {m.stage} does not fit on one {m.device}: "
-                f"{m.line().split(': ', 1)[1]}",
+                f"{m.figures()}",
                 "more stages (fewer blocks each), training.tp (tensor parallelism inside a "
                 "node), or fewer micro-batches in flight (schedule: 1f1b)")
     return stages

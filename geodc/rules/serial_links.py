@@ -170,7 +170,8 @@ class FifoTrains(SerialLinks):
     def not_arrived(self, link: LinkDir, t: float) -> float:
         """Wire bytes of the link's backlog at t that have not reached its queue: what a
         message past its first round sends as acknowledgements free its windows (they come
-        as the link serves the message, the last of its bytes on the clock)."""
+        as the link serves the message, the last of its bytes on the clock). Kept only for a
+        link with a queue (nothing else asks)."""
         entries = self.later.get(link)
         if not entries:
             return 0.0
@@ -188,7 +189,7 @@ class FifoTrains(SerialLinks):
         lost = self.overflow(link, start - now, burst * hold,
                              None if channel is not None else hold * route.wire_bytes,
                              self.not_arrived(link, now))
-        if channel is not None and hold * route.wire_bytes > burst * hold:
+        if channel is not None and route.wire_bytes > burst and link in self.queue_bytes:
             self.later.setdefault(link, []).append(
                 (self.clock[link], hold * (route.wire_bytes - burst)))
         if lost <= 0:

@@ -131,8 +131,8 @@ class Channel:
                      else min(spec.window_bytes, spec.loss_window_bytes))
         # (payload, each connection's window and most in flight) with nothing in flight ->
         # (solo time, the connections after it, times from the send; its first round's bytes):
-        # a message sent in a
-        # state seen before goes as it went then (shared with the channel's copies)
+        # a message sent in a state seen before goes as it went then (shared with the
+        # channel's copies)
         self.memo: dict[tuple, tuple[float, list, float]] = {}
 
     def acked(self, c: _Connection, t: float) -> float:
@@ -255,15 +255,14 @@ class Channel:
             key = (payload_bytes, tuple((c.cwnd, c.flight_max) for c in conns))
             seen = self.memo.get(key)
             if seen is not None:
-                solo, after = seen[0], seen[1]
+                solo, after, self.first_round_bytes = seen
                 for c, (cwnd, flight_max, chunks, last) in zip(conns, after):
                     c.cwnd, c.flight_max, c.last_sent_ms = cwnd, flight_max, now + last
                     c.chunks.extend((now + t, size) for t, size in chunks)
-                self.first_round_bytes = seen[2]
                 return solo
         left = [payload_bytes / k] * groups
         free = now                      # this message's own queue at the bottleneck
-        first_round = sum(self._room_now(c, now, left[0]) for c in conns) * k / groups
+        first_round = sum(self._room(c, now, left[0]) or 0.0 for c in conns) * k / groups
         while any(x > EPS for x in left):
             for i, c in enumerate(conns):
                 if left[i] <= EPS:
@@ -286,24 +285,25 @@ class Channel:
                                       c.last_sent_ms - now) for c in conns], first_round)
         return solo
 
-    def _room_now(self, c: _Connection, now: float, stripe: float) -> float:
-        """What connection c sends of a stripe at `now` without waiting for acknowledgements
-        (as `_next_chunk` decides: a full chunk's room, or nothing)."""
-        room = self.window(c) - self.acked(c, now)
-        return min(stripe, max(room, 0.0)) if room >= min(stripe, self.window(c)) - EPS \
-            or not c.chunks else 0.0
+    def _room(self, c: _Connection, t: float, left: float) -> float | None:
+        """What connection c sends of `left` at t without waiting for acknowledgements: where
+        its window has room for a full chunk (a window's worth, or what is left), or nothing
+        is in flight, that chunk; else None (it waits)."""
+        in_flight = self.acked(c, t)
+        window = self.window(c)
+        room = window - in_flight
+        if room >= min(left, window) - EPS or not c.chunks:
+            return min(left, max(room, EPS))
+        return None
 
     def _next_chunk(self, c: _Connection, t: float, left: float) -> tuple[float, float]:
-        """When connection c may next send and how much: at t if its window has room, else
-        when the acknowledgements of its oldest chunks make room (a full window's worth, or
-        what is left)."""
+        """When connection c may next send and how much: at t if its window has room
+        (`_room`), else when the acknowledgements of its oldest chunks make room."""
         rtt = self.spec.rtt_ms
         while True:
-            in_flight = self.acked(c, t)
-            window = self.window(c)
-            room = window - in_flight
-            if room >= min(left, window) - EPS or not c.chunks:
-                return t, min(left, max(room, EPS))
+            size = self._room(c, t, left)
+            if size is not None:
+                return t, size
             t = c.chunks[0][0] + rtt
 
     def _restart_if_idle(self, c: _Connection, now: float) -> None:

@@ -310,7 +310,8 @@ def _parse_connections(value: Any, cap: int = MAX_CONNECTIONS) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
         raise ScenarioError("connections", f"{shown(value)} is not a connection count",
                             f"use auto or an integer from 1 to {cap}"
-                            + (" (NCCL's socket transport opens at most 64 per GPU pair)"
+                            + (f" (NCCL's socket transport opens at most "
+                               f"{NCCL_SOCKETS_PER_PEER} per GPU pair)"
                                if cap > MAX_CONNECTIONS else
                                " (more only in a predict_only scenario)"))
     return value

@@ -10,12 +10,12 @@ names against it.
     atlas-concurrent  Atlas placement, K connections, concurrent: Atlas without its slots (the
                    step before temporal sharing in the gain's waterfall, geodc.predict.whatif)
     dp-across-dcs  each pipeline in one DC, so every stage's all-reduce crosses the WAN
+    <any>+bubbletea  the same system, with prefill requests filling its bubbles (fill_bubbles;
+                   geodc.features.bubbletea runs it, the scenario's `bubbletea:` section configures it)
 
 The baseline is Varuna's design as the Atlas paper compares against it (pipelines across DCs
 in the order the GPUs come, one TCP connection per transfer, transfers sharing the WAN as TCP
 does); its all-reduce is a flat ring, so a stage split over DCs runs its ring over the WAN.
-    <any>+bubbletea  the same system, with prefill requests filling its bubbles (fill_bubbles;
-                   geodc.features.bubbletea runs it, the scenario's `bubbletea:` section configures it)
 """
 
 from __future__ import annotations
