@@ -7,7 +7,10 @@
 # (CI runs that script). Without real-time scheduling the delay lines run at normal priority
 # (recorded in each run's env.json, and late releases are counted and warned about); without
 # netem the delayline backend is used.
-FROM debian:12
+# BASE: Debian 12's official image, or (scripts/container_check.sh on a machine that cannot pull
+# it) the one it made with debootstrap under its own tag, never posing as debian:12.
+ARG BASE=debian:12
+FROM $BASE
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends python3 python3-venv python3-pip make git \

@@ -11,7 +11,8 @@
 #   scripts/container_check.sh --build-only the base image and the image alone
 # (the container itself runs it with --inside).
 # The base image (debian:12) is used if present, else pulled, else made with debootstrap from a
-# Debian mirror and imported under that name. Settings (environment):
+# Debian mirror and imported as geodc-base:bookworm (its own tag: nothing else on the machine
+# takes it for Debian's image). Settings (environment):
 #   IMAGE          the image's tag (geo-dc-testbed)
 #   OUT            logs and summary (results/container-check)
 #   WHEELS         where the build's pip finds requirements.txt's pins: "index" (the
@@ -20,7 +21,10 @@
 #                  certificates, into $CACHE/wheels, served to the build on 127.0.0.1 alone,
 #                  nothing else reachable). Default: host where /opt/wheels exists (machines
 #                  that keep torch's CPU wheel there, as scripts/setup.sh), else index.
-#   CACHE          the wheels, and the debootstrap tree while it is made (/var/tmp/geodc-container)
+#   CACHE          the wheels, and the debootstrap tree while it is made (/var/tmp/geodc-container):
+#                  made root's, mode 0700; refused if it exists owned by anyone else, open to
+#                  anyone else's writes, or is a symbolic link (pip would install, as root, a
+#                  wheel another user put there)
 #   DEBIAN_MIRROR  debootstrap's mirror (http://deb.debian.org/debian)
 #   WHEEL_PORT     the wheel server's port on 127.0.0.1 (38117)
 set -euo pipefail
@@ -127,8 +131,16 @@ case "$WHEELS" in host|index) ;; *)
   echo "error: WHEELS: '$WHEELS' is neither host nor index; WHEELS=index uses PyPI and PyTorch's CPU index" >&2; exit 2 ;;
 esac
 [ "$(id -u)" = 0 ] || { echo "error: run as root (sudo): the check reads every host process's namespaces" >&2; exit 2; }
+# The cache is root's alone: made 0700 (mkdir without -p fails if another made it first), or
+# refused as it is found.
+mkdir -m 700 "$CACHE" 2>/dev/null || true
+if [ -L "$CACHE" ] || [ ! -d "$CACHE" ] || [ "$(stat -c %u "$CACHE")" != 0 ] \
+   || [ $(( 0$(stat -c %a "$CACHE") & 022 )) != 0 ]; then
+  echo "error: CACHE: $CACHE is not a folder owned by root and writable by root alone ($(stat -c '%U %A' "$CACHE" 2>/dev/null || echo missing)); remove it or set CACHE to one that is (it is made mode 0700 if missing)" >&2
+  exit 2
+fi
 docker info >/dev/null 2>&1 || { echo "error: docker: no daemon answers; start dockerd (or the docker service)" >&2; exit 2; }
-mkdir -p "$OUT" "$CACHE"
+mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd -P)
 failures=()
 started=$(date +%s)
@@ -143,10 +155,13 @@ ip -o link show | awk -F': ' '{print $2}' | sort > "$OUT/links-before.txt"
 ls /run/geotestbed 2>/dev/null | sort > "$OUT/registry-before.txt" || true
 
 # ---- the base image ----
+BASE=debian:12
 if docker image inspect debian:12 >/dev/null 2>&1; then
   base="present"
 elif timeout 300 docker pull -q debian:12 >/dev/null 2>&1; then
   base="pulled"
+elif docker image inspect geodc-base:bookworm >/dev/null 2>&1; then
+  BASE=geodc-base:bookworm; base="made with debootstrap earlier"
 else
   command -v debootstrap >/dev/null \
     || { echo "error: base image: debian:12 is neither present nor pullable, and debootstrap is missing; apt-get install debootstrap" >&2; exit 2; }
@@ -164,14 +179,15 @@ else
     grep -q '^Acquire::' "$f" 2>/dev/null && cp "$f" "$root/etc/apt/apt.conf.d/"
   done
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-  tar -C "$root" -c . | docker import -c 'CMD ["bash"]' - debian:12 >/dev/null
+  BASE=geodc-base:bookworm
+  tar -C "$root" -c . | docker import -c 'CMD ["bash"]' - "$BASE" >/dev/null
   rm -rf "$root"
   base="made with debootstrap"
 fi
-echo "base: debian:12 $base"
+echo "base: $BASE $base"
 
 # ---- the image ----
-build_args=()
+build_args=(--build-arg "BASE=$BASE")
 server=
 stop_server() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 trap stop_server EXIT
@@ -267,7 +283,7 @@ python3 tests/root_sysctls.py diff "$OUT/sysctl-before.json" > "$OUT/sysctl-diff
   || { head -21 "$OUT/sysctl-diff.txt"; failures+=("host: $(head -1 "$OUT/sysctl-diff.txt")"); }
 cat <<EOF | tee "$OUT/summary.txt"
 container check, $(date -u +%Y-%m-%dT%H:%MZ), $(( $(date +%s) - started )) s in all
-  base debian:12: $base; image $IMAGE built in ${build_s} s (pip: $WHEELS)
+  base $BASE: $base; image $IMAGE built in ${build_s} s (pip: $WHEELS)
   pins: $(get pins)
   privileged: $privileged
   .ci/run inside: exit $(get suite_rc), $(get suite_s) s: $(get suite_counts)

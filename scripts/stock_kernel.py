@@ -33,6 +33,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -119,8 +120,37 @@ def vng_path() -> Path:
     return KERNEL_TREE / "venv" / "bin" / "vng"
 
 
+def untrusted(tree: Path) -> str:
+    """The first thing under tree (itself included) that someone other than root or us could
+    have put or changed there: owned by another user, or writable by others or a group other
+    than root's (a link is judged by its own owner); '' if none. What runs as root from the tree (vng, its Python
+    packages, the kernel and modules, `current`) must be ours alone."""
+    ok_owners = {0, os.getuid()}
+    for top, dirs, files in os.walk(tree):
+        for path in [Path(top)] + [Path(top) / n for n in dirs + files]:
+            st = path.lstat()
+            if st.st_uid not in ok_owners:
+                return f"{path} is owned by uid {st.st_uid}"
+            writable = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0)
+            if not stat.S_ISLNK(st.st_mode) and writable:
+                return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        dirs[:] = [d for d in dirs if not (Path(top) / d).is_symlink()]
+    return ""
+
+
+def check_trusted(tree: Path) -> None:
+    """Missing (exit 2) naming what could not be trusted under tree."""
+    if tree.exists():
+        why = untrusted(tree)
+        if why:
+            raise Missing(f"{why}: nothing under {tree} runs as root unless it is root's alone; "
+                          f"remove {tree} and run scripts/stock_kernel.py --prepare")
+
+
 def current_version() -> str:
-    """The prepared kernel's version (KERNEL_TREE/current), or Missing."""
+    """The prepared kernel's version (KERNEL_TREE/current), or Missing (also for a tree that
+    someone else could have changed: check_trusted)."""
+    check_trusted(KERNEL_TREE)
     try:
         version = (KERNEL_TREE / "current").read_text().strip()
     except OSError:
@@ -147,7 +177,8 @@ def prepare(package: str) -> str:
     install_packages()
     need_tools(TOOLS)
     need_static_busybox()
-    KERNEL_TREE.mkdir(parents=True, exist_ok=True)
+    KERNEL_TREE.mkdir(mode=0o755, parents=True, exist_ok=True)
+    check_trusted(KERNEL_TREE)
     if not vng_path().exists():
         print(f"installing {VIRTME_NG} into {KERNEL_TREE / 'venv'}")
         sh([sys.executable, "-m", "venv", str(KERNEL_TREE / "venv")],

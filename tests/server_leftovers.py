@@ -10,11 +10,13 @@ from pathlib import Path
 from geodc.emulation.servers import server_run
 
 
-def server_state(server) -> tuple[list[str], str]:
-    """server's links (`ip -o link show`, a line each) and its registry folder's listing."""
-    links, folders = server_run(
-        server, "ip -o link show; echo ---; ls /run/geotestbed-remote 2>&1 || true").split("---\n")
-    return links.splitlines(), folders
+def server_state(server) -> tuple[list[str], str, list[str]]:
+    """server's links (`ip -o link show`, a line each), its registry folder's listing and the
+    run filters' chains in its firewall (geodc.emulation.underlayfilter)."""
+    links, folders, chains = server_run(
+        server, "ip -o link show; echo ---; ls /run/geotestbed-remote 2>&1 || true; echo ---; "
+        "{ iptables -S; ip6tables -S; } 2>/dev/null | grep -- '-N GDVX-' || true").split("---\n")
+    return links.splitlines(), folders, chains.splitlines()
 
 
 def link_counts(servers) -> dict[str, int]:
@@ -23,13 +25,14 @@ def link_counts(servers) -> dict[str, int]:
 
 
 def assert_nothing_left(servers, before: dict[str, int]) -> dict[str, list[str]]:
-    """Each server has the links it had before (link_counts) and no registry folder; its links,
-    by server name."""
+    """Each server has the links it had before (link_counts), no registry folder and no filter
+    chain; its links, by server name."""
     out = {}
     for s in servers:
-        links, folders = server_state(s)
+        links, folders, chains = server_state(s)
         assert len(links) == before[s.name], links
         assert "No such file" in folders, folders
+        assert chains == [], chains
         out[s.name] = links
     return out
 

@@ -103,3 +103,24 @@ def test_bad_input_one_line_exit_2(args, field):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["calibrate", "topologies/two_dc.yaml", "--seconds", "nan"], "--seconds"),
+    (["calibrate", "topologies/two_dc.yaml", "--seconds", "inf"], "--seconds"),
+    (["calibrate", "topologies/two_dc.yaml", "--seconds", "1e7"], "--seconds"),
+    (["calibrate", "topologies/two_dc.yaml", "--streams", "100000"], "--streams"),
+    (["run", "topologies/two_dc.yaml", "--systems", ""], "--systems"),
+    (["run", "topologies/two_dc.yaml", "--systems", "baseline,"], "--systems"),
+    (["run", "topologies/two_dc.yaml", "--out", "DANGLING"], "--out"),
+], ids=lambda a: "_".join(a) if isinstance(a, list) else a)
+def test_bad_flags_are_refused_before_the_build(args, flag, tmp_path):
+    """Exit 2 with one line naming the flag, before Mininet, pyroute2 or torch is imported (the
+    runner blocks them) and before anything is written."""
+    link = tmp_path / "gone"
+    link.symlink_to(tmp_path / "nothing-here")
+    proc = cli(*[str(link) if a == "DANGLING" else a for a in args])
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {flag}: "), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gone"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from geodc.cli.main import main
-from geodc.spec.cluster import default_placement, load_cluster, place
+from geodc.spec.cluster import default_placement, load_cluster, place, scenario_placement
 from geodc.spec.errors import ScenarioError
 
 pytestmark = pytest.mark.unit
@@ -79,6 +79,10 @@ def test_given_placement(tmp_path):
      "cluster.placement.s9"),
     ("servers:\n  - {name: s1, address: 1.2.3.4, user: r}\nplacment: {}", "cluster.placment"),
     ("servers: [\n", "cluster"),
+    ("servers:\n  - {name: s1, address: 'fe80::2%a;reboot', user: r}", "cluster.servers.s1.address"),
+    ("servers:\n  - {name: s1, address: 1.2.3.4, user: r}\n"
+     "  - {name: s2, address: 1.2.3.4, user: r}", "cluster.servers"),
+    ("servers:\n  - {name: s1, address: 1.2.3.4, user: r, key: my key}", "cluster.servers.s1.key"),
 ])
 def test_bad_files_name_the_field(tmp_path, text, field):
     with pytest.raises(ScenarioError) as err:
@@ -110,3 +114,19 @@ def test_validate_and_plan_show_servers(tmp_path, capsys):
     assert main(["plan", ATLAS, "--cluster", str(tmp_path / "none.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cluster: no file") and "\n" not in err
+
+
+def test_a_scenario_with_faults_of_any_kind_is_refused_on_a_cluster(tmp_path):
+    """Every fault kind the shipped scenarios use, refused by the placement (validate, run and
+    calibrate all place a scenario before anything is made)."""
+    from geodc.spec.scenario import load_scenario
+    c = load_cluster(two(tmp_path))
+    kinds = set()
+    for path in sorted((ROOT / "topologies").rglob("*.yaml")):
+        sc = load_scenario(path)
+        if sc.faults and len(sc.dcs) >= 1:
+            kinds |= {f.kind for f in sc.faults}
+            with pytest.raises(ScenarioError) as err:
+                scenario_placement(c, sc)
+            assert err.value.field == "faults" and "across servers" in str(err.value)
+    assert len(kinds) >= 2, kinds

@@ -106,3 +106,25 @@ def test_a_failed_guest_prints_what_its_console_says(stock, tmp_path, capsys):
     log.write_text("[    1.0] booting\n")
     stock.report_console(log)
     assert "no kernel message of an OOM kill, panic or oops" in capsys.readouterr().err
+
+
+def test_a_tree_someone_else_could_change_is_refused(stock, capsys):
+    """What runs as root from the kernel tree must be root's alone: a `current` file writable
+    by others, or (as root) a venv file owned by another user, stops `run` with exit 2 naming
+    it before anything in the tree runs."""
+    import os
+    tree = stock.KERNEL_TREE
+    (tree / "venv" / "bin").mkdir(parents=True)
+    (tree / "current").write_text("6.12.1+deb12-amd64\n")
+    assert stock.untrusted(tree) == ""
+    (tree / "current").chmod(0o666)
+    assert stock.untrusted(tree) == f"{tree / 'current'} is writable by others (mode 666)"
+    (tree / "current").chmod(0o644)
+    if os.getuid() == 0:
+        vng = tree / "venv" / "bin" / "vng"
+        vng.write_text("#!/bin/sh\n")
+        os.chown(vng, 65534, 65534)
+        assert stock.untrusted(tree) == f"{vng} is owned by uid 65534"
+        with pytest.raises(stock.Missing) as info:
+            stock.current_version()
+        assert "runs as root unless it is root's alone" in str(info.value)

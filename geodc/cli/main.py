@@ -23,6 +23,8 @@ CLI only: parse flags, load the scenario, call the job, print one line on error.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 from geodc.emulation.serverregistry import cleanup_servers
                 done += cleanup_servers(servers)
             print("\n".join(done) if done else "nothing to clean up")
-            return 0
+            return 1 if any("could not" in line for line in done) else 0
         if args.command == "list":
             from geodc.cli.catalog import list_text
             print(list_text())
@@ -166,13 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "plan":
             from geodc.cli.planview import plan_command
-            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            systems = _systems(args.systems)
             print(plan_command(args.scenario, systems, as_json=args.json, full=args.full,
                                cluster=args.cluster))
             return 0
         if args.command == "predict":
             from geodc.cli.predict import predict_command
-            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            systems = _systems(args.systems)
             print(predict_command(args.scenario, systems, as_json=args.json,
                                   plan_top=args.plan))
             return 0
@@ -193,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         # bad input is refused before anything that needs root, Mininet or torch is imported
         _check_out_dir(args.out)
         if args.command == "calibrate":
+            _check_calibrate(args.seconds, args.streams)
             from geodc.spec.scenario import load_scenario
             scenario = load_scenario(args.scenario)
             scenario.check_emulable()
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from geodc.features.checks import load_run
             from geodc.spec.scenario import load_scenario
-            systems = [x.strip() for x in args.systems.split(",")] if args.systems else None
+            systems = _systems(args.systems)
             if args.timeout_s is not None and not args.timeout_s > 0:
                 raise ScenarioError("--timeout-s", f"{args.timeout_s:g} is not a duration",
                                     "give seconds above 0")
@@ -242,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the testbed was torn down", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename:
+            print(f"error: {exc.filename}: no space left on its filesystem ({exc.strerror}); "
+                  f"free space there or give --out a folder with room", file=sys.stderr)
+        else:
+            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - one line for the user; details in the run's logs
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -302,12 +312,57 @@ def _validate(path: str, routes: bool = True, cluster: str | None = None) -> str
     return "\n".join(lines)
 
 
+MAX_CALIBRATE_S = 3600.0   # per iperf3 test
+MAX_STREAMS = 128          # iperf3 -P's own limit
+
+
+def _check_calibrate(seconds: float, streams: int) -> None:
+    """calibrate's --seconds and --streams; ScenarioError before any work."""
+    if not 2 <= seconds <= MAX_CALIBRATE_S:   # nan and inf too
+        raise ScenarioError("--seconds", f"{seconds:g} is not a test length",
+                            f"use 2 to {MAX_CALIBRATE_S:g} (goodput is the steady state from "
+                            f"2 s on)")
+    if not 1 <= streams <= MAX_STREAMS:
+        raise ScenarioError("--streams", f"{streams} is not a flow count",
+                            f"use 1 to {MAX_STREAMS} (iperf3's -P limit)")
+
+
+def _systems(text: str | None) -> list[str] | None:
+    """--systems as a list (None: the scenario's); ScenarioError if it names none."""
+    if text is None:
+        return None
+    names = [x.strip() for x in text.split(",")]
+    if not all(names):
+        raise ScenarioError("--systems", f"{text!r} has an empty name",
+                            "give a comma-separated list such as baseline,atlas (or leave "
+                            "--systems out for the scenario's)")
+    return names
+
+
 def _check_out_dir(out: str) -> None:
-    """--out must be a folder or a path to create one at; ScenarioError before any work."""
+    """--out must be a folder, or a path to create one at, that we can write; ScenarioError
+    before any work."""
     path = Path(out)
+    if path.is_symlink() and not path.exists():
+        raise ScenarioError("--out", f"{out!r} is a link to nothing ({os.readlink(path)!r})",
+                            "give a folder (it is created if missing)")
     if path.exists() and not path.is_dir():
         raise ScenarioError("--out", f"{out!r} exists and is not a folder",
                             "give a folder (it is created if missing)")
+    where = path.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        raise ScenarioError("--out", f"{str(where)!r} cannot be written here"
+                            + (" (a read-only filesystem)" if _read_only(where) else ""),
+                            "give a folder you can write")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -43,7 +44,7 @@ _LINK_RE = re.compile(r"^\d+: ([^:@\s]+)(?:@\S+)?: <([^>]*)>.*? state (\S+)", re
 
 def underlay_mtu(server, peer) -> int:
     """The MTU of the device by which server reaches peer's address (asked on server)."""
-    out = server_run(server, f"d=$(ip -o route get {peer.address} | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'); "
+    out = server_run(server, f"d=$(ip -o route get {shlex.quote(peer.address)} | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'); "
                      "cat /sys/class/net/$d/mtu")
     return int(out.split()[-1])
 

@@ -74,7 +74,9 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+from geodc.emulation.results import write_bytes
 from geodc.host.realtime import PRIORITY, RT_SOFT_S, process_threads, set_fifo, set_normal
 from geodc.emulation.delaysched import ID_MASK, RELEASE_GRACE_S, LeadControl, QueueSchedule, next_deadline
 
@@ -408,10 +410,8 @@ class DelayLine:
                   file=sys.stderr, flush=True)
             return
         self.changes.append(change)
-        tmp = f"{self.control_path}.ack.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"seq": change["seq"], "applied": change["applied"]}, f)
-        os.replace(tmp, f"{self.control_path}.ack")
+        write_bytes(Path(f"{self.control_path}.ack"), json.dumps(
+            {"seq": change["seq"], "applied": change["applied"]}).encode(), sync=False)
 
     # ---- accounting ----------------------------------------------------------------------------
     def _kernel_counters(self) -> dict[int, tuple[int, int, int] | None]:
@@ -462,10 +462,7 @@ class DelayLine:
         if not self.stats_path:
             return
         doc = self.report(final)
-        tmp = f"{self.stats_path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, self.stats_path)
+        write_bytes(Path(self.stats_path), json.dumps(doc).encode(), sync=False)
 
 
 def _open_socket() -> socket.socket:

@@ -32,6 +32,8 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from geodc.emulation.results import write_text
+
 RUNTIME_DIR = Path(os.environ.get("GEOTESTBED_RUNTIME_DIR", "/run/geotestbed"))
 SHARED_RUNTIME_DIR = Path("/run/geotestbed")
 ALIAS_PREFIX = "geotestbed:"
@@ -75,9 +77,7 @@ class Registry:
         self.path.unlink(missing_ok=True)
 
     def _write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        os.replace(tmp, self.path)
+        write_text(self.path, json.dumps(self.data, indent=1))
 
 
 def alive(entry: dict) -> bool:

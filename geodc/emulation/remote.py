@@ -2,7 +2,8 @@
 
 One job: what a node on another server needs beyond Mininet's RemoteMixin, which it keeps:
   - ssh options per server (port, key, known_hosts from the cluster file, geodc.spec.cluster),
-    a connect timeout and keep-alives, so a dead server is an error within seconds;
+    a connect timeout and keep-alives, so a dead server is an error within seconds; no agent
+    forwarded (Mininet forwards it) or used;
   - no local sudo (we are root here; Mininet runs ssh as `sudo -E -u user`) and no remote sudo
     for root logins (a server need not have sudo installed);
   - every argument quoted for the remote shell (ssh joins argv with spaces: Mininet's popen
@@ -54,7 +55,13 @@ class ClusterMixin(RemoteMixin):
 
     def __init__(self, name: str, *, cluster_server: Server, registry: ServerRegistry,
                  **params) -> None:
-        self.sshbase = [*RemoteMixin.sshbase, *SSH_EXTRA, *cluster_server.ssh_options]
+        # Mininet's base forwards the ssh agent (ForwardAgent=yes, and ssh keeps an option's
+        # first value): dropped, SSH_EXTRA says no.
+        base = list(RemoteMixin.sshbase)
+        for i in range(len(base) - 1, 0, -1):
+            if base[i - 1:i + 1] == ["-o", "ForwardAgent=yes"]:
+                del base[i - 1:i + 1]
+        self.sshbase = [*base, *SSH_EXTRA, *cluster_server.ssh_options]
         self.cluster_server = cluster_server
         self.registry = registry
         registry.open(cluster_server)

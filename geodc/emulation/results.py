@@ -55,23 +55,34 @@ def write_text(path: Path, text: str) -> Path:
     return write_bytes(path, text.encode())
 
 
-def write_bytes(path: Path, data: bytes) -> Path:
+def write_bytes(path: Path, data: bytes, sync: bool = True) -> Path:
     """path's new content, whole: written to a new temporary file of a unique name beside it
     (mkstemp: never a file someone else made or a link; two writers never share one), synced
-    to disk, renamed over path, and the folder synced so the rename survives a crash. The file
-    gets the mode a plain open would give it (0666 less the umask)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    to disk, renamed over path, and the folder synced so the rename survives a crash (sync
+    False: neither synced, for a real-time process's frequent reports). The file gets the mode
+    a plain open would give it (0666 less the umask). An OSError names path (a full disk
+    says which file it lost); the temporary file never stays."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
+    if not sync:
+        return path
     folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(folder)

@@ -4,7 +4,8 @@ One job: a registry folder per run on every server it uses, REMOTE_STATE/<run id
 process (`pid starttime`, written by the process itself before it runs anything, self_record)
 and `owner` (the starting machine's boot id, pid and start time). Signals to recorded processes
 are sent on the server through pidfds, only while the recorded start time still matches
-(SIGNAL_RECORDED), never by name; `cleanup_servers` is `cleanup --cluster`.
+(SIGNAL_RECORDED), never by name; `cleanup_servers` is `cleanup --cluster`. While a run lasts,
+each server's leash (geodc.emulation.serverleash) ends it there if this machine goes silent.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from geodc.emulation.registry import start_time
+from geodc.emulation.serverleash import ServerLeash
 from geodc.emulation.servers import server_run
+from geodc.emulation.underlayfilter import remove_all_script, remove_script
 from geodc.spec.cluster import Server
 from geodc.spec.errors import TestbedError
 
@@ -71,13 +74,17 @@ class ServerRegistry:
         self.lost_servers: set[str] = set()   # found gone: their nodes are asked nothing more
         self._lock = threading.Lock()
         self._n = 0
+        self.leash = ServerLeash()
 
     def open(self, server: Server) -> None:
-        """Make the folder on server (once), with its owner: this process, on this machine."""
+        """Make the folder on server (once), with its owner: this process, on this machine;
+        and the server's leash (geodc.emulation.serverleash), which ends what the run started
+        there should this machine go silent."""
         if server.name not in self.servers:
             server_run(server, f"mkdir -p -m 700 {self.dir} && echo {shlex.quote(owner_line())} "
                        f"> {self.dir}/owner")
             self.servers[server.name] = server
+            self.leash.start(server, end_run_script(self.run_id))
 
     def entry(self, what: str) -> str:
         """A new file name on a server for one process (what: a label, letters and digits)."""
@@ -88,15 +95,17 @@ class ServerRegistry:
     def cleanup(self) -> list[str]:
         """End every recorded process on every server, remove the folders; lines of what could
         not be reached (empty: all clean)."""
-        left = []
+        left, ended = [], set()
         for server in self.servers.values():
             if server.name in self.lost_servers:
                 left.append(f"server {server.name} ({server.destination}): lost during the run")
                 continue
             try:
                 end_run(server, self.run_id)
+                ended.add(server.name)
             except TestbedError as exc:
                 left.append(str(exc))
+        self.leash.stop(ended)   # where the run was not ended, the leash ends it
         return left
 
 
@@ -120,20 +129,29 @@ def owner_alive(line: str) -> bool | None:
 
 def end_run(server: Server, run_id: str) -> str:
     """SIGKILL every process a run recorded on server (through pidfds, by start time), remove
-    its folder (and REMOTE_STATE if that leaves it empty); what the server said."""
+    its tunnels' filter (geodc.emulation.underlayfilter) and its folder (and REMOTE_STATE if
+    that leaves it empty); what the server said."""
+    return server_run(server, end_run_script(run_id)).strip()
+
+
+def end_run_script(run_id: str) -> str:
+    """The shell, run on a server, that end_run runs there (the server's leash runs it too)."""
     if not _RUN_ID_RE.fullmatch(run_id) or set(run_id) == {"."}:
         raise ValueError(f"run id {run_id!r}")
     d = f"{REMOTE_STATE}/{run_id}"
-    return server_run(server, f'[ -d {d} ] || exit 0; {signal_files(signal.SIGKILL, f"{d}/*.pid")}'
-                      f' && rm -rf {d} && {{ rmdir {REMOTE_STATE} 2>/dev/null; true; }}').strip()
+    return (f'[ -d {d} ] || exit 0; {signal_files(signal.SIGKILL, f"{d}/*.pid")}'
+            f' && {{ {remove_script(run_id)}; }}'
+            f' && rm -rf {d} && {{ rmdir {REMOTE_STATE} 2>/dev/null; true; }}')
 
 
 def cleanup_servers(servers: Iterable[Server]) -> list[str]:
     """`cleanup --cluster`: on every server, each run folder whose owner is gone (a killed run
     started from this machine) is ended (end_run); a live run's, or one started from another
     machine, is kept and said so. Where no run is left on a server, a stray tunnel device
-    (gdvx*: a build killed between making it and moving it into its node) is removed. Lines
-    of what was done or could not be."""
+    (a VXLAN device named gdvx*: a build killed between making it and moving it into its node;
+    nothing else of that name) and a stray filter
+    chain (GDVX-*: a run whose folder is gone) are removed. Lines of what was done or could
+    not be."""
     done = []
     for server in servers:
         try:
@@ -162,12 +180,15 @@ def cleanup_servers(servers: Iterable[Server]) -> list[str]:
         if kept:
             continue
         try:
-            out = server_run(server, "ip -o link show | sed -n 's/^[0-9]*: \\(gdvx[0-9]*\\)[:@].*/\\1/p' "
+            out = server_run(server, "ip -o link show type vxlan | sed -n 's/^[0-9]*: \\(gdvx[0-9]*\\)[:@].*/\\1/p' "
                              "| while read -r l; do ip link del \"$l\" && echo \"$l\"; done")
+            unfiltered = server_run(server, remove_all_script())
         except TestbedError as exc:
-            done.append(f"could not remove tunnel devices: {exc}")
+            done.append(f"could not remove tunnel devices or filters: {exc}")
             continue
         done += [f"{server.name}: removed tunnel device {name}" for name in out.split()]
+        done += [f"{server.name}: removed filter chain {line.split()[-1]} ({line.split()[1]})"
+                 for line in unfiltered.splitlines() if line.startswith("unfiltered ")]
     return done
 
 

@@ -17,8 +17,12 @@ from geodc.plans.crossing import Underlay
 from geodc.spec.cluster import Server
 from geodc.spec.errors import TestbedError
 
+# Keep-alives (a dead server is an error within seconds), and nothing of this machine's reaches
+# a server: no agent forwarded or even asked (IdentityAgent none: the cluster file's key
+# authenticates), no port forwarded from a user's ssh config.
 SSH_EXTRA = ["-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=2",
-             "-o", "ServerAliveCountMax=3"]
+             "-o", "ServerAliveCountMax=3", "-o", "ForwardAgent=no", "-o", "IdentityAgent=none",
+             "-o", "ClearAllForwardings=yes"]
 _RTT_RE = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
 
 
@@ -27,9 +31,10 @@ class SshFailed(TestbedError):
 
 
 def ssh_argv(server: Server) -> list[str]:
-    """ssh to server's root namespace, non-interactive, with the cluster file's options."""
-    return ["ssh", "-q", "-o", "BatchMode=yes", *SSH_EXTRA, *server.ssh_options,
-            server.destination]
+    """ssh to server's root namespace, non-interactive, with the cluster file's options; its
+    errors (a refused key, a changed host key, a timeout) on stderr, its warnings not."""
+    return ["ssh", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", *SSH_EXTRA,
+            *server.ssh_options, server.destination]
 
 
 def server_run(server: Server, script: str, timeout_s: float = 30.0) -> str:

@@ -4,7 +4,10 @@ One job: the tunnel. Mininet's RemoteGRELink makes a gretap device in each serve
 namespace and moves it into the node; this kernel has no gretap (docs/cluster.md), so
 VXLANLink does the same with `ip link add ... type vxlan id VNI local A remote B dstport 4789
 dev <underlay device>`, one VNI per link (geodc.plans.crossing), every command on the node's
-own server over ssh (RemoteMixin.rcmd / cmd). The device is made under a temporary name
+own server over ssh (RemoteMixin.rcmd / cmd). The device is closed to the underlay before it
+exists: `nolearning` (its one forwarding entry is the peer, made with it; a datagram from
+elsewhere teaches it nothing) and the run's filter on the server (geodc.emulation.underlayfilter:
+its VNI from the peer's address only). The device is made under a temporary name
 (`gdvx<VNI>`, so two links never collide in a server's root namespace), moved into the node's
 namespace, renamed there to the plan's interface name and given the hosts' MTU (underlay MTU
 less 50 bytes: 1450 on a 1500 underlay). Its UDP socket stays in the server's root namespace;
@@ -15,9 +18,11 @@ link is a plain veth pair (RemoteLink), given the same MTU.
 from __future__ import annotations
 
 import re
+import shlex
 
 from mininet.examples.cluster import RemoteLink
 
+from geodc.emulation.underlayfilter import add_script
 from geodc.plans.crossing import VXLAN_PORT
 from geodc.spec.errors import TestbedError
 
@@ -26,7 +31,7 @@ _DEV_SRC_RE = re.compile(r"dev (\S+) .*src (\S+)")
 
 def underlay_route(node, peer_ip: str) -> tuple[str, str]:
     """(device, source address) by which node's server reaches peer_ip, asked on that server."""
-    out = node.rcmd(f"ip -o route get {peer_ip}")
+    out = node.rcmd(f"ip -o route get {shlex.quote(peer_ip)}")
     m = _DEV_SRC_RE.search(out)
     if not m:
         raise TestbedError(f"server {node.server}: no route to {peer_ip}: {out.strip()[-200:]}")
@@ -58,8 +63,14 @@ class VXLANLink(RemoteLink):
         for node, peer, name, addr in ((node1, node2, intfname1, addr1),
                                        (node2, node1, intfname2, addr2)):
             dev, src = underlay_route(node, peer.serverIP)
-            out = node.rcmd(f"ip link add {tmp} type vxlan id {self.vni} local {src} "
-                            f"remote {peer.serverIP} dstport {VXLAN_PORT} dev {dev}")
+            out = node.rcmd(["sh", "-c", add_script(node.registry.run_id, self.vni, peer.serverIP)])
+            if "filtered" not in out:
+                raise TestbedError(f"server {node.server}: the filter for VXLAN {self.vni} "
+                                   f"(iptables with its u32 match, on the server): "
+                                   f"{out.strip()[-200:]}")
+            out = node.rcmd(f"ip link add {tmp} type vxlan id {int(self.vni)} "
+                            f"local {shlex.quote(src)} remote {shlex.quote(peer.serverIP)} "
+                            f"dstport {VXLAN_PORT} dev {shlex.quote(dev)} nolearning")
             if out.strip():
                 raise TestbedError(f"server {node.server}: VXLAN {self.vni} for {name}: "
                                    f"{out.strip()[-200:]}")

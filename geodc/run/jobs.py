@@ -14,12 +14,12 @@ from geodc.emulation import interrupts
 
 from geodc.emulation import report
 from geodc.run.calibrate import Settings, calibrate, paths_table, table
-from geodc.spec.errors import ScenarioError
 from geodc.spec.links import LinkDir
 from geodc.emulation.machine import CpuTimes
 from geodc.emulation.network import Network, check_environment
 from geodc.emulation.registry import live_runs
 from geodc.emulation.results import new_run_dir, provenance, write_json, write_text
+from geodc.run.diskspace import check_room, estimate_bytes
 from geodc.features.checks import load_run
 from geodc.spec.scenario import Scenario, load_scenario
 from geodc.spec.systems import get_system
@@ -38,11 +38,6 @@ def _prepare(scenario: Scenario, out_dir: Path) -> Path:
 
 def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                   seconds: float = 6.0, streams: int = 4, cluster=None) -> Path:
-    if seconds < 2:
-        raise ScenarioError("--seconds", f"{seconds:g} is too short",
-                            "use at least 2 (goodput is the steady state from 2 s on)")
-    if streams < 1:
-        raise ScenarioError("--streams", f"{streams} is not a flow count", "use 1 or more")
     scenario = load_scenario(scenario_path)
     scenario.check_emulable()
     if scenario.time_scale_auto:   # the T a run of it would take (its training sizes it)
@@ -96,6 +91,7 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     scenario, cfg, systems = load_run(scenario_path, systems=systems, iterations=iterations)
     from geodc.run.autoscale import check_after, resolve
     scenario, auto = resolve(scenario, cfg, say=print if progress is None else progress.line)
+    check_room(out_dir, estimate_bytes(cfg, len(systems)))
     run_dir = _prepare(scenario, out_dir)
     other_runs = live_runs()   # their load on the machine skews this run's timings
     own = progress is None
@@ -111,6 +107,10 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                "systems": {}}
         if auto is not None:
             doc["time_scale_auto"] = auto
+        # From the start, a small metrics.json that says the run has not finished: what is
+        # left if the run dies where it cannot write (a full disk, SIGKILL).
+        write_json(run_dir / "metrics.json", dict(doc, complete=False, stopped_at=None,
+                                                  error="running (or killed)"))
         for name in systems:
             interrupts.check()
             progress.where(f"{scenario.name} {name}")

@@ -29,6 +29,7 @@ from geodc.spec.errors import ScenarioError, shown, unknown_field
 from geodc.spec.yamlfile import load_yaml
 
 SERVER_NAME = re.compile(r"[a-z][a-z0-9]{0,14}")
+SCOPE = re.compile(r"[A-Za-z0-9_.-]{1,15}")     # an IPv6 scope id: an interface name
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
@@ -135,6 +136,11 @@ def parse_cluster(data: Any, base: Path, path: str = "") -> Cluster:
         if names.count(name) > 1:
             raise ScenarioError("cluster.servers", f"server name {name!r} appears twice",
                                 "give each server its own name")
+    addresses = [s.address.lower() for s in servers]
+    for s in servers:
+        if addresses.count(s.address.lower()) > 1:
+            raise ScenarioError("cluster.servers", f"address {s.address!r} appears twice",
+                                "give each server its own address (one server, one entry)")
     places = data.get("placement")
     placement = None
     if places is not None:
@@ -186,9 +192,12 @@ def _server(item: Any, where: str, base: Path) -> Server:
 
 
 def _is_address(text: str) -> bool:
+    """An IP address (an IPv6 one's scope an interface name: it reaches a root shell on the
+    servers) or a host name."""
     try:
         ipaddress.ip_address(text)
-        return True
+        _, _, scope = text.partition("%")
+        return not scope or bool(SCOPE.fullmatch(scope))
     except ValueError:
         return bool(HOST_NAME.fullmatch(text)) and not text.replace(".", "").isdigit()
 
@@ -198,6 +207,9 @@ def _file(value: Any, where: str, base: Path) -> str | None:
         return None
     if not isinstance(value, str) or not value or "\0" in value:
         raise ScenarioError(where, f"{shown(value)} is not a path", "give a file's path")
+    if any(c.isspace() or c in "\"'" for c in value):
+        raise ScenarioError(where, f"{shown(value)} holds a space or a quote (ssh splits its "
+                            "options' values there)", "move the file to a path without them")
     path = (base / Path(value).expanduser()).resolve()
     if not path.is_file():
         raise ScenarioError(where, f"no file {str(path)!r}",
@@ -242,5 +254,10 @@ def place(cluster: Cluster, dcs: list[str], wan: list[tuple[str, str]]) -> Place
 
 
 def scenario_placement(cluster: Cluster, scenario: Any) -> Placement:
-    """place() for a Scenario (geodc.spec.scenario)."""
+    """place() for a Scenario (geodc.spec.scenario); ScenarioError for what a cluster does not
+    build yet: faults (of every kind: the fault controller sets a link's figures on one machine,
+    not less the underlay a crossing link carries)."""
+    if scenario.faults:
+        raise ScenarioError("faults", f"{len(scenario.faults)} faults: faults across servers "
+                            "are not built yet", "drop --cluster or the scenario's faults")
     return place(cluster, [dc.name for dc in scenario.dcs], [(w.a, w.b) for w in scenario.wan])

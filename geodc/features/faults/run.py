@@ -32,7 +32,6 @@ once the network is down.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyroute2 import IPRoute
 
+from geodc.emulation.results import write_text
 from geodc.emulation import shaping, wanshare
 from geodc.features.base import Clock, FeatureHandle, MetricsBlock, RunContext
 from geodc.host.realtime import PRIORITY, set_fifo
@@ -224,9 +224,7 @@ class FaultRunner:
             if not mine:
                 continue
             doc = {"seq": seq, "queues": {str(n): figures for n in mine}}
-            tmp = dl.control_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, dl.control_path)
+            write_text(dl.control_path, json.dumps(doc))
             if not dl.proc.signal(signal.SIGUSR2, group=False):
                 raise TestbedError(f"{dl.proc.describe()} has exited; its links take no new "
                                    f"figures")
