@@ -13,6 +13,7 @@ what TCP carries there, the underlay beside the link, nothing left on either ser
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -195,3 +196,18 @@ def test_netem_asked_of_servers_without_it_is_refused(cluster, tmp_path):
     assert r.stderr.strip() == ("error: backend: netem was asked for but the kernel of server s1 "
                                 "has no netem; use delayline or auto"), r.stderr
     assert_nothing_left(cluster.servers, before)
+
+
+def test_cleanup_of_a_server_it_cannot_reach_fails_with_sshs_reason(tmp_path):
+    """`cleanup --cluster` where a server refuses the connection: exit 1, and the line says
+    what ssh said (ssh's -q used to hide it, and cleanup exited 0)."""
+    (tmp_path / "key").write_text("not a key\n")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("servers:\n  - {name: s1, address: 127.0.0.1, user: root, port: 1, "
+                    "key: key}\n")
+    r = subprocess.run([sys.executable, str(ROOT / "run_testbed.py"), "cleanup", "--cluster",
+                        str(path)], capture_output=True, text=True, timeout=60)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert re.search(r"could not clean up: server s1 \(root@127\.0\.0\.1\): ssh failed: .*"
+                     r"Connection refused", r.stdout), r.stdout

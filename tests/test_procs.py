@@ -200,6 +200,9 @@ def test_sigkilled_run_leaves_no_process(tmp_path, leftovers, start_child, subpr
     left = leftovers.new_since(before)
     assert not left.get("processes"), left
     assert len(left.get("registry files", [])) == 1, left
+    # the metrics.json written at the start says it did not finish
+    metrics = json.loads(next((tmp_path / "results").glob("*/metrics.json")).read_text())
+    assert metrics["complete"] is False and metrics["error"] == "running (or killed)", metrics
     # the next run or calibrate names it (this one then stops on its bad flag) ...
     out = cli("calibrate", str(_scenario(tmp_path, "next")), "--seconds", "1",
               env=subprocess_env)
