@@ -5,6 +5,9 @@ matplotlib fails; every command's --help; bad input exits 2 with one line."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +127,80 @@ def test_bad_flags_are_refused_before_the_build(args, flag, tmp_path):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {flag}: "), line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gone"]
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def test_the_command_users_type_runs_under_the_project_env_from_anywhere(tmp_path):
+    """`python run_testbed.py ...` with the system's Python (no project packages) from another
+    folder: it re-runs itself under .venv; scenarios by path from the checkout and by name."""
+    if not Path(SYSTEM_PYTHON).exists():
+        pytest.skip(f"no {SYSTEM_PYTHON} on this machine")
+    script = str(REPO / "run_testbed.py")
+    for args in (["predict", "two_dc"], ["predict", "topologies/two_dc.yaml"], ["two_dc.yaml"]):
+        cmd = [SYSTEM_PYTHON, script, *args]
+        if args == ["two_dc.yaml"]:   # the run shorthand, as far as validate goes
+            cmd = [SYSTEM_PYTHON, script, "validate", "two_dc.yaml", "-q"]
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (args, r.stderr)
+        assert "two_dc" in r.stdout.splitlines()[0], r.stdout
+
+
+def test_without_the_project_env_one_line_names_what_is_missing(tmp_path):
+    """A copy of the checkout with no .venv, started by the system's Python: exit 2, one line
+    naming the module and `make setup`, nothing written."""
+    if not Path(SYSTEM_PYTHON).exists():
+        pytest.skip(f"no {SYSTEM_PYTHON} on this machine")
+    if subprocess.run([SYSTEM_PYTHON, "-c", "import ruamel.yaml"],
+                      capture_output=True).returncode == 0:
+        pytest.skip(f"{SYSTEM_PYTHON} has ruamel.yaml: nothing would be missing")
+    copy = tmp_path / "checkout"
+    shutil.copytree(REPO / "geodc", copy / "geodc", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "run_testbed.py", copy)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    r = subprocess.run([SYSTEM_PYTHON, str(copy / "run_testbed.py"), "run", "two_dc"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {SYSTEM_PYTHON} has no module 'ruamel'") and \
+        "make setup" in line, line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_missing_package_for_one_command_is_one_line(tmp_path):
+    """The quick start's .venv (ruamel.yaml alone): `run` says which package it needs and how
+    to get it (exit 2) instead of a ModuleNotFoundError; `reproduce` does so before writing."""
+    runner = RUNNER.replace('raise ImportError("not installed here: " + name)',
+                            'raise ModuleNotFoundError("no " + name, name=name.split(".")[0])')
+    for args, what in ((["run", "two_dc", "--out", str(tmp_path / "r")], "`run` needs"),
+                       (["reproduce", str(next((REPO / "results" / "reference").glob("two_dc-*"))),
+                         "--out", str(tmp_path / "rep")], "`reproduce` needs matplotlib")):
+        r = subprocess.run([sys.executable, "-c", runner, *args], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith(f"error: {what}") and "make setup" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_mistyped_command_is_named_and_version_is_said():
+    r = cli("pridict", "two_dc")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: 'pridict' is not a command; did you mean predict? (see --help)"), r.stderr
+    r = cli("--version")
+    assert r.returncode == 0 and re.fullmatch(r"run_testbed\.py \d+\.\d+\.\d+ \(commit \w+\)\n",
+                                              r.stdout), r.stdout
+
+
+def test_every_command_explains_itself_with_two_examples():
+    from geodc.cli.main import COMMANDS
+    for command in COMMANDS:
+        r = cli(command, "--help")
+        assert r.returncode == 0, (command, r.stderr)
+        text = r.stdout
+        examples = text.split("examples:\n", 1)[1].strip().splitlines()
+        assert len(examples) == 2 and all(f"run_testbed.py {command}" in e for e in examples), text
+        if "\n  scenario " in text.split("options:")[0]:
+            assert "shipped scenario's name" in text or "as run takes them" in text, text

@@ -1,8 +1,11 @@
-"""`run_testbed.py list`: the scenarios under topologies/, one line each. Pure: no root.
+"""The shipped scenarios: `run_testbed.py list` (one line each) and a scenario by its name.
+Pure: no root.
 
-One job: find the scenario files, load each (a broken one is listed with its error, not fatal),
-and say what it is: name, path, DCs and hosts, emulated or for the model only, its systems and
-its `description`.
+One job: find the scenario files under topologies/. list_text loads each (a broken one is listed
+with its error, not fatal) and says what it is: name, path, DCs and hosts, emulated or for the
+model only, its systems and its `description`. resolve turns what a user typed into a file, as
+`mn --topo` takes a name: a path that exists, else a path under this checkout (so
+`topologies/two_dc.yaml` works from any folder), else a shipped scenario's name (`two_dc`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,26 @@ from geodc.spec.paths import TOPOLOGIES
 
 def scenario_files(root: Path = TOPOLOGIES) -> list[Path]:
     return sorted(root.rglob("*.yaml"))
+
+
+def resolve(arg: str, root: Path = TOPOLOGIES) -> str:
+    """The scenario file arg names (module docstring); arg itself if it names none (the loader
+    then says so)."""
+    if Path(arg).exists():
+        return arg
+    in_checkout = root.parent / arg
+    if not Path(arg).is_absolute() and in_checkout.is_file():
+        return str(in_checkout)
+    name = arg.removesuffix(".yaml")
+    if name and "/" not in name:
+        found = [p for p in scenario_files(root) if p.stem == name]
+        if len(found) == 1:
+            return str(found[0])
+    return arg
+
+
+def scenario_names(root: Path = TOPOLOGIES) -> list[str]:
+    return [p.stem for p in scenario_files(root)]
 
 
 def list_text(root: Path = TOPOLOGIES) -> str:

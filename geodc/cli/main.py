@@ -23,6 +23,8 @@ CLI only: parse flags, load the scenario, call the job, print one line on error.
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.util
 import errno
 import os
 import sys
@@ -40,11 +42,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see --help)\n")
 
 
+SCENARIO_HELP = ("a scenario file, or a shipped scenario's name (two_dc, atlas_paper, ...; "
+                 "`run_testbed.py list` shows them)")
+EXAMPLES = {
+    "run": ["sudo python run_testbed.py run two_dc",
+            "sudo python run_testbed.py run atlas_paper --systems baseline,atlas --iterations 4"],
+    "calibrate": ["sudo python run_testbed.py calibrate three_dc",
+                  "sudo python run_testbed.py calibrate two_dc --seconds 4 --streams 2"],
+    "validate": ["python run_testbed.py validate topologies/*.yaml -q",
+                 "python run_testbed.py validate my_scenario.yaml"],
+    "plan": ["python run_testbed.py plan atlas_paper",
+             "python run_testbed.py plan gpt70b_3dc --systems atlas --json"],
+    "predict": ["python run_testbed.py predict two_dc",
+                "python run_testbed.py predict atlas_paper --systems baseline,atlas --json"],
+    "whatif": ["python run_testbed.py whatif gpt70b_3dc",
+               "python run_testbed.py whatif paper_testbed --json"],
+    "list": ["python run_testbed.py list", "python run_testbed.py list | grep model"],
+    "show": ["python run_testbed.py show two_dc", "python run_testbed.py show atlas_paper --json"],
+    "reproduce": ["python run_testbed.py reproduce results/two_dc-* --out /tmp/tables",
+                  "python run_testbed.py reproduce results/reference/*-fa257b3 --no-figures"],
+    "cleanup": ["sudo python run_testbed.py cleanup",
+                "sudo python run_testbed.py cleanup --cluster cluster.yaml"],
+}
+
+
+def _add(sub, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's word
+    """A subcommand whose --help has its one-line help as description and two examples."""
+    return sub.add_parser(name, help=help, description=help, epilog="examples:\n" + "\n".join(
+        f"  {line}" for line in EXAMPLES[name]), formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="run_testbed.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="build the network and train on it (default command)")
-    run.add_argument("scenario")
+
+    run = _add(sub, "run", help="build the network and train on it (default command)")
+    run.add_argument("scenario", help=SCENARIO_HELP)
     run.add_argument("--systems", default=None,
                      help="comma-separated, each on a fresh network: "
                           + ", ".join(SYSTEMS) + " (default: the scenario's systems)")
@@ -60,20 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
                      help="spread the DCs over the cluster file's servers (docs/cluster.md)")
     _common(run)
-    cal = sub.add_parser("calibrate", help="measure every WAN link (ping, iperf3) against its config")
-    cal.add_argument("scenario")
+    cal = _add(sub, "calibrate", help="measure every WAN link (ping, iperf3) against its config")
+    cal.add_argument("scenario", help=SCENARIO_HELP)
     cal.add_argument("--seconds", type=float, default=6.0, help="per iperf3 test, after a 1 s warm-up (default 6)")
     cal.add_argument("--streams", type=int, default=4, help="parallel TCP flows (default 4)")
     cal.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
                      help="spread the DCs over the cluster file's servers (docs/cluster.md)")
     _common(cal)
-    val = sub.add_parser("validate", help="check scenario files, build nothing")
-    val.add_argument("scenario", nargs="+")
+    val = _add(sub, "validate", help="check scenario files, build nothing")
+    val.add_argument("scenario", nargs="+", help="scenario files or names (as run takes them)")
     val.add_argument("-q", "--quiet", action="store_true",
                      help="one line per file: leave out the routes (checked all the same)")
     val.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
                      help="also show which server each DC runs on (docs/cluster.md)")
-    plan = sub.add_parser("plan", help="print each system's placement, WAN crossings and slot "
+    plan = _add(sub, "plan", help="print each system's placement, WAN crossings and slot "
                           "plan (no root, builds nothing)")
     _scenario_systems_json(plan)
     plan.add_argument("--full", action="store_true",
@@ -82,23 +116,23 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
                       help="also show which server each DC runs on and the WAN links that "
                            "cross servers (docs/cluster.md)")
-    pred = sub.add_parser("predict", help="the model's iteration time, bubbles and WAN use per "
+    pred = _add(sub, "predict", help="the model's iteration time, bubbles and WAN use per "
                           "system (no root, builds nothing)")
     _scenario_systems_json(pred)
     pred.add_argument("--plan", type=int, metavar="N", default=None,
                       help="instead: the N fastest assignments of stages to DCs (Atlas's "
                            "connections and sharing)")
-    what = sub.add_parser("whatif", help="the scenario as given and changed one setting at a "
+    what = _add(sub, "whatif", help="the scenario as given and changed one setting at a "
                           "time: iteration times, Atlas's speedup and BubbleTea's GPU "
                           "utilization beside the paper's, and why (the model; no root)")
-    what.add_argument("scenario")
+    what.add_argument("scenario", help=SCENARIO_HELP)
     what.add_argument("--json", action="store_true", help="print one JSON document")
-    sub.add_parser("list", help="the scenarios under topologies/, one line each (no root)")
-    show = sub.add_parser("show", help="a scenario with every setting resolved: DCs, hosts, "
+    _add(sub, "list", help="the scenarios under topologies/, one line each (no root)")
+    show = _add(sub, "show", help="a scenario with every setting resolved: DCs, hosts, "
                           "links, routes, training and each system's placement (no root)")
-    show.add_argument("scenario")
+    show.add_argument("scenario", help=SCENARIO_HELP)
     show.add_argument("--json", action="store_true", help="print one JSON document")
-    rep = sub.add_parser("reproduce", help="rebuild the paper-style tables and figures from "
+    rep = _add(sub, "reproduce", help="rebuild the paper-style tables and figures from "
                          "saved results folders (no root, no network, no torch)")
     rep.add_argument("results", nargs="+", metavar="RESULTS",
                      help="run folders (with metrics.json) or sweep folders (with index.json)")
@@ -106,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where the tables (Markdown, CSV) and figures (PNG) go (default "
                           "reproduced/; its files are replaced)")
     rep.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
-    clean = sub.add_parser("cleanup", help="remove namespaces, links and processes left by a "
+    clean = _add(sub, "cleanup", help="remove namespaces, links and processes left by a "
                            "killed run")
     clean.add_argument("--cluster", default=None, metavar="CLUSTER.yaml",
                        help="also on every server of the cluster file, over ssh: what killed "
@@ -114,8 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The package's version and the checkout's commit (as a run's folder names it)."""
+    from importlib.metadata import PackageNotFoundError, version
+    from geodc.emulation.results import git_commit
+    try:
+        v = version("geodc")
+    except PackageNotFoundError:
+        v = "unknown"
+    return f"{v} (commit {git_commit()})"
+
+
 def _scenario_systems_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario")
+    p.add_argument("scenario", help=SCENARIO_HELP)
     p.add_argument("--systems", default=None,
                    help="comma-separated (default: the scenario's systems)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -128,10 +173,22 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from geodc.cli.catalog import resolve, scenario_names
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        first = argv[0]
+        close = difflib.get_close_matches(first, COMMANDS, n=1, cutoff=0.6)
+        if close and resolve(first) == first and not Path(first).exists() \
+                and first not in scenario_names():
+            print(f"error: {first!r} is not a command; did you mean {close[0]}? (see --help)",
+                  file=sys.stderr)
+            return 2
         argv.insert(0, "run")  # run_testbed.py SCENARIO
     args = build_parser().parse_args(argv)
+    if isinstance(getattr(args, "scenario", None), list):
+        args.scenario = [resolve(a) for a in args.scenario]
+    elif getattr(args, "scenario", None) is not None:
+        args.scenario = resolve(args.scenario)
     if args.command in ("run", "calibrate"):
         from geodc.host.realtime import demote_on_rttime
         from geodc.emulation import interrupts
@@ -159,8 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             print(show_command(args.scenario, as_json=args.json))
             return 0
         if args.command == "reproduce":
-            from geodc.analysis.reproduce import reproduce
             _check_out_dir(args.out)
+            if not args.no_figures and importlib.util.find_spec("matplotlib") is None:
+                raise ModuleNotFoundError("matplotlib", name="matplotlib")
+            from geodc.analysis.reproduce import reproduce
             text, written = reproduce(args.results, Path(args.out),
                                       figures=not args.no_figures)
             print(text.rstrip())
@@ -245,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the testbed was torn down", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:
+        print(f"error: `{args.command}` needs {exc.name}, which {sys.executable} lacks; run "
+              f"`sudo make setup` (it installs requirements.txt into .venv)", file=sys.stderr)
+        return 2
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename:
             print(f"error: {exc.filename}: no space left on its filesystem ({exc.strerror}); "

@@ -197,7 +197,8 @@ class EmulatedScenario(Scenario):
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises ScenarioError (one line) on any problem."""
-    data = load_yaml(path, "give a path such as topologies/two_dc.yaml")
+    data = load_yaml(path, "give a scenario file's path or a shipped scenario's name, such as "
+                     "two_dc (run_testbed.py list shows them)")
     return parse_scenario(data, path=str(Path(path)))
 
 
