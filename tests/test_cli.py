@@ -46,10 +46,10 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     ["show", "topologies/atlas_bubbletea.yaml"],
     ["reproduce", *[str(p.relative_to(REPO)) for p in
                     sorted((REPO / "results" / "reference").glob("two_dc-*"))[:1]],
-     "--no-figures", "--out", "/tmp/rep-cli-test"],
+     "--no-figures", "--out", "OUT"],
 ], ids=lambda a: a[0])
-def test_needs_no_mininet_nor_torch(args):
-    proc = cli(*args)
+def test_needs_no_mininet_nor_torch(args, tmp_path):
+    proc = cli(*[str(tmp_path / "rep") if a == "OUT" else a for a in args])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() and not proc.stderr
 
@@ -204,3 +204,26 @@ def test_every_command_explains_itself_with_two_examples():
         assert len(examples) == 2 and all(f"run_testbed.py {command}" in e for e in examples), text
         if "\n  scenario " in text.split("options:")[0]:
             assert "shipped scenario's name" in text or "as run takes them" in text, text
+
+
+def test_reproduce_out_is_a_folder_it_made_replaced_whole(tmp_path):
+    """reproduce --out refuses a folder holding files it did not write (`/`, say), replaces
+    its own folder whole (an earlier call's figures do not stay beside new tables), and
+    leaves nothing beside it."""
+    run = str(next((REPO / "results" / "reference").glob("two_dc-*")))
+    r = cli("reproduce", run, "--out", "/", "--no-figures")
+    assert r.returncode == 2 and r.stderr.startswith("error: --out: '/' holds files reproduce "
+                                                     "did not write"), r.stderr
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    r = cli("reproduce", run, "--out", str(theirs), "--no-figures")
+    assert r.returncode == 2 and (theirs / "notes.txt").read_text() == "mine", r.stderr
+    out = tmp_path / "tables"
+    assert cli("reproduce", run, "--out", str(out), "--no-figures").returncode == 0
+    first = sorted(p.name for p in out.iterdir())
+    assert ".made-by-reproduce" in first and "training.md" in first, first
+    (out / "stale.png").write_bytes(b"an earlier call's figure")
+    assert cli("reproduce", run, "--out", str(out), "--no-figures").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tables", "theirs"]

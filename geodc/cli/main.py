@@ -74,7 +74,8 @@ def _add(sub, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="run_testbed.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version and the checkout's commit, and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = _add(sub, "run", help="build the network and train on it (default command)")
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run folders (with metrics.json) or sweep folders (with index.json)")
     rep.add_argument("--out", default="reproduced",
                      help="where the tables (Markdown, CSV) and figures (PNG) go (default "
-                          "reproduced/; its files are replaced)")
+                          "reproduced/): a new or empty folder, or one reproduce made, which "
+                          "is replaced whole; a folder holding other files is refused")
     rep.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
     clean = _add(sub, "cleanup", help="remove namespaces, links and processes left by a "
                            "killed run")
@@ -146,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also on every server of the cluster file, over ssh: what killed "
                             "runs started from here left there (docs/cluster.md)")
     return parser
+
+
+class _Version(argparse.Action):
+    """--version, asking git for the commit only when given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
@@ -219,9 +229,16 @@ def main(argv: list[str] | None = None) -> int:
             _check_out_dir(args.out)
             if not args.no_figures and importlib.util.find_spec("matplotlib") is None:
                 raise ModuleNotFoundError("matplotlib", name="matplotlib")
+            from geodc.analysis.outfolder import check_out, write_folder
             from geodc.analysis.reproduce import reproduce
-            text, written = reproduce(args.results, Path(args.out),
-                                      figures=not args.no_figures)
+            check_out(Path(args.out).absolute())   # before the results are read
+            text = ""
+
+            def build(folder: Path) -> list[Path]:
+                nonlocal text
+                text, files = reproduce(args.results, folder, figures=not args.no_figures)
+                return files
+            written = write_folder(Path(args.out), build)
             print(text.rstrip())
             print(f"results: {Path(args.out)} ({len(written)} files)")
             return 0

@@ -69,7 +69,7 @@ def write_bytes(path: Path, data: bytes, sync: bool = True) -> Path:
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fchmod(f.fileno(), 0o666 & ~umask())
             f.write(data)
             f.flush()
             if sync:
@@ -91,7 +91,7 @@ def write_bytes(path: Path, data: bytes, sync: bool = True) -> Path:
     return path
 
 
-def _umask() -> int:
+def umask() -> int:
     """This process's umask, read without changing it (os.umask sets it, for every thread)."""
     with open("/proc/self/status") as f:
         for line in f:
