@@ -131,7 +131,7 @@ def run_once(doc: dict, system: str, T: float, runs: Path, log, tag: str = ""
     wall = time.monotonic() - t0
     log.write(out)
     log.flush()
-    found = re.search(r"results: (\S+)/metrics\.json", out)
+    found = re.search(r"^results: (\S+)$", out, re.MULTILINE)
     if not found:
         return None, f"exit {proc.returncode}: " + out.strip().splitlines()[-1][:300], wall
     run_dir = Path(found.group(1))

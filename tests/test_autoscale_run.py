@@ -41,7 +41,7 @@ def test_auto_picks_more_than_one_and_the_overruns_stay_under_the_bound(tmp_path
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    doc = json.loads(Path(last.removeprefix("results: ")).read_text())
+    doc = json.loads((Path(last.removeprefix("results: ")) / "metrics.json").read_text())
     auto = doc["time_scale_auto"]
     assert doc["time_scale"] == auto["time_scale"] > 1.0 and auto["held"], auto
     m = doc["systems"]["baseline"]["time_scale_auto"]

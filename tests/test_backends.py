@@ -205,7 +205,7 @@ def test_calibrate_against_the_configured_link(start_child, tmp_path):
     assert rc == 0, child.describe()
     last = child.stdout.strip().splitlines()[-1]
     assert last.startswith("results: "), child.describe()
-    doc = json.loads(Path(last.removeprefix("results: ")).read_text())
+    doc = json.loads((Path(last.removeprefix("results: ")) / "calibration.json").read_text())
     assert doc["backend"] == (TEST_BACKEND or doc["backend"]) and doc["backend"] in BACKENDS, \
         doc["backend"]
     link = doc["links"][0]

@@ -72,7 +72,7 @@ def result(tmp_path_factory):
                           text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    doc = json.loads(Path(last.removeprefix("results: ")).read_text())
+    doc = json.loads((Path(last.removeprefix("results: ")) / "metrics.json").read_text())
     sys_dir = Path(doc["run_dir"]) / "baseline+bubbletea"
     spans = [json.loads(x) for x in (sys_dir / "trainer_spans.jsonl").read_text().splitlines()]
     records = [json.loads(x) for x in

@@ -48,7 +48,7 @@ def calibrate(start_child, small_yaml: Path, out: Path, *extra: str):
 def results_path(child) -> Path:
     lines = child.stdout.strip().splitlines()
     assert lines and lines[-1].startswith("results: "), child.describe()
-    return Path(lines[-1].removeprefix("results: "))
+    return Path(lines[-1].removeprefix("results: ")) / "calibration.json"
 
 
 def test_calibrate_interrupted(start_child, small_yaml, tmp_path):

@@ -8,8 +8,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,22 @@ def test_reproduce_out_is_a_folder_it_made_replaced_whole(tmp_path):
     assert cli("reproduce", run, "--out", str(out), "--no-figures").returncode == 0
     assert sorted(p.name for p in out.iterdir()) == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tables", "theirs"]
+
+
+def test_ctrl_c_on_a_command_that_builds_nothing_says_only_interrupted():
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, "predict", "gpt160b_5dc"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)   # importing and loading; predict itself takes minutes
+    proc.send_signal(signal.SIGINT)   # our child, not yet reaped
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err
+    assert "torn down" not in err
+
+
+def test_plan_and_validate_say_what_a_small_scenario_has():
+    """A DC that gets no stage is named; one WAN link is 'link', not 'links'."""
+    text = cli("plan", "atlas_paper", "--systems", "atlas").stdout
+    assert "  asia: no stage (2 hosts idle for training)" in text, text
+    doc = json.loads(cli("plan", "atlas_paper", "--systems", "atlas", "--json").stdout)
+    assert doc["systems"]["atlas"]["idle_dcs"] == {"asia": 2}, doc["systems"]["atlas"].keys()
+    assert ", 1 WAN link, " in cli("validate", "two_dc", "-q").stdout

@@ -69,7 +69,7 @@ def cli(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
 def metrics_of(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    return json.loads(Path(last.removeprefix("results: ")).read_text())
+    return json.loads((Path(last.removeprefix("results: ")) / "metrics.json").read_text())
 
 
 # Counting rules on a server's underlay interface (the local cluster's own namespace): the

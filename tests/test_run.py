@@ -44,7 +44,7 @@ def run(path: Path, out: Path) -> dict:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("results: "), proc.stdout
-    return json.loads(Path(last.removeprefix("results: ")).read_text())
+    return json.loads((Path(last.removeprefix("results: ")) / "metrics.json").read_text())
 
 
 @pytest.fixture(scope="module")

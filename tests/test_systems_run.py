@@ -48,7 +48,7 @@ def run(path: Path, out: Path, *extra: str) -> dict:
                            *extra], cwd=REPO, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    return json.loads(Path(last.removeprefix("results: ")).read_text())
+    return json.loads((Path(last.removeprefix("results: ")) / "metrics.json").read_text())
 
 
 def test_every_system_same_losses_own_choices(tmp_path: Path) -> None:

@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted: the testbed was torn down", file=sys.stderr)
+        print("interrupted: the testbed was torn down" if args.command in ("run", "calibrate")
+              else "interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as exc:
         print(f"error: `{args.command}` needs {exc.name}, which {sys.executable} lacks; run "
@@ -335,8 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line for the user; details in the run's logs
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(f"results: {path}")
+    print(f"results: {path.parent if path.name.endswith('.json') else path}")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _dead_runs_notice() -> None:
@@ -371,7 +376,8 @@ def _validate(path: str, routes: bool = True, cluster: str | None = None) -> str
     elif scenario.training is not None:
         _, cfg, systems = load_run(path)  # exactly what `run` checks
         what = f"training P={cfg.stages} D={cfg.replicas}, {', '.join(systems)}"
-    head = f"{path}: ok ({len(scenario.dcs)} DCs, {len(scenario.wan)} WAN links, {what})"
+    head = (f"{path}: ok ({_count(len(scenario.dcs), 'DC')}, "
+            f"{_count(len(scenario.wan), 'WAN link')}, {what})")
     if cfg is not None:
         from geodc.rules.memory import stage_memory, summary
         memory = summary(stage_memory(cfg))

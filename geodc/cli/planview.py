@@ -74,6 +74,7 @@ class SystemPlan:
     routes: tuple[Route, ...]
     slots: SlotPlan
     bubbletea: dict | None = None     # +bubbletea systems: where the prefill side runs, load
+    idle_dcs: tuple[tuple[str, int], ...] = ()   # (DC, hosts) of the DCs no stage is placed in
 
     def to_dict(self, full: bool = False) -> dict:
         s = self.system
@@ -81,7 +82,8 @@ class SystemPlan:
                 "wan_sharing": s.wan_sharing, "fill_bubbles": s.fill_bubbles,
                 "placement": self.placement.to_dict(),
                 "boundaries": [r.to_dict() for r in self.routes],
-                "slot_plan": self.slots.to_dict(order=full), "bubbletea": self.bubbletea}
+                "slot_plan": self.slots.to_dict(order=full), "bubbletea": self.bubbletea,
+                "idle_dcs": {dc: hosts for dc, hosts in self.idle_dcs}}
 
     def lines(self, full: bool = False) -> list[str]:
         """The text (module docstring): ranges, or every replica and host with full."""
@@ -94,6 +96,8 @@ class SystemPlan:
             pieces = ([f"r{r} {h} ({pl.stage_dcs[st][r]})" for r, h in enumerate(row)] if full
                       else replica_ranges(row, pl.stage_dcs[st]))
             out.append(f"  stage {st}: " + ", ".join(pieces))
+        for dc, n in self.idle_dcs:
+            out.append(f"  {dc}: no stage ({n} host{'' if n == 1 else 's'} idle for training)")
         hosts = (lambda hs: ", ".join(hs)) if full else host_list
         for rt in self.routes:
             pipes = ",".join(map(str, rt.pipelines)) if full else number_ranges(rt.pipelines)
@@ -188,9 +192,12 @@ def plan_system(scenario: Scenario, cfg: "TrainConfig", system: System) -> Syste
     if system.fill_bubbles:
         from geodc.features.bubbletea.plan import bubbletea_plan
         bt = bubbletea_plan(scenario, cfg.compute, placement, system.name)
+    used = {dc for row in placement.stage_dcs for dc in row}
     return SystemPlan(system=system, placement=placement,
                       routes=routes_of(scenario, placement, system),
-                      slots=plan_slots(scenario, cfg, placement, system), bubbletea=bt)
+                      slots=plan_slots(scenario, cfg, placement, system), bubbletea=bt,
+                      idle_dcs=tuple((dc.name, dc.hosts) for dc in scenario.dcs
+                                     if dc.name not in used))
 
 
 def resolve_systems(scenario: Scenario, names: Sequence[str] | None) -> list[System]:

@@ -125,7 +125,8 @@ def show_text(doc: dict[str, Any]) -> str:
     lines.append("DCs:")
     for dc in doc["dcs"]:
         link = "unshaped" if dc["host_link_mbit"] is None else f"{dc['host_link_mbit']:g} Mbit/s"
-        lines.append(f"  {dc['name']}: {dc['hosts']:,} hosts ({dc['first_host']}.."
+        lines.append(f"  {dc['name']}: {dc['hosts']:,} host{'' if dc['hosts'] == 1 else 's'} "
+                     f"({dc['first_host']}.."
                      f"{dc['last_host']}), host links {link}, {dc['decode_hosts']} decode hosts"
                      + (f", subnet {dc['subnet']}" if dc["subnet"] else ""))
     lines.append("WAN links (each direction):")

@@ -37,7 +37,8 @@ def announce(net: "Network", run_dir: Path, indent: str = "") -> dict:
     write_json(run_dir / "env.json", dict(provenance(), network=record, other_runs=live_runs()))
     ts = net.scenario.dilation
     print(f"{indent}network up in {net.timings_s['up']:.2f} s (backend {net.backend}, "
-          f"{len(net.scenario.host_names())} hosts, {len(net.scenario.wan)} WAN links, "
+          f"{len(net.scenario.host_names())} hosts, {len(net.scenario.wan)} WAN "
+          f"link{'' if len(net.scenario.wan) == 1 else 's'}, "
           f"{net.scenario.congestion_control}, {net.scenario.routing} routing"
           + (f", time_scale {ts}" if ts.dilated else "")
           + ")", flush=True)

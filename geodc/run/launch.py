@@ -86,7 +86,8 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                                        f"{spec.host}-trainer.log", env))
         last = next(s for s in specs if s.stage == cfg.stages - 1 and s.replica == 0)
         wait_all(procs, timeout_s, on_tick=None if progress is None else
-                 _loss_reporter(Path(last.loss_path), cfg.iterations, progress))
+                 _loss_reporter(Path(last.loss_path), cfg.iterations, progress,
+                                setup.time_scale.factor))
     except (RuntimeError, TimeoutError) as exc:
         for proc in procs:
             proc.stop()
@@ -104,10 +105,13 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
                     plan_path=plan_path, specs=specs, wall_s=wall_s)
 
 
-def _loss_reporter(loss_path: Path, iterations: int,
-                   progress: Callable[[str], None]) -> Callable[[], None]:
-    """A tick function that reports each new iteration the last stage has logged."""
+def _loss_reporter(loss_path: Path, iterations: int, progress: Callable[[str], None],
+                   time_scale: float = 1.0) -> Callable[[], None]:
+    """A tick function that reports each new iteration the last stage has logged: its time (in
+    real time: the wall between the last stage's ends of iteration over time_scale; none for
+    the first) and loss."""
     seen = [0]
+    last_end = [None]
 
     def tick() -> None:
         try:
@@ -120,7 +124,11 @@ def _loss_reporter(loss_path: Path, iterations: int,
             except json.JSONDecodeError:
                 return  # a line still being written: read it next tick
             seen[0] += 1
-            progress(f"iteration {rec['iteration'] + 1}/{iterations}: "
+            end = rec.get("t_end_ns")
+            took = (f"{(end - last_end[0]) / 1e9 / time_scale:.3f} s, "
+                    if end is not None and last_end[0] is not None else "")
+            last_end[0] = end
+            progress(f"iteration {rec['iteration'] + 1}/{iterations}: {took}"
                      f"loss {rec['loss']:.3f} (replica 0)")
 
     return tick

@@ -191,7 +191,7 @@ class StageWorker:
                         loss_file.write(json.dumps({
                             "iteration": it, "stage": self.spec.stage,
                             "replica": self.spec.replica, "loss": sum(losses) / len(losses),
-                            "microbatch_losses": losses}) + "\n")
+                            "microbatch_losses": losses, "t_end_ns": time.time_ns()}) + "\n")
                         loss_file.flush()
                     self.log.flush()
             for ch in (self.next, self.prev):
