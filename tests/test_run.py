@@ -7,6 +7,7 @@ leftovers); CI runs as root.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +39,12 @@ def scenario(tmp_path: Path, delay_ms: float, name: str, **extra) -> Path:
     return path
 
 
-def run(path: Path, out: Path) -> dict:
+def run(path: Path, out: Path, stdout: list[str] | None = None) -> dict:
     proc = subprocess.run([sys.executable, "run_testbed.py", "run", str(path), "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    if stdout is not None:
+        stdout += proc.stdout.splitlines()
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("results: "), proc.stdout
     return json.loads((Path(last.removeprefix("results: ")) / "metrics.json").read_text())
@@ -100,8 +103,14 @@ def test_time_scale_runs_slower_and_reports_real_time(tmp_path: Path) -> None:
     metrics.json reports real time (divided back), so the figures match the undilated run's."""
     plain_doc = run(scenario(tmp_path, 5, "ts1"), tmp_path / "results")
     plain = plain_doc["systems"]["baseline"]
-    slow_doc = run(scenario(tmp_path, 5, "ts4", time_scale=4), tmp_path / "results")
+    said: list[str] = []
+    slow_doc = run(scenario(tmp_path, 5, "ts4", time_scale=4), tmp_path / "results", said)
     slow = slow_doc["systems"]["baseline"]
+    # the progress lines give each iteration's time after the first, in real time too
+    took = [float(m.group(1)) for line in said
+            if (m := re.search(r"iteration [23]/3: ([\d.]+) s, loss [\d.]+ \(replica 0\)", line))]
+    assert len(took) == 2 and all(t == pytest.approx(slow["iteration_time_s"], rel=0.5)
+                                  for t in took), (took, slow["iteration_time_s"], said)
     assert slow["time_scale"] == 4 and "real time" in slow["figures"]
     assert slow_doc["time_scale"] == 4
     # Real-time figures, not 4x them (loose: this is no timing test, a busy machine can
