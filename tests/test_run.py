@@ -39,9 +39,9 @@ def scenario(tmp_path: Path, delay_ms: float, name: str, **extra) -> Path:
     return path
 
 
-def run(path: Path, out: Path, stdout: list[str] | None = None) -> dict:
-    proc = subprocess.run([sys.executable, "run_testbed.py", "run", str(path), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+def run(path: Path, out: Path, stdout: list[str] | None = None, *extra: str) -> dict:
+    proc = subprocess.run([sys.executable, "run_testbed.py", "run", str(path), "--out", str(out),
+                           *extra], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     if stdout is not None:
         stdout += proc.stdout.splitlines()
@@ -52,9 +52,11 @@ def run(path: Path, out: Path, stdout: list[str] | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def doc_run(tmp_path_factory) -> dict:
-    """One run at 5 ms (reno), shared by the tests that read its metrics (test time)."""
+    """One run at 5 ms (reno), twice (--repeat 2), shared by the tests that read its metrics
+    (test time)."""
     tmp_path = tmp_path_factory.mktemp("doc")
-    return run(scenario(tmp_path, 5, "doc", congestion_control="reno"), tmp_path / "results")
+    return run(scenario(tmp_path, 5, "doc", congestion_control="reno"), tmp_path / "results",
+               None, "--repeat", "2")
 
 
 def test_iteration_time_grows_with_wan_delay(tmp_path: Path, doc_run: dict) -> None:
@@ -64,6 +66,20 @@ def test_iteration_time_grows_with_wan_delay(tmp_path: Path, doc_run: dict) -> N
     # Each iteration crosses the WAN at least 4 times one way (2 activations, 2 gradients, in
     # sequence at the pipeline's ends), so 35 ms more one-way delay adds well over 100 ms.
     assert t_far > t_near + 0.1, (t_near, t_far)
+
+
+def test_repeats_are_each_a_fresh_run_and_the_figures_their_mean(doc_run: dict) -> None:
+    base = doc_run["systems"]["baseline"]
+    rep = base["repeats"]
+    assert rep["n"] == 2 and rep["folders"][0] == "baseline", rep
+    times = rep["iteration_time_s"]["values"]
+    assert base["iteration_time_s"] == pytest.approx(sum(times) / 2)
+    assert rep["iteration_time_s"]["stdev"] >= 0
+    # the second ran in its own folder, with its own figures (the first's folder holds the
+    # combined block)
+    second = json.loads((Path(doc_run["run_dir"]) / rep["folders"][1] / "metrics.json").read_text())
+    assert second["iteration_time_s"] == times[1] and second["complete"]
+    assert base["model"]["measured"]["iteration_time_s"] == base["iteration_time_s"]
 
 
 def test_metrics_document(doc_run: dict) -> None:

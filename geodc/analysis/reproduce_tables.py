@@ -24,8 +24,9 @@ class Column:
 
 TRAINING = (Column("results", "results"), Column("point", "point"), Column("system", "system"),
             Column("iteration s", "iteration_s", ".3f"),
+            Column("spread s", "iteration_stdev_s", ".3f"), Column("n", "repeats"),
             Column("model s", "model_iteration_s", ".3f"),
-            Column("error", "model_error_frac", "+.1%"),
+            Column("model/measured - 1", "model_error_frac", "+.1%"),
             Column("speedup", "speedup_vs_baseline_x", ".2f"),
             Column("bubble", "bubble_frac", ".3f"),
             Column("model bubble", "model_bubble_frac", ".3f"),
@@ -63,7 +64,10 @@ def training_records(runs: Sequence[Any]) -> list[dict[str, Any]]:
                 continue
             pred = (m.get("model") or {}).get("predicted") or {}
             err = (m.get("model") or {}).get("error") or {}
+            rep = m.get("repeats") or {}
             rec.update(iteration_s=m["iteration_time_s"],
+                       iteration_stdev_s=(rep.get("iteration_time_s") or {}).get("stdev"),
+                       repeats=rep.get("n", 1),
                        model_iteration_s=pred.get("iteration_time_s"),
                        model_error_frac=err.get("iteration_time_rel"),
                        speedup_vs_baseline_x=base / m["iteration_time_s"] if base else None,

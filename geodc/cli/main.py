@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", default=None, metavar="SWEEP_DIR",
                      help="a sweep's results folder: run only its points not done yet (same "
                           "scenario and flags)")
+    run.add_argument("--repeat", type=int, default=1, metavar="N",
+                     help="train each system N times, each on a fresh network: figures are "
+                          "the mean, with their spread and n (default 1)")
     run.add_argument("--timeout-s", type=float, default=None, metavar="S",
                      help="stop a system's training after S seconds (real time; default: 3x "
                           "the model's predicted time plus 120 s, or 600 s in measured mode)")
@@ -291,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.timeout_s is not None and not args.timeout_s > 0:
                 raise ScenarioError("--timeout-s", f"{args.timeout_s:g} is not a duration",
                                     "give seconds above 0")
+            if not 1 <= args.repeat <= MAX_REPEAT:
+                raise ScenarioError("--repeat", f"{args.repeat} is not a repeat count",
+                                    f"give 1 to {MAX_REPEAT}")
             load_run(args.scenario, systems=systems, iterations=args.iterations)
             cluster = None
             if args.cluster is not None:   # a bad cluster file is refused before any build
@@ -303,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                 path = sweep_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  systems=systems, iterations=args.iterations,
                                  resume=None if args.resume is None else Path(args.resume),
-                                 quiet=args.quiet, timeout_s=args.timeout_s, cluster=cluster)
+                                 quiet=args.quiet, timeout_s=args.timeout_s, cluster=cluster,
+                                 repeat=args.repeat)
             else:
                 if args.resume is not None:
                     raise ScenarioError("--resume", f"{args.scenario} has no sweep",
@@ -311,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 from geodc.run.jobs import run_job
                 path = run_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                systems=systems, iterations=args.iterations, quiet=args.quiet,
-                               timeout_s=args.timeout_s, cluster=cluster)
+                               timeout_s=args.timeout_s, cluster=cluster, repeat=args.repeat)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -400,6 +407,7 @@ def _validate(path: str, routes: bool = True, cluster: str | None = None) -> str
 
 MAX_CALIBRATE_S = 3600.0   # per iperf3 test
 MAX_STREAMS = 128          # iperf3 -P's own limit
+MAX_REPEAT = 100
 
 
 def _check_calibrate(seconds: float, streams: int) -> None:

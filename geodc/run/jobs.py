@@ -20,6 +20,7 @@ from geodc.emulation.network import Network, check_environment
 from geodc.emulation.registry import live_runs
 from geodc.emulation.results import new_run_dir, provenance, write_json, write_text
 from geodc.run.diskspace import check_room, estimate_bytes
+from geodc.run.repeats import combine
 from geodc.features.checks import load_run
 from geodc.spec.scenario import Scenario, load_scenario
 from geodc.spec.systems import get_system
@@ -79,9 +80,12 @@ def calibrate_job(scenario_path: str, *, out_dir: Path, backend: str | None = No
 def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             systems: list[str] | None = None, iterations: int | None = None,
             progress: "Progress | None" = None, quiet: bool = False,
-            timeout_s: float | None = None, cluster=None) -> Path:
+            timeout_s: float | None = None, cluster=None, repeat: int = 1) -> Path:
     """Train once per system, each on a fresh network (geodc.run.systemrun); write metrics.json
     with one block per system and, when baseline ran, each system's speedup over it.
+    repeat: each system trains that many times, each on a fresh network (the first in
+    RUN/SYSTEM, the others in RUN/SYSTEM/repeats/), its block their combination
+    (geodc.run.repeats).
     progress: a sweep's (geodc.run.progress), else one of this run's own (none when quiet).
     cluster: a geodc.spec.cluster.Cluster to spread the DCs over its servers (None: here)."""
     from geodc.run.progress import Progress
@@ -91,12 +95,12 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     scenario, cfg, systems = load_run(scenario_path, systems=systems, iterations=iterations)
     from geodc.run.autoscale import check_after, resolve
     scenario, auto = resolve(scenario, cfg, say=print if progress is None else progress.line)
-    check_room(out_dir, estimate_bytes(cfg, len(systems)))
+    check_room(out_dir, estimate_bytes(cfg, len(systems) * repeat))
     run_dir = _prepare(scenario, out_dir)
     other_runs = live_runs()   # their load on the machine skews this run's timings
     own = progress is None
     if progress is None:
-        progress = Progress(len(systems) * cfg.iterations, quiet=quiet)
+        progress = Progress(len(systems) * cfg.iterations * repeat, quiet=quiet)
     try:
         say = progress.line
         doc = {"schema_version": SCHEMA_VERSION,
@@ -117,9 +121,21 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
             say(f"training ({name}): P={cfg.stages} D={cfg.replicas} M={cfg.micro_batches} "
                 f"{cfg.schedule}, {cfg.iterations} iterations, compute={cfg.compute}")
             try:
-                metrics = run_system(scenario, cfg, get_system(name), run_dir, backend=backend,
-                                     progress=lambda line: say("  " + line),
-                                     timeout_s=timeout_s, cluster=cluster)
+                blocks, folders = [], []
+                for k in range(repeat):
+                    where = run_dir
+                    if k:
+                        say(f"  repeat {k + 1} of {repeat} ({name}), on a fresh network")
+                        where = run_dir / name / "repeats" / f"{run_dir.name}-r{k + 1}"
+                        where.mkdir(parents=True)
+                    blocks.append(run_system(scenario, cfg, get_system(name), where,
+                                             backend=backend,
+                                             progress=lambda line: say("  " + line),
+                                             timeout_s=timeout_s, cluster=cluster))
+                    folders.append(str((where / name).relative_to(run_dir)))
+                metrics = blocks[0] if repeat == 1 else combine(blocks, folders)
+                if repeat > 1:
+                    write_json(run_dir / name / "metrics.json", metrics)
             except (RunIncomplete, KeyboardInterrupt) as exc:
                 # the systems that finished, and this one's partial block, marked incomplete
                 written = run_dir / name / "metrics.json"

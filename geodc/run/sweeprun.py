@@ -44,9 +44,11 @@ def read_doc(scenario_path: str) -> dict[str, Any]:
 
 
 def sweep_key(doc: dict[str, Any], systems: list[str] | None, iterations: int | None,
-              cluster=None) -> str:
+              cluster=None, repeat: int = 1) -> str:
     """What a --resume must match: the sweep, its options, and the cluster's servers (if any)."""
     what: dict[str, Any] = {"doc": doc, "systems": systems, "iterations": iterations}
+    if repeat != 1:   # (absent at 1: sweeps made before --repeat resume as they were)
+        what["repeat"] = repeat
     if cluster is not None:
         what["servers"] = [f"{s.name}={s.destination}" for s in cluster.servers]
     text = json.dumps(what, sort_keys=True)
@@ -56,7 +58,7 @@ def sweep_key(doc: dict[str, Any], systems: list[str] | None, iterations: int | 
 def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
               systems: list[str] | None = None, iterations: int | None = None,
               resume: Path | None = None, quiet: bool = False,
-              timeout_s: float | None = None, cluster=None) -> Path:
+              timeout_s: float | None = None, cluster=None, repeat: int = 1) -> Path:
     """Every point of the sweep not done yet, one run each (geodc.run.jobs.run_job), then its
     tables. cluster: a geodc.spec.cluster.Cluster every point's DCs are spread over (each point
     placed and checked on its own; a point the cluster cannot hold fails alone)."""
@@ -64,7 +66,7 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     doc = read_doc(scenario_path)
     points = expand(doc)
     checked = check_points(points, systems=systems, iterations=iterations)
-    key = sweep_key(doc, systems, iterations, cluster)
+    key = sweep_key(doc, systems, iterations, cluster, repeat)
     if resume is not None:
         sweep_dir = Path(resume)
         _read_index(sweep_dir, key, len(points))     # a sweep folder at all, before locking
@@ -74,7 +76,7 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
     try:   # held until the sweep's tables are written: a waiting --resume starts after
         _sweep(doc, points, checked, key, sweep_dir, resume is not None, run_job,
                backend=backend, systems=systems, iterations=iterations, quiet=quiet,
-               timeout_s=timeout_s, cluster=cluster)
+               timeout_s=timeout_s, cluster=cluster, repeat=repeat)
     finally:
         os.close(lock)
     return sweep_dir / "index.json"
@@ -83,7 +85,7 @@ def sweep_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
 def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sweep_dir: Path,
            resumed: bool, run_job, *, backend: str | None, systems: list[str] | None,
            iterations: int | None, quiet: bool, timeout_s: float | None,
-           cluster=None) -> None:
+           cluster=None, repeat: int = 1) -> None:
     """The sweep's points not done yet, then its tables (the caller holds the folder's lock)."""
     if resumed:
         index = _read_index(sweep_dir, key, len(points))   # as the last holder left it
@@ -95,8 +97,8 @@ def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sw
                  "points": [{"index": p.index, "label": p.label, "values": p.values,
                              "status": "pending"} for p in points]}
     todo = [p for p in points if not _done(sweep_dir, index["points"][p.index])]
-    progress = Progress(sum(len(sy) * cfg.iterations for p, (cfg, sy) in zip(points, checked)
-                            if p in todo), quiet=quiet)
+    progress = Progress(sum(len(sy) * cfg.iterations * repeat
+                            for p, (cfg, sy) in zip(points, checked) if p in todo), quiet=quiet)
     progress.say(f"sweep of {doc['name']}: {len(points)} points, {len(points) - len(todo)} "
                  f"done before, in {sweep_dir}")
     write_json(sweep_dir / "index.json", index)
@@ -104,7 +106,7 @@ def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sw
         for p in todo:
             _run_point(p, sweep_dir, index, progress, run_job, backend=backend,
                        systems=systems, iterations=iterations, n=len(points),
-                       timeout_s=timeout_s, cluster=cluster)
+                       timeout_s=timeout_s, cluster=cluster, repeat=repeat)
     finally:
         progress.close()
     for line in summary(index):
@@ -121,7 +123,7 @@ def _sweep(doc: dict[str, Any], points: list[Point], checked: list, key: str, sw
 
 def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_job, *,
                backend: str | None, systems: list[str] | None, iterations: int | None,
-               n: int, timeout_s: float | None = None, cluster=None) -> None:
+               n: int, timeout_s: float | None = None, cluster=None, repeat: int = 1) -> None:
     entry = index["points"][p.index]
     interrupts.check()
     (sweep_dir / "points").mkdir(exist_ok=True)
@@ -133,7 +135,7 @@ def _run_point(p: Point, sweep_dir: Path, index: dict, progress: Progress, run_j
     try:
         metrics_path = run_job(str(path), out_dir=sweep_dir / "runs", backend=backend,
                                systems=systems, iterations=iterations, progress=progress,
-                               timeout_s=timeout_s, cluster=cluster)
+                               timeout_s=timeout_s, cluster=cluster, repeat=repeat)
     except KeyboardInterrupt:
         entry["status"] = "interrupted"
         write_json(sweep_dir / "index.json", index)
