@@ -167,8 +167,8 @@ def test_csv_holds_the_raw_numbers_with_units_in_the_header(runs):
                                                  bubbletea_records, csv_text, training_records)
     text = csv_text(TRAINING + TRAINING_CSV_ONLY, training_records(runs))
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert list(rows[0])[3:] == ["iteration_s", "model_iteration_s", "model_error_frac",
-                                 "speedup_vs_baseline_x", "bubble_frac", "model_bubble_frac",
+    assert list(rows[0])[3:] == ["iteration_s", "iteration_stdev_s", "repeats",
+                                 "model_iteration_s", "model_error_frac", "speedup_vs_baseline_x", "bubble_frac", "model_bubble_frac",
                                  "gpu_utilization_frac", "status"]
     by_name = {r.name: r for r in runs}
     for row in rows:

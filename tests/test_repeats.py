@@ -44,3 +44,14 @@ def test_the_mean_with_its_spread_and_the_model_against_it():
 
 def test_one_repeat_has_no_stdev():
     assert combine([block(2.0, 0.5)], ["a"])["repeats"]["iteration_time_s"]["stdev"] is None
+
+
+def test_a_figure_point_carries_the_range_over_repeats_and_the_models_speedup():
+    from geodc.analysis.series import _speedup
+    base = combine([block(3.0, 0.5), block(4.0, 0.5)], ["baseline", "r2/baseline"])
+    atlas = combine([block(1.0, 0.5), block(2.0, 0.5)], ["atlas", "r2/atlas"])
+    y = _speedup(base, atlas)
+    assert y["speedup"] == pytest.approx(3.5 / 1.5)
+    assert (y["speedup_lo"], y["speedup_hi"]) == (pytest.approx(3.0 / 2.0), pytest.approx(4.0))
+    assert y["model_speedup"] == pytest.approx(1.0)     # both predicted 2.0 s
+    assert "speedup_lo" not in _speedup(block(3.0, 0.5), block(1.0, 0.5))

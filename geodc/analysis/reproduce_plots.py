@@ -92,8 +92,17 @@ def speedup_figure(scenario: str, by_panel: dict[tuple, dict[str, list[Point]]])
     for ax, key in zip(axes[0], keys):
         for name in _system_order(by_panel[key]):
             pts = by_panel[key][name]
-            ax.plot([p.x for p in pts], [p.y["speedup"] for p in pts], marker="o",
-                    color=colour_of(name), label=name)
+            ys = [p.y["speedup"] for p in pts]
+            if all("speedup_lo" in p.y for p in pts):   # repeats: the range as error bars
+                err = [[y - p.y["speedup_lo"] for y, p in zip(ys, pts)],
+                       [p.y["speedup_hi"] - y for y, p in zip(ys, pts)]]
+                ax.errorbar([p.x for p in pts], ys, yerr=err, marker="o", capsize=3,
+                            color=colour_of(name), label=name)
+            else:
+                ax.plot([p.x for p in pts], ys, marker="o", color=colour_of(name), label=name)
+            if all("model_speedup" in p.y for p in pts) and name != "baseline":
+                ax.plot([p.x for p in pts], [p.y["model_speedup"] for p in pts], ls="--",
+                        lw=1, color=colour_of(name), alpha=0.7)
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         if key:
             ax.set_title(panel_title(key), fontsize=8)
@@ -108,7 +117,8 @@ def speedup_figure(scenario: str, by_panel: dict[tuple, dict[str, list[Point]]])
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.grid(alpha=0.3)
     _legends(list(axes[0]), [set(by_panel[k]) for k in keys])
-    fig.suptitle(f"{scenario}: speedup over baseline (same run)\nvs WAN delay", fontsize=10)
+    fig.suptitle(f"{scenario}: speedup over baseline (same run)\nvs WAN delay "
+                 f"(dashed: the model; bars: range over repeats)", fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -118,13 +118,27 @@ def delay_points(runs: Sequence[Any]) -> list[Point]:
         panel = panels(group, _is_delay_field)
         for r in group:
             systems = r.metrics["systems"]
-            base = systems["baseline"]["iteration_time_s"]
+            base = systems["baseline"]
             for name, m in systems.items():
                 if m.get("iteration_time_s"):
                     out.append(Point(scenario=scenario, panel=panel[r.name], system=name,
-                                     x=r.first_delay_ms, run=r.name,
-                                     y={"speedup": base / m["iteration_time_s"]}))
+                                     x=r.first_delay_ms, run=r.name, y=_speedup(base, m)))
     return out
+
+
+def _speedup(base: dict, m: dict) -> dict[str, float]:
+    """The measured speedup; with repeats its range (the slowest baseline over the fastest
+    system's, and the other way round); the model's, where both have one."""
+    y = {"speedup": base["iteration_time_s"] / m["iteration_time_s"]}
+    rb, rm = (base.get("repeats") or {}).get("iteration_time_s"), (
+        m.get("repeats") or {}).get("iteration_time_s")
+    if rb and rm:
+        y.update(speedup_lo=rb["min"] / rm["max"], speedup_hi=rb["max"] / rm["min"])
+    pb = ((base.get("model") or {}).get("predicted") or {}).get("iteration_time_s")
+    pm = ((m.get("model") or {}).get("predicted") or {}).get("iteration_time_s")
+    if pb and pm:
+        y["model_speedup"] = pb / pm
+    return y
 
 
 def rate_points(runs: Sequence[Any]) -> list[Point]:
