@@ -248,3 +248,14 @@ def test_plan_and_validate_say_what_a_small_scenario_has():
     doc = json.loads(cli("plan", "atlas_paper", "--systems", "atlas", "--json").stdout)
     assert doc["systems"]["atlas"]["idle_dcs"] == {"asia": 2}, doc["systems"]["atlas"].keys()
     assert ", 1 WAN link, " in cli("validate", "two_dc", "-q").stdout
+
+
+def test_rates_read_the_same_everywhere_and_whatif_labels_the_change_it_made():
+    """show gives a link's real rate with the emulated one beside it (whatif's unit), plan says
+    its rates are emulated; whatif's fewer-pipelines row names the factor it applied."""
+    show = cli("show", "atlas_paper").stdout
+    assert "eu <-> us: 40 ms one way, 10 Gbit/s (100 Mbit/s emulated)" in show, show
+    plan = cli("plan", "atlas_paper").stdout.splitlines()[0]
+    assert "rates and windows below as emulated (the real link's are 100x" in plan, plan
+    what = cli("whatif", "two_dc").stdout
+    assert "pipelines /2 (D 2 -> 1" in what and "pipelines /16" not in what, what

@@ -257,7 +257,7 @@ def test_cli_validate_missing_file(tmp_path):
     assert out.returncode == 2
     assert out.stderr.splitlines() == [
         f"error: scenario: no file {str(tmp_path / 'nope.yaml')!r}; "
-        "give a path such as topologies/two_dc.yaml"]
+        "give a scenario file's path or a shipped scenario's name, such as two_dc (run_testbed.py list shows them)"]
 
 
 @pytest.mark.loopback

@@ -236,7 +236,9 @@ def plan_text(scenario: Scenario, cfg: "TrainConfig", plans: Sequence[SystemPlan
               full: bool = False) -> str:
     out = [f"{scenario.path or scenario.name}: P={cfg.stages} stages x D={cfg.replicas} "
            f"replicas, M={cfg.micro_batches} ({cfg.schedule}, {cfg.compute}), scale "
-           f"{scenario.scale:g}, connections {scenario.connections}"]
+           f"{scenario.scale:g}, connections {scenario.connections}"
+           + (f"; rates and windows below as emulated (the real link's are {scenario.scale:g}x; "
+              f"show gives both)" if scenario.scale != 1 else "")]
     body = [line for p in plans for line in p.lines(full)]
     if not full and any(STEPPED.search(line) for line in body):
         out.append(STEPS_NOTE)

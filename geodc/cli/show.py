@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from geodc.spec.errors import ScenarioError
+from geodc.spec.rates import real_rate_text
 from geodc.plans.placement import place_for_system
 from geodc.plans.routing import dc_paths
 from geodc.spec.scenario import Scenario, load_scenario, scaled_tcp_rmem_max_bytes
@@ -124,7 +125,8 @@ def show_text(doc: dict[str, Any]) -> str:
         lines.append(auto_line(doc["time_scale_auto"]))
     lines.append("DCs:")
     for dc in doc["dcs"]:
-        link = "unshaped" if dc["host_link_mbit"] is None else f"{dc['host_link_mbit']:g} Mbit/s"
+        link = ("unshaped" if dc["host_link_mbit"] is None else
+                real_rate_text(dc["host_link_mbit"], s["scale"]))
         lines.append(f"  {dc['name']}: {dc['hosts']:,} host{'' if dc['hosts'] == 1 else 's'} "
                      f"({dc['first_host']}.."
                      f"{dc['last_host']}), host links {link}, {dc['decode_hosts']} decode hosts"
@@ -132,7 +134,8 @@ def show_text(doc: dict[str, Any]) -> str:
     lines.append("WAN links (each direction):")
     for w in doc["wan"]:
         a, b = w["between"]
-        lines.append(f"  {a} <-> {b}: {w['delay_ms']:g} ms one way, {w['rate_mbit']:g} Mbit/s, "
+        lines.append(f"  {a} <-> {b}: {w['delay_ms']:g} ms one way, "
+                     f"{real_rate_text(w['rate_mbit'], s['scale'])}, "
                      f"jitter {w['jitter_ms']:g} ms, loss {w['loss_pct']:g}%, queue "
                      f"{w['queue_bytes']:,} B (BDP {w['bdp_bytes']:,} B)")
     lines.append(f"routes ({s['routing']}):")

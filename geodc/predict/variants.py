@@ -85,7 +85,7 @@ def variants(doc: dict[str, Any]) -> list[Variant]:
             whole, rest = divmod(dc["hosts"], replicas)
             dc["hosts"] = whole * fewer + math.ceil(rest * fewer / replicas)
         out.append(Variant(key="fewer_pipelines", fields=("training.replicas", "dcs[].hosts"),
-                           doc=d, label=(f"pipelines /{FEWER_PIPELINES} (D {replicas} -> "
+                           doc=d, label=(f"pipelines /{replicas / fewer:g} (D {replicas} -> "
                                          f"{fewer}, DCs {_sizes(d)} {_hosts(doc)})")))
     if replicas >= 2 and len(doc["dcs"]) >= 2:
         d = _uneven(doc, replicas, int(training.get("stages", 1)))
