@@ -274,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
         # bad input is refused before anything that needs root, Mininet or torch is imported
         _check_out_dir(args.out)
         if args.command == "calibrate":
-            _check_calibrate(args.seconds, args.streams)
             from geodc.spec.scenario import load_scenario
             scenario = load_scenario(args.scenario)
             scenario.check_emulable()
@@ -283,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                 from geodc.spec.cluster import load_cluster, scenario_placement
                 cluster = load_cluster(args.cluster)
                 scenario_placement(cluster, scenario)
-            _dead_runs_notice()
+            _dead_runs_notice()   # first: a bad flag below still shows it, as before the check
+            _check_calibrate(args.seconds, args.streams)
             from geodc.run.jobs import calibrate_job
             path = calibrate_job(args.scenario, out_dir=Path(args.out), backend=args.backend,
                                  seconds=args.seconds, streams=args.streams, cluster=cluster)
