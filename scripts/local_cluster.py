@@ -64,12 +64,15 @@ def up(n: int, out: Path) -> None:
         sys.exit(f"error: N: {n} servers; give 1 to {MAX_SERVERS}")
     if STATE.exists():
         sys.exit(f"error: a local cluster is up ({STATE} exists); run `local_cluster.py down` first")
+    if out.exists() or out.is_symlink():
+        sys.exit(f"error: --out: {out} exists; give a new path (up writes the cluster file "
+                 f"and down removes it)")
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     if not os.path.exists(sshd):
         sys.exit("error: sshd: not installed; apt-get install openssh-server (scripts/setup.sh does)")
     STATE.mkdir(mode=0o700)
     state: dict = {"namespaces": [], "root_link": None, "made_sshd_dir": False, "procs": [],
-                   "out": str(out.resolve())}
+                   "out": None}     # the cluster file, once up has written it
     save(state)
     try:
         if not SSHD_DIR.exists():
@@ -138,11 +141,19 @@ def up(n: int, out: Path) -> None:
         (STATE / "known_hosts").write_text("\n".join(known) + "\n")
         for k in range(1, n + 1):
             wait_listening(f"{PREFIX}-s{k}", address(k), STATE / f"s{k}" / "sshd.log")
-        out.write_text(f"# local cluster of {n} servers (scripts/local_cluster.py; "
-                       f"down: local_cluster.py down)\nservers:\n" + "\n".join(servers) + "\n")
-    except BaseException:
+        with open(out, "x") as f:   # never a file that appeared meanwhile
+            f.write(f"# local cluster of {n} servers (scripts/local_cluster.py; "
+                    f"down: local_cluster.py down)\nservers:\n" + "\n".join(servers) + "\n")
+        state["out"] = str(out.resolve())
+        save(state)
+    except BaseException as exc:
         down(quiet=True)
-        raise
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) and \
+            exc.stderr else str(exc)
+        sys.exit(f"error: up: {detail.splitlines()[-1] if detail else type(exc).__name__}; "
+                 f"everything it made is removed")
     print(f"{n} servers up ({', '.join(address(k) for k in range(1, n + 1))}); cluster file {out}")
 
 
@@ -218,10 +229,11 @@ def down(quiet: bool = False) -> list[str]:
             done.append(str(SSHD_DIR))
         except OSError:
             pass
-    out = Path(state["out"])
-    if out.exists():
-        out.unlink()
-        done.append(str(out))
+    if state.get("out"):
+        out = Path(state["out"])
+        if out.exists():
+            out.unlink()
+            done.append(str(out))
     shutil.rmtree(STATE, ignore_errors=True)
     done.append(str(STATE))
     if not quiet:

@@ -56,3 +56,16 @@ def test_up_ssh_ping_down_leaves_nothing(tmp_path):
     while any(Path(f"/proc/{p['pid']}").exists() for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)   # a stopped sshd is reaped by init (it outlived `up`)
     assert not any(Path(f"/proc/{p['pid']}").exists() for p in procs)
+
+
+def test_up_never_touches_a_file_it_did_not_write(tmp_path):
+    """An --out that exists is refused before anything is made, and kept (a failed up used to
+    delete it with the rest)."""
+    out = tmp_path / "mine.yaml"
+    out.write_text("my own notes\n")
+    r = subprocess.run([*SCRIPT, "up", "2", "--out", str(out)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"error: --out: {out} exists; give a new path (up writes the cluster file and down "
+        f"removes it)"), r.stderr
+    assert out.read_text() == "my own notes\n" and not STATE.exists()
