@@ -3,7 +3,7 @@
 One job: compare. `compare(prediction, metrics)` takes geodc.predict.predict's figures and a system's
 metrics block (real time) and returns {"predicted", "measured", "error", "within_target"};
 `summary_line` says it in one line for the run's summary. Targets (issue: every shipped
-scenario and system): iteration time within 10 %, bubble fraction within 0.05 absolute. A
+scenario and system): iteration time within 10 %, bubble fraction within 5 points (0.05). A
 +bubbletea system adds `bubbletea`: GPU utilization with prefill, requests/s, TTFT, misses and
 the unused bubble's causes, predicted (geodc.predict.bubbletea) next to measured, without a target.
 `emulation` says what the emulation itself added (emulation_overheads), beside the errors.
@@ -115,12 +115,13 @@ def compare_bubbletea(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, A
 
 def summary_line(check: dict[str, Any]) -> str:
     p, m, e = check["predicted"], check["measured"], check["error"]
-    flag = "" if check["within_target"] else " (outside the targets: 10% / 0.05)"
+    flag = "" if check["within_target"] else " (outside the targets: 10% / 5 points)"
     return (f"model: iteration {p['iteration_time_s']:.3f} s predicted vs "
             f"{m['iteration_time_s']:.3f} s measured ({e['iteration_time_rel']:+.1%}), bubble "
-            f"{p['bubble_fraction']:.3f} vs {m['bubble_fraction']:.3f} "
-            f"({e['bubble_fraction_abs']:+.3f}), GPU utilization {p['gpu_utilization']:.3f} vs "
-            f"{m['gpu_utilization']:.3f}{flag}" + _emulation_clause(check.get("emulation"))
+            f"{p['bubble_fraction']:.1%} vs {m['bubble_fraction']:.1%} "
+            f"({100 * e['bubble_fraction_abs']:+.1f} points), GPU utilization "
+            f"{p['gpu_utilization']:.1%} vs {m['gpu_utilization']:.1%}{flag}"
+            + _emulation_clause(check.get("emulation"))
             + _bubbletea_line(check.get("bubbletea"))
             + (f"; the model leaves out {check['left_out']}" if check.get("left_out") else ""))
 
@@ -129,5 +130,5 @@ def _bubbletea_line(bt: dict[str, Any] | None) -> str:
     if bt is None:
         return ""
     p, m = bt["predicted"], bt["measured"]
-    return (f"; with BubbleTea {p['gpu_utilization']:.3f} vs {m['gpu_utilization']:.3f}, "
+    return (f"; with BubbleTea {p['gpu_utilization']:.1%} vs {m['gpu_utilization']:.1%}, "
             f"{p['requests_per_s']:.1f} vs {m['requests_per_s']:.1f} requests/s")

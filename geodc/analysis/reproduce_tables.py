@@ -2,7 +2,8 @@
 as Markdown (rounded, for reading: "-2.3%", "-" where there is no figure) and as CSV (the raw
 numbers, for computing: each header names its unit, an empty cell where there is no figure).
 
-One job: tabulate. Units in the CSV headers: `_s` seconds, `_ms` milliseconds, `_per_s` per
+One job: tabulate. Shares (bubble, GPU utilization) are percent in Markdown, as everywhere a
+person reads them (run lines, predict, whatif, figures), and fractions in the CSV. Units in the CSV headers: `_s` seconds, `_ms` milliseconds, `_per_s` per
 second, `_frac` a fraction (0.021 is 2.1%), `_x` a ratio; `deadline_misses` is a count. All
 times are real time (metrics.json's).
 """
@@ -28,17 +29,17 @@ TRAINING = (Column("results", "results"), Column("point", "point"), Column("syst
             Column("model s", "model_iteration_s", ".3f"),
             Column("model/measured - 1", "model_error_frac", "+.1%"),
             Column("speedup", "speedup_vs_baseline_x", ".2f"),
-            Column("bubble", "bubble_frac", ".3f"),
-            Column("model bubble", "model_bubble_frac", ".3f"),
-            Column("GPU util", "gpu_utilization_frac", ".3f"))
+            Column("bubble", "bubble_frac", ".1%"),
+            Column("model bubble", "model_bubble_frac", ".1%"),
+            Column("GPU util", "gpu_utilization_frac", ".1%"))
 TRAINING_CSV_ONLY = (Column("", "status"),)     # "complete" or "stopped after i of n iterations"
 
 BUBBLETEA = (Column("results", "results"), Column("point", "point"), Column("system", "system"),
-             Column("GPU util without", "gpu_utilization_without_frac", ".3f"),
-             Column("GPU util with", "gpu_utilization_with_frac", ".3f"),
-             Column("model util", "model_gpu_utilization_frac", ".3f"),
-             Column("bubble without", "bubble_without_frac", ".3f"),
-             Column("bubble with", "bubble_with_frac", ".3f"),
+             Column("GPU util without", "gpu_utilization_without_frac", ".1%"),
+             Column("GPU util with", "gpu_utilization_with_frac", ".1%"),
+             Column("model util", "model_gpu_utilization_frac", ".1%"),
+             Column("bubble without", "bubble_without_frac", ".1%"),
+             Column("bubble with", "bubble_with_frac", ".1%"),
              Column("slowdown", "training_slowdown_frac", "+.1%"),
              Column("requests/s", "requests_per_s", ".1f"),
              Column("TTFT p50 ms", "ttft_p50_ms", ".0f"),

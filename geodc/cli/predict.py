@@ -92,8 +92,8 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
     for p in rows:
         wan = ", ".join(f"{k} {v:.0%}" for k, v in p.wan_utilization.items()) or "-"
         out.append(f"{p.system:<24} {p.iteration_time_s:>11.3f} "
-                   f"{base / p.iteration_time_s:>7.2f}x {p.bubble_fraction:>7.3f} "
-                   f"{p.gpu_utilization:>8.3f}  {wan}")
+                   f"{base / p.iteration_time_s:>7.2f}x {p.bubble_fraction:>7.1%} "
+                   f"{p.gpu_utilization:>8.1%}  {wan}")
     for p in rows:
         if p.wan_drop_packets:
             out.append(f"{p.system}: WAN queues drop bursts (packets per iteration, each sent "
@@ -126,8 +126,8 @@ def bubbletea_text(system: str, bt: dict) -> str:
     causes = sorted(bt["unused_bubble"]["share_by_cause"].items(), key=lambda kv: -kv[1])
     requests = sum(pf["outcomes"].values())
     misses = pf["deadline_misses"]
-    return (f"{system}: GPU utilization {bt['gpu_utilization']:.3f} (training "
-            f"{bt['training_only']:.3f} + prefill {bt['prefill_share']:.3f}), "
+    return (f"{system}: GPU utilization {bt['gpu_utilization']:.1%} (training "
+            f"{bt['training_only']:.1%} + prefill {bt['prefill_share']:.1%}), "
             f"{_rate(pf['requests_per_s'])} requests/s served of "
             f"{_rate(load.get('offered_per_s', 0.0))} offered, TTFT p50/p99 "
             + ("-" if ttft["p50"] is None else f"{ttft['p50']:.0f}/{ttft['p99']:.0f} ms")

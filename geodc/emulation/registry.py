@@ -29,10 +29,12 @@ import threading
 import time
 from pathlib import Path
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+from typing import TYPE_CHECKING
 
 from geodc.emulation.results import write_text
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
 
 RUNTIME_DIR = Path(os.environ.get("GEOTESTBED_RUNTIME_DIR", "/run/geotestbed"))
 SHARED_RUNTIME_DIR = Path("/run/geotestbed")
@@ -253,6 +255,10 @@ def _remove(data: dict, held: set[str] = frozenset()) -> list[str]:
         while any(alive(e) for e in live) and time.monotonic() < deadline:
             time.sleep(0.05)
     done += [f"ended {e['what']} (pid {e['pid']})" for e in live]
+    # pyroute2 only here: reading the registry (a dead run's notice, before a command's flags
+    # are checked) needs none of it
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
     for name in data.get("interfaces", []):
         if name in held:
             done.append(f"skipped interface {name}: a live run holds it")

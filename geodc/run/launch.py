@@ -32,6 +32,7 @@ from geodc.plans.workers import (ExtrasSource, HostInfo, WorkerSetup, compute_on
                                  plan_workers)
 from geodc.rules.stages import split_layers
 from geodc.spec.errors import TestbedError
+from geodc.spec.timescale import TimeScale
 from geodc.spec.training import TrainConfig
 
 
@@ -87,7 +88,7 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
         last = next(s for s in specs if s.stage == cfg.stages - 1 and s.replica == 0)
         wait_all(procs, timeout_s, on_tick=None if progress is None else
                  _loss_reporter(Path(last.loss_path), cfg.iterations, progress,
-                                setup.time_scale.factor))
+                                setup.time_scale))
     except (RuntimeError, TimeoutError) as exc:
         for proc in procs:
             proc.stop()
@@ -106,10 +107,10 @@ def launch(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path, spawner: 
 
 
 def _loss_reporter(loss_path: Path, iterations: int, progress: Callable[[str], None],
-                   time_scale: float = 1.0) -> Callable[[], None]:
+                   time_scale: TimeScale) -> Callable[[], None]:
     """A tick function that reports each new iteration the last stage has logged: its time (in
-    real time: the wall between the last stage's ends of iteration over time_scale; none for
-    the first) and loss."""
+    real time: the wall between the last stage's ends of iteration, undilated; none for the
+    first) and loss."""
     seen = [0]
     last_end = [None]
 
@@ -125,7 +126,7 @@ def _loss_reporter(loss_path: Path, iterations: int, progress: Callable[[str], N
                 return  # a line still being written: read it next tick
             seen[0] += 1
             end = rec.get("t_end_ns")
-            took = (f"{(end - last_end[0]) / 1e9 / time_scale:.3f} s, "
+            took = (f"{time_scale.real_span((end - last_end[0]) / 1e9):.3f} s, "
                     if end is not None and last_end[0] is not None else "")
             last_end[0] = end
             progress(f"iteration {rec['iteration'] + 1}/{iterations}: {took}"

@@ -293,8 +293,8 @@ def summary_lines(metrics: dict, cfg: "TrainConfig") -> list[str]:
     whose = "target model" if cfg.compute == "profile" else "model"
     lines = [f"iteration {metrics['iteration_time_s']:.3f} s, "
              f"{metrics['tokens_per_s']:.0f} tokens/s ({whose}), "
-             f"bubble {metrics['bubble_fraction']:.2f}, "
-             f"GPU utilization {metrics['gpu_utilization']:.2f}, "
+             f"bubble {metrics['bubble_fraction']:.1%}, "
+             f"GPU utilization {metrics['gpu_utilization']:.1%}, "
              f"loss {metrics['loss'][0]:.3f} -> {metrics['loss'][-1]:.3f}"]
     used = [(k, v) for k, v in metrics["wan_links"].items() if v.get("training_bytes")]
     if used:
