@@ -232,8 +232,11 @@ def test_reproduce_out_is_a_folder_it_made_replaced_whole(tmp_path):
 
 
 def test_ctrl_c_on_a_command_that_builds_nothing_says_only_interrupted():
+    # SIGINT at its default in the child (a suite started in the background has it ignored,
+    # and Python then keeps ignoring it)
     proc = subprocess.Popen([sys.executable, "-c", RUNNER, "predict", "gpt160b_5dc"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3)   # importing and loading; predict itself takes minutes
     proc.send_signal(signal.SIGINT)   # our child, not yet reaped
     _, err = proc.communicate(timeout=60)

@@ -31,6 +31,7 @@ from geodc.emulation.minitopo import ScenarioTopo
 from geodc.emulation.network import Network
 from geodc.emulation.remote import ClusterBridge, ClusterHost
 from geodc.emulation.serverregistry import ServerRegistry, signal_recorded
+from geodc.emulation.serverleash import SILENCE_S
 from geodc.emulation.servers import (SshFailed, measure_underlay, server_kernel,
                                      server_modules, server_run)
 from geodc.emulation.vxlan import VXLANLink
@@ -224,8 +225,9 @@ class ClusterNetwork(Network):
         """A server found gone: its nodes are asked nothing more; the run's failure line."""
         self.server_registry.lost_servers.add(server.name)
         return (f"server {server.name} ({server.destination}) lost: {why}, so the run was "
-                f"stopped; once it is back, run: python run_testbed.py cleanup --cluster "
-                f"{self.cluster.path}")
+                f"stopped; the server ends the run's processes itself {SILENCE_S:g} s after it "
+                f"last heard from here; once it is back, check with: python run_testbed.py "
+                f"cleanup --cluster {self.cluster.path}")
 
     def _supervises(self) -> bool:
         return True   # the servers, with or without delay lines
