@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the committed reference runs (results/reference/) and the tables made from them.
 
-    sudo .venv/bin/python scripts/make_reference.py [--keep-full DIR]
+    sudo .venv/bin/python scripts/make_reference.py [--keep-full DIR] [--repeat N] [--add FILE ...]
 
 Runs the shipped emulated scenarios with training (two_dc, atlas_bubbletea, atlas_paper,
 paper_testbed) and the shipped sweeps (sweep_delay, sweep_bubbletea_rate, sweep_paper_testbed)
@@ -60,18 +60,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep-full", default=None, help="run into this folder and keep it")
     ap.add_argument("--add", nargs="+", metavar="SCENARIO", default=None,
-                    help="run only these scenario files and add them to the committed runs "
-                    "(the others stay)")
+                    help="run only these scenario files and put them in place of the committed "
+                    "runs of the same scenarios (the others stay)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="each system N times on a fresh network (run --repeat): the tables "
+                    "give the mean, its spread and n")
     args = ap.parse_args()
     scratch = Path(args.keep_full or tempfile.mkdtemp(prefix="reference-"))
     made = []
     for scenario in args.add or SCENARIOS:
         before = set(scratch.glob("*")) if scratch.exists() else set()
         subprocess.run([sys.executable, "run_testbed.py", "run", scenario, "--out", str(scratch),
-                        "-q"], cwd=REPO, check=True)
+                        "-q", "--repeat", str(args.repeat)], cwd=REPO, check=True)
         made += sorted(set(scratch.glob("*")) - before)
     if OUT.exists() and not args.add:
         shutil.rmtree(OUT)
+    for run in made:   # an added scenario's new run takes the place of its committed ones
+        name = run.name.rsplit("-", 2)[0]
+        for old in OUT.glob(f"{name}-*"):
+            if old.is_dir() and old.name.rsplit("-", 2)[0] == name:
+                shutil.rmtree(old)
     for run in made:
         copy_run(run, OUT / run.name)
     subprocess.run([sys.executable, "run_testbed.py", "reproduce", *reference_runs(),
