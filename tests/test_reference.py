@@ -62,7 +62,7 @@ def test_schema_1_and_its_schema_2_equivalent_give_the_same_tables(tmp_path):
 
     assert SCHEMA_VERSION == 2
     names = [p.name for p in sorted(REFERENCE.iterdir())
-             if p.name.startswith(("two_dc-", "atlas_bubbletea-"))]
+             if p.name.startswith(("atlas_paper-", "atlas_bubbletea-"))]
     assert len(names) == 2, names
     for version in (1, 2):
         for name in names:
