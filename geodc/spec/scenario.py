@@ -33,6 +33,7 @@ Form (every WAN link: one-way delay per direction, rate per direction):
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -229,8 +230,9 @@ def parse_scenario(data: Any, path: str = "") -> Scenario:
                             f"use at most {MAX_HOSTS_PREDICT_ONLY}")
     wan = _parse_wan(top.get("wan", []), dcs)
     _check_connected(dcs, wan)
+    links_of = Counter(end for link in wan for end in {link.a, link.b})   # O(links), not DCs x links
     for dc in dcs:
-        n = sum(dc.name in (link.a, link.b) for link in wan)
+        n = links_of[dc.name]
         if n > MAX_WAN_LINKS_PER_DC:
             raise ScenarioError("wan", f"DC {shown(dc.name)} has {n} WAN links",
                                 f"give each DC at most {MAX_WAN_LINKS_PER_DC} (interface names "
@@ -324,6 +326,7 @@ def _parse_dcs(value: Any, max_hosts: int = MAX_HOSTS_PER_DC) -> tuple[DataCente
     if len(value) > MAX_DCS:
         raise ScenarioError("dcs", f"{len(value)} DCs", f"use at most {MAX_DCS}")
     out: list[DataCenter] = []
+    seen: set[str] = set()
     for i, item in enumerate(value):
         where = f"dcs[{i}]"
         d = _mapping(item, where)
@@ -333,7 +336,7 @@ def _parse_dcs(value: Any, max_hosts: int = MAX_HOSTS_PER_DC) -> tuple[DataCente
             raise ScenarioError(f"{where}.name", f"{shown(name)} is not a valid DC name",
                                 "use 1-6 lowercase letters/digits starting with a letter "
                                 "(it prefixes interface names, which Linux caps at 15 chars)")
-        if any(dc.name == name for dc in out):
+        if name in seen:
             raise ScenarioError(f"{where}.name", f"{shown(name)} appears twice", "give each DC its own name")
         hosts = d.get("hosts")
         if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= max_hosts:
@@ -350,6 +353,7 @@ def _parse_dcs(value: Any, max_hosts: int = MAX_HOSTS_PER_DC) -> tuple[DataCente
             raise ScenarioError(f"{where}.decode_hosts", f"{shown(decode)} is not a host count",
                                 f"use an integer from 0 to {MAX_DECODE_HOSTS_PER_DC}")
         out.append(DataCenter(name=name, hosts=hosts, rate_mbit=rate, decode_hosts=decode))
+        seen.add(name)
     return tuple(out)
 
 
@@ -357,6 +361,7 @@ def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
     if not isinstance(value, list):
         raise ScenarioError("wan", "must be a list of links", "e.g. - {between: [a, b], delay_ms: 20, rate_mbit: 100}")
     names = [dc.name for dc in dcs]
+    known = set(names)
     out: list[WanLink] = []
     seen: set[frozenset[str]] = set()
     for i, item in enumerate(value):
@@ -369,7 +374,7 @@ def _parse_wan(value: Any, dcs: tuple[DataCenter, ...]) -> tuple[WanLink, ...]:
             raise ScenarioError(f"{where}.between", f"{shown(between)} is not a pair of DC names",
                                 "use between: [dc1, dc2]")
         for x in between:
-            if x not in names:
+            if x not in known:
                 raise ScenarioError(f"{where}.between", f"{shown(x)} is not a DC",
                                     f"use one of {', '.join(names)}")
         if between[0] == between[1]:
