@@ -5,6 +5,7 @@ leaves no temporary file, synced or not (the delay line's reports are not)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import subprocess
 import sys
@@ -22,12 +23,11 @@ pytestmark = pytest.mark.network   # root: it mounts a tmpfs
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 256 KiB tmpfs (the auditor's), unmounted after the test."""
-    mnt = tmp_path / "disk"
+@contextlib.contextmanager
+def tmpfs(mnt: Path, options: str):
+    """A tmpfs mounted at mnt (made) with options, unmounted after."""
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "geodc-test-disk", str(mnt)],
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "geodc-test-disk", str(mnt)],
                    check=True)
     try:
         yield mnt
@@ -35,13 +35,24 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(mnt)], check=True)
 
 
+def run_two_dc(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "run_testbed.py"), "run",
+                           str(ROOT / "topologies" / "two_dc.yaml"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs (the auditor's)."""
+    with tmpfs(tmp_path / "disk", "size=256k") as mnt:
+        yield mnt
+
+
 def test_run_on_a_disk_without_room_is_refused_before_the_build(small_disk):
     cfg = TrainConfig.from_dict(load_scenario(ROOT / "topologies" / "two_dc.yaml").training)
     need = estimate_bytes(cfg, 1)
     assert need > 256 << 10
-    r = subprocess.run([sys.executable, str(ROOT / "run_testbed.py"), "run",
-                        str(ROOT / "topologies" / "two_dc.yaml"), "--out", str(small_disk / "r")],
-                       capture_output=True, text=True, timeout=120)
+    r = run_two_dc(small_disk / "r")
     assert r.returncode == 2, (r.stdout, r.stderr)
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"error: --out: {small_disk} has ") and "KiB free" in line, line
@@ -60,16 +71,8 @@ def test_a_write_that_fills_the_disk_names_its_file_and_leaves_no_temporary(smal
 
 
 def test_run_into_a_read_only_folder_is_refused_before_the_build(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "geodc-test-ro", str(ro)],
-                   check=True)
-    try:
-        r = subprocess.run([sys.executable, str(ROOT / "run_testbed.py"), "run",
-                            str(ROOT / "topologies" / "two_dc.yaml"), "--out", str(ro / "r")],
-                           capture_output=True, text=True, timeout=120)
-    finally:
-        subprocess.run(["umount", str(ro)], check=True)
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as ro:
+        r = run_two_dc(ro / "r")
     assert r.returncode == 2, (r.stdout, r.stderr)
     (line,) = r.stderr.strip().splitlines()
     assert line == (f"error: --out: '{ro}' cannot be written here (a read-only filesystem); "

@@ -18,7 +18,6 @@ link is a plain veth pair (RemoteLink), given the same MTU.
 from __future__ import annotations
 
 import re
-import shlex
 
 from mininet.examples.cluster import RemoteLink
 
@@ -31,7 +30,7 @@ _DEV_SRC_RE = re.compile(r"dev (\S+) .*src (\S+)")
 
 def underlay_route(node, peer_ip: str) -> tuple[str, str]:
     """(device, source address) by which node's server reaches peer_ip, asked on that server."""
-    out = node.rcmd(f"ip -o route get {shlex.quote(peer_ip)}")
+    out = node.rcmd(f"ip -o route get {peer_ip}")   # rcmd quotes each word for the server
     m = _DEV_SRC_RE.search(out)
     if not m:
         raise TestbedError(f"server {node.server}: no route to {peer_ip}: {out.strip()[-200:]}")
@@ -68,9 +67,8 @@ class VXLANLink(RemoteLink):
                 raise TestbedError(f"server {node.server}: the filter for VXLAN {self.vni} "
                                    f"(iptables with its u32 match, on the server): "
                                    f"{out.strip()[-200:]}")
-            out = node.rcmd(f"ip link add {tmp} type vxlan id {int(self.vni)} "
-                            f"local {shlex.quote(src)} remote {shlex.quote(peer.serverIP)} "
-                            f"dstport {VXLAN_PORT} dev {shlex.quote(dev)} nolearning")
+            out = node.rcmd(f"ip link add {tmp} type vxlan id {self.vni} local {src} "
+                            f"remote {peer.serverIP} dstport {VXLAN_PORT} dev {dev} nolearning")
             if out.strip():
                 raise TestbedError(f"server {node.server}: VXLAN {self.vni} for {name}: "
                                    f"{out.strip()[-200:]}")

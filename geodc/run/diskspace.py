@@ -50,8 +50,9 @@ def check_room(out_dir: Path, need: int) -> None:
 
 
 def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+    if n < 1024:
+        return f"{n:,.0f} bytes"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    return f"{n:,.1f} GiB"
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.1f} {unit}"

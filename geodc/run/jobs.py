@@ -133,8 +133,9 @@ def run_job(scenario_path: str, *, out_dir: Path, backend: str | None = None,
                                              progress=lambda line: say("  " + line),
                                              timeout_s=timeout_s, cluster=cluster))
                     folders.append(str((where / name).relative_to(run_dir)))
-                metrics = blocks[0] if repeat == 1 else combine(blocks, folders)
+                metrics = blocks[0]
                 if repeat > 1:
+                    metrics = combine(blocks, folders)
                     write_json(run_dir / name / "metrics.json", metrics)
             except (RunIncomplete, KeyboardInterrupt) as exc:
                 # the systems that finished, and this one's partial block, marked incomplete
