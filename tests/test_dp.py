@@ -1,6 +1,7 @@
 """geodc.hostproc.trainer.dp: gloo's threads run at the I/O priority asked for (set by thread id after they
 are made; the thread that joins the group stays normal), the all-reduce averages the real
-gradients and leaves the padding zero. Two real processes on loopback; SCHED_FIFO needs root."""
+gradients and leaves the padding zero, as one ring or hierarchically (groups per DC, the
+leaders' K groups). Real processes on loopback; SCHED_FIFO needs root."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ WORKER = """
 import json, os, sys, torch
 from geodc.hostproc.trainer.dp import average_gradients, init_stage_group
 rank, port, prio = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-status = init_stage_group("127.0.0.1", "127.0.0.1", port, rank, 2, 30,
-                          io_priority=None if prio == "none" else int(prio))
+status, _ = init_stage_group("127.0.0.1", "127.0.0.1", port, rank, 2, 30,
+                             io_priority=None if prio == "none" else int(prio))
 p = torch.nn.Parameter(torch.zeros(3))
 p.grad = torch.full((3,), float(rank + 1))
 n = average_gradients([p], 2, pad_bytes=4096)
@@ -92,3 +93,54 @@ def test_without_a_priority_nothing_is_real_time():
         assert doc["status"] == "off" and doc["main"] == os.SCHED_OTHER, doc
         assert all(v == [os.SCHED_OTHER] for v in doc["threads"].values()), doc
         assert doc["grad"] == [1.5, 1.5, 1.5], doc
+
+
+HIERARCHICAL = """
+import json, sys, torch
+import torch.distributed as dist
+from geodc.hostproc.trainer.dp import average_gradients, init_stage_group
+rank, port, world = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+groups, k = json.loads(sys.argv[4]), int(sys.argv[5])
+_, hier = init_stage_group("127.0.0.1", "127.0.0.1", port, rank, world, 30, groups=groups,
+                           connections=k)
+p = torch.nn.Parameter(torch.zeros(5))
+p.grad = torch.arange(5, dtype=torch.float32) * (rank + 1) + rank
+n = average_gradients([p], world, pad_bytes=4 * 11, hier=hier)
+print(json.dumps({"grad": p.grad.tolist(), "bytes": n, "local": hier.local is not None,
+                  "leader": hier.leader, "across": len(hier.across)}))
+"""
+
+
+def run_group(world: int, groups: list[list[int]], k: int) -> list[dict]:
+    """Every rank's report of one hierarchical all-reduce (tried twice, as run_pair)."""
+    for attempt in (1, 2):
+        port = free_port()
+        procs = [subprocess.Popen([sys.executable, "-c", HIERARCHICAL, str(r), str(port),
+                                   str(world), json.dumps(groups), str(k)],
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in range(world)]
+        try:
+            results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if all(rc == 0 for _, _, rc in results) or attempt == 2:
+            break
+    assert all(rc == 0 for _, _, rc in results), [err[-2000:] for _, err, _ in results]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _, _ in results]
+
+
+@pytest.mark.loopback
+@pytest.mark.parametrize("groups, k", [([[0, 1, 2], [3]], 3), ([[0, 2], [1, 3]], 2)])
+def test_a_hierarchical_all_reduce_averages_as_one_ring_does(groups, k):
+    world = sum(len(g) for g in groups)
+    want = [sum(i * (r + 1) + r for r in range(world)) / world for i in range(5)]
+    docs = run_group(world, groups, k)
+    for rank, doc in enumerate(docs):
+        assert doc["grad"] == pytest.approx(want), (rank, doc)
+        assert doc["bytes"] == 44, doc                        # the padding went with it
+        mine = next(g for g in groups if rank in g)
+        assert doc["leader"] == mine[0] and doc["local"] == (len(mine) > 1), (rank, doc)
+        assert doc["across"] == (k if rank == mine[0] else 0), (rank, doc)

@@ -36,7 +36,11 @@ def test_the_systems_table():
                                    connections="scenario", wan_sharing="concurrent"),
         "dp-across-dcs": System(name="dp-across-dcs", placement="dp-across-dcs",
                                 connections="one", wan_sharing="concurrent"),
+        "hierarchical": System(name="hierarchical", placement="scenario-order",
+                               connections="scenario", wan_sharing="concurrent",
+                               allreduce="hierarchical"),
     }
+    assert {s.allreduce for n, s in SYSTEMS.items() if n != "hierarchical"} == {"ring"}
     assert not any(s.fill_bubbles for s in SYSTEMS.values())
     # every system is a name the scenario parser accepts, also with +bubbletea
     assert set(SYSTEMS) == set(scenario_mod.SYSTEMS)

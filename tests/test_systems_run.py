@@ -4,7 +4,9 @@ Root tests (`network` marker). One run trains all five systems on a small scenar
 that each wrote its block (placement, K, utilization, slots where temporal), that the losses are
 the same for every system (only the timing may change), and that the arbiter never granted two
 transfers on one link at once. A second run, on a scenario built to show it (long RTT, one
-window-limited connection per transfer), checks that atlas beats baseline by a clear margin.
+window-limited connection per transfer), checks that atlas beats baseline by a clear margin. A
+third, a stage split over two DCs, checks on the wire that the hierarchical all-reduce sends
+only its leaders' ring across.
 """
 
 from __future__ import annotations
@@ -107,3 +109,42 @@ def test_atlas_beats_baseline_where_one_connection_is_window_limited(tmp_path: P
     adherence = [v["slot_adherence"] for v in doc["systems"]["atlas"]["wan_links"].values()
                  if v.get("slot_adherence") is not None]
     assert adherence and min(adherence) > 0.9, adherence
+
+
+def test_a_hierarchical_all_reduce_sends_one_leader_ring_across(tmp_path: Path) -> None:
+    # ea has 4 hosts, we 2; P = 2, D = 3 in scenario order puts stage 1 on ea, we, we. A flat
+    # ring of 3 sends 2 (D-1)/D = 4/3 of the buffer across each way an iteration; the
+    # hierarchical plan (geodc.plans.allreduce) only its two leaders' ring, 2 (G-1)/G = 1 of
+    # it, over K connections. The delay line's own byte counts (the wire, not the workers'
+    # spans) must show the leaders' ring, and the model must time it.
+    training = {
+        "model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64},
+        "stages": 2, "replicas": 3, "micro_batches": 2, "micro_batch_size": 2,
+        "schedule": "1f1b", "iterations": 3, "seed": 0, "compute": "profile",
+        "profile": {"file": "h200-transformer.json", "width": 2048, "seq": 2048,
+                    "micro_batch": 2, "n_layer": 4}}
+    doc = {"name": "split", "scale": 100,
+           "dcs": [{"name": "ea", "hosts": 4, "rate_mbit": 1000},
+                   {"name": "we", "hosts": 2, "rate_mbit": 1000}],
+           "wan": [{"between": ["ea", "we"], "delay_ms": 20, "rate_mbit": 100}],
+           "systems": ["hierarchical"], "training": training}
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    m = run(path, tmp_path / "results")["systems"]["hierarchical"]
+    assert m["choices"]["allreduce"] == "hierarchical"
+    assert m["placement"]["stage_dcs"][1] == ["ea", "we", "we"]
+    iterations = training["iterations"]
+    buffer = next(a["bytes"] for a in m["allreduce"] if a["stage"] == 1)
+    for key in ("ea->we", "we->ea"):
+        link = m["wan_links"][key]
+        # the pipeline's messages (the workers' spans, per measured iteration) and the
+        # leaders' ring, against what crossed: a flat ring would add a third of the buffer
+        per_iteration = link["training_bytes"] / len(m["iterations_averaged"])
+        leaders = per_iteration * iterations * 1514 / 1448
+        ring = leaders + buffer / 3 * iterations * 1514 / 1448
+        assert 0.95 * leaders < link["bytes"] < 0.5 * (leaders + ring), (key, link, buffer)
+    ar = next(a for a in m["allreduce"] if a["stage"] == 1)
+    assert 1.0 <= ar["ratio"] < 2.0, ar       # against the hierarchical plan's ideal
+    model = m["model"]["predicted"]
+    assert ar["measured_ms"] == pytest.approx(model["allreduce_ms"][1], rel=0.25), (ar, model)
+    assert m["iteration_time_s"] == pytest.approx(model["iteration_time_s"], rel=0.25), model

@@ -8,6 +8,9 @@ time_scale). The ideal ring (reduce-scatter then all-gather): 2 (D-1) steps, eac
 chunk of the buffer to the next replica, at the slowest hop's rate (a replica's host link
 inside a DC, the routed path's bottleneck between DCs) plus that hop's one-way delay, wire bytes
 = payload x 1514/1448. No window limit, no slow start: an all-reduce across the WAN is slower.
+A hierarchical all-reduce's ideal (geodc.plans.allreduce): each DC's ring on its host links, the
+leaders' ring across (2 (G-1) steps of a 1/G chunk), then ceil(log2 n) rounds of the whole
+buffer for the broadcast inside each DC.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Sequence
 
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE
+from geodc.plans.allreduce import broadcast_rounds, hierarchy
 from geodc.plans.systems import path_between, path_rate_mbit
 from geodc.spec.timescale import TimeScale
 
@@ -41,9 +45,27 @@ def ring_ms(buffer_bytes: int, stage_dcs: Sequence[str], scenario: "Scenario") -
     return 2 * (D - 1) * step_ms
 
 
+def hierarchical_ms(buffer_bytes: int, stage_dcs: Sequence[str], scenario: "Scenario") -> float:
+    """The ideal hierarchical all-reduce's time (module docstring), configured values; the
+    ring's where the replicas share a DC."""
+    hier = hierarchy(stage_dcs, lambda a, b: 1)
+    if hier is None:
+        return ring_ms(buffer_bytes, stage_dcs, scenario)
+    rate = {dc.name: dc.rate_mbit or float("inf") for dc in scenario.dcs}
+    inside = max((ring_ms(buffer_bytes, [dc] * len(g), scenario)
+                  for dc, g in zip(hier.dcs, hier.groups) if len(g) > 1), default=0.0)
+    across = ring_ms(buffer_bytes, hier.dcs, scenario)
+    wire_bits = buffer_bytes * WIRE_BYTES_PER_PAYLOAD_BYTE * 8
+    bcast = max(broadcast_rounds(len(g)) * wire_bits / (rate[dc] * 1e3)
+                for dc, g in zip(hier.dcs, hier.groups))
+    return inside + across + bcast
+
+
 def allreduce_report(spans: Sequence[dict], placement: "Placement", scenario: "Scenario",
-                     iterations: Sequence[int], time_scale: TimeScale | float) -> list[dict]:
-    """Per stage with replicas: {stage, dcs, bytes, measured_ms, wire_ms, ratio}."""
+                     iterations: Sequence[int], time_scale: TimeScale | float,
+                     allreduce: str = "ring") -> list[dict]:
+    """Per stage with replicas: {stage, dcs, bytes, measured_ms, wire_ms, ratio}; allreduce:
+    the system's rule ("ring" | "hierarchical"), whose ideal wire_ms is."""
     ts = TimeScale.of(time_scale)
     used = set(iterations)
     per: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -58,7 +80,8 @@ def allreduce_report(spans: Sequence[dict], placement: "Placement", scenario: "S
         if len(dcs) < 2 or not times:
             continue
         measured = ts.real_span(statistics.median(times) / 1e6)
-        wire = ring_ms(size[s], dcs, scenario)
+        wire = (hierarchical_ms if allreduce == "hierarchical" else ring_ms)(size[s], dcs,
+                                                                               scenario)
         out.append({"stage": s, "dcs": list(dcs), "bytes": size[s], "measured_ms": measured,
                     "wire_ms": wire, "ratio": measured / wire if wire > 0 else None})
     return out

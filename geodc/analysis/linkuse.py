@@ -4,7 +4,9 @@ records (pure: spans in, fractions out).
 Bytes: every SEND_F / SEND_B span between stage replicas in different DCs adds its message
 bytes to each link direction of the routed path (geodc.plans.routing.dc_paths); an ALLREDUCE span
 of a stage whose replicas sit in different DCs adds what a ring all-reduce sends to the next
-rank, 2 (D-1) / D x the buffer (gloo's ring pattern, assumed, not captured). Wire bytes are
+rank, 2 (D-1) / D x the buffer (gloo's ring pattern, assumed, not captured); a hierarchical
+all-reduce (geodc.plans.allreduce) sends only its leaders' ring across, 2 (G-1) / G x the buffer
+from each DC's leader to the next DC's (G DCs). Wire bytes are
 payload x 1514/1448 (TCP/IP/Ethernet headers at MTU 1500, geodc.features.temporal.plan). Utilization =
 wire bits / (the emulated rate x the measured iterations' wall time).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Sequence
 
+from geodc.plans.allreduce import hierarchy
 from geodc.plans.routing import dc_paths
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE
 from geodc.spec.links import LinkDir, hops
@@ -24,11 +27,14 @@ if TYPE_CHECKING:
 
 
 def link_bytes(spans: Sequence[dict], placement: "Placement", scenario: "Scenario",
-               iterations: Sequence[int]) -> dict[LinkDir, float]:
-    """Link direction -> payload bytes that crossed it in the given iterations."""
+               iterations: Sequence[int], allreduce: str = "ring") -> dict[LinkDir, float]:
+    """Link direction -> payload bytes that crossed it in the given iterations; allreduce: the
+    system's rule ("ring" | "hierarchical", module docstring)."""
     paths = {(p.src, p.dst): p.dcs for p in dc_paths(scenario)}
     dcs = placement.stage_dcs
     D = len(dcs[0]) if dcs else 0
+    hier = [hierarchy(row, lambda a, b: 1) if allreduce == "hierarchical" else None
+            for row in dcs]
     used = set(iterations)
     out: dict[LinkDir, float] = defaultdict(float)
 
@@ -46,17 +52,22 @@ def link_bytes(spans: Sequence[dict], placement: "Placement", scenario: "Scenari
             add(dcs[s][rep], dcs[s + 1][rep], r["bytes"])
         elif r["name"] == "SEND_B":
             add(dcs[s][rep], dcs[s - 1][rep], r["bytes"])
-        elif r["name"] == "ALLREDUCE" and D > 1:
+        elif r["name"] == "ALLREDUCE" and D > 1 and hier[s] is None:
             add(dcs[s][rep], dcs[s][(rep + 1) % D], r["bytes"] * 2 * (D - 1) / D)
+        elif r["name"] == "ALLREDUCE" and D > 1 and rep in hier[s].leaders:
+            G = len(hier[s].dcs)
+            i = hier[s].leaders.index(rep)
+            add(hier[s].dcs[i], hier[s].dcs[(i + 1) % G], r["bytes"] * 2 * (G - 1) / G)
     return dict(out)
 
 
 def utilization(spans: Sequence[dict], placement: "Placement", scenario: "Scenario",
-                iterations: Sequence[int], window_s: float) -> dict[str, dict]:
+                iterations: Sequence[int], window_s: float,
+                allreduce: str = "ring") -> dict[str, dict]:
     """Per link direction of the scenario: {"training_bytes", "training_wire_bytes",
     "utilization"} over window_s seconds of emulated time (the measured iterations' walls)."""
     emulated = scenario.emulated()
-    got = link_bytes(spans, placement, scenario, iterations)
+    got = link_bytes(spans, placement, scenario, iterations, allreduce)
     out = {}
     for w in emulated.wan:
         for d in w.directions:

@@ -34,7 +34,8 @@ SYSTEM_COLOURS = {
     "atlas-concurrent": "#ff9896", "dp-across-dcs": "#9467bd", "baseline+bubbletea": "#8c564b",
     "multitcp+bubbletea": "#e377c2", "temporal+bubbletea": "#bcbd22",
     "atlas+bubbletea": "#17becf", "atlas-concurrent+bubbletea": "#9edae5",
-    "dp-across-dcs+bubbletea": "#7f7f7f"}
+    "dp-across-dcs+bubbletea": "#7f7f7f", "hierarchical": "#2f4b7c",
+    "hierarchical+bubbletea": "#a05195"}
 OTHER_COLOUR = "#000000"        # a system this table does not know
 
 

@@ -3,8 +3,9 @@
 One job: the launcher/worker contract, as a dataclass that round-trips through JSON. A worker
 finds its peers only here: `next` is the listener of stage s+1 replica d (ip, port) it connects
 to; `listen_port` is where it accepts stage s-1 replica d (bound to its own `ip`); `dp_master_*`
-is the TCPStore of its stage's data-parallel group (the stage's replica 0). `connections_next`
-and `connections_prev` are the K (TCP connections each message is striped over) of those two
+is the TCPStore of its stage's data-parallel group (the stage's replica 0). `allreduce_groups` and
+`allreduce_connections` say how that group's all-reduce runs (geodc.plans.allreduce).
+`connections_next` and `connections_prev` are the K (TCP connections each message is striped over) of those two
 channels; both ends of a channel get the same K. `prev.pad_bytes` / `next.pad_bytes` are what
 those neighbours pad their messages to: with the model config they give the one shape and size a
 channel accepts (geodc/hostproc/trainer/worker.py). `extras` are what the run's features add, one
@@ -89,6 +90,10 @@ class WorkerSpec(SpecFile):
     connections_next: int = 1        # K: TCP connections of the channel to `next`
     connections_prev: int = 1        # K: TCP connections of the channel from `prev`
     io_priority: int | None = None   # SCHED_FIFO of the channels' I/O threads (None: normal)
+    # the stage's all-reduce (geodc.plans.allreduce): () a ring over every replica; else the
+    # replica ranks of each DC (hierarchical), the leaders' ring over allreduce_connections
+    allreduce_groups: tuple[tuple[int, ...], ...] = ()
+    allreduce_connections: int = 1
     extras: tuple[WorkerExtras, ...] = ()   # the features' (geodc/host/extras.py), one per kind
 
     def __post_init__(self) -> None:
@@ -110,4 +115,5 @@ class WorkerSpec(SpecFile):
             if d.get(key) is not None:
                 d[key] = Peer(**d[key])
         d["extras"] = tuple(extras_from_dict(e) for e in d.get("extras", ()))
+        d["allreduce_groups"] = tuple(tuple(g) for g in d.get("allreduce_groups", ()))
         return cls(**d)

@@ -22,11 +22,13 @@ from typing import Mapping, Protocol, Sequence
 
 from geodc.host.extras import WorkerExtras
 from geodc.host.specfiles import Peer, WorkerSpec
+from geodc.plans.allreduce import hierarchy
 from geodc.rules.costs import stage_costs
 from geodc.rules.pipeline import compute_only
 from geodc.rules.schedule import schedule_table
 from geodc.spec.links import LinkDir
 from geodc.spec.profiles import find_block
+from geodc.spec.systems import ALLREDUCE_RULES
 from geodc.spec.timescale import TimeScale
 from geodc.spec.training import TrainConfig, validate_against_hosts
 
@@ -50,7 +52,8 @@ class WorkerSetup:
     default); io_priority: SCHED_FIFO priority of the channels' I/O threads (None: normal;
     geodc.hostproc.trainer.transport.Channel); connections: K, the TCP connections a
     stage-to-stage channel from a host in one DC to one in another stripes its messages over,
-    per DC direction (a direction not listed: 1)."""
+    per DC direction (a direction not listed: 1); allreduce: how a stage's gradient all-reduce
+    runs over its replicas' DCs ("ring" | "hierarchical", geodc.plans.allreduce)."""
 
     scale: float = 1.0
     time_scale: TimeScale = TimeScale()
@@ -59,10 +62,13 @@ class WorkerSetup:
     congestion_control: str | None = None
     io_priority: int | None = None
     connections: Mapping[LinkDir, int] = field(default_factory=dict)
+    allreduce: str = "ring"
 
     def __post_init__(self) -> None:
         if self.scale <= 0:
             raise ValueError(f"scale must be > 0, got {self.scale}")
+        if self.allreduce not in ALLREDUCE_RULES:
+            raise ValueError(f"allreduce {self.allreduce!r} is not one of {ALLREDUCE_RULES}")
 
     def k(self, src_dc: str, dst_dc: str) -> int:
         """K of a channel from a host in src_dc to one in dst_dc, checked."""
@@ -135,6 +141,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path,
     block = find_block(cfg.profile) if cfg.profile is not None else None
     pads = [int(costs[s].activation_bytes / setup.scale) if costs is not None and block is not None
             else 0 for s in range(P)]
+    hier = [hierarchy([h.dc for h in place[s]], setup.k) if setup.allreduce == "hierarchical"
+            else None for s in range(P)]
     specs = []
     for s in range(P):
         for r in range(D):
@@ -187,6 +195,8 @@ def plan_workers(cfg: TrainConfig, hosts: Sequence[HostInfo], run_dir: Path,
                 connect_timeout_s=setup.connect_timeout_s, recv_timeout_s=recv_timeout_s,
                 congestion_control=setup.congestion_control, connections_next=k_next,
                 connections_prev=k_prev, io_priority=setup.io_priority,
+                allreduce_groups=() if hier[s] is None else hier[s].groups,
+                allreduce_connections=1 if hier[s] is None else hier[s].connections,
                 extras=tuple(x for x in (source.worker_extras(slot) for source in extras)
                              if x is not None)))
     return specs

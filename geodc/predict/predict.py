@@ -26,6 +26,9 @@ Inputs, each from the module that decides it in a run:
   as long as its slowest hop: inside a DC the chunk's wire bytes at the host-link rate; between
   DCs geodc.predict.transfer over one connection (gloo's pair), in slow start for the first step (the
   connection sat idle since the last iteration's all-reduce), with the path's loss as above;
+  a hierarchical all-reduce (geodc.plans.allreduce) is each DC's ring inside it, then the
+  leaders' ring across (2 (G-1) steps of a 1/G chunk, each hop over the plan's K connections),
+  then the broadcast inside (ceil(log2 n) rounds of the whole buffer at the host-link rate);
 - WAN sharing: the system's (concurrent: fair, or first come, first served on a link where every
   message is one round trip's burst, geodc.rules.pipeline; temporal: one message at a time per link). The
   stages' all-reduces over the WAN share their links too, as a bound: a stage's all-reduce lasts
@@ -67,6 +70,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from geodc.rules.pipeline import PipelineModel, Route, SimResult
 from geodc.predict.steady import Steady, simulate_steady
 from geodc.predict.transfer import PathSpec, one_round, transfer_ms
+from geodc.plans.allreduce import Hierarchy, broadcast_rounds, hierarchy
 from geodc.plans.placement import place_for_system
 from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_payload_bytes
 from geodc.plans.systems import connections_for, path_between, path_rate_mbit, path_rtt_ms, \
@@ -155,8 +159,31 @@ def _route(scenario: "Scenario", system: "System", src: str, dst: str, payload: 
                  rtt_ms=ch.rtt_ms, payload_bytes=payload, channel=ch)
 
 
-def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") -> float:
-    """The ring all-reduce of buffer_bytes over replicas in dcs (module docstring)."""
+def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario",
+                 hier: Hierarchy | None = None) -> float:
+    """The all-reduce of buffer_bytes over replicas in dcs (module docstring): one ring, or
+    hier's hierarchical plan."""
+    if hier is not None:
+        return _hierarchical_ms(buffer_bytes, hier, scenario)
+    return _ring_ms(buffer_bytes, dcs, scenario)
+
+
+def _hierarchical_ms(buffer_bytes: int, hier: Hierarchy, scenario: "Scenario") -> float:
+    """Each DC's ring, the leaders' ring across over hier.connections, each DC's broadcast."""
+    host_rate = {dc.name: dc.rate_mbit for dc in scenario.dcs}
+    inside = max((_ring_ms(buffer_bytes, (dc,) * len(g), scenario)
+                  for dc, g in zip(hier.dcs, hier.groups)), default=0.0)
+    across = _ring_ms(buffer_bytes, hier.dcs, scenario, hier.connections)
+    bcast = max((broadcast_rounds(len(g)) * buffer_bytes * WIRE_BYTES_PER_PAYLOAD_BYTE * 8
+                 / (host_rate[dc] * 1e3) for dc, g in zip(hier.dcs, hier.groups)
+                 if host_rate[dc] is not None), default=0.0)
+    return inside + across + bcast
+
+
+def _ring_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario",
+             connections: int = 1) -> float:
+    """The ring all-reduce of buffer_bytes over ranks in dcs, `connections` a hop between DCs
+    (module docstring)."""
     D = len(dcs)
     if D < 2:
         return 0.0
@@ -167,11 +194,11 @@ def allreduce_ms(buffer_bytes: int, dcs: tuple[str, ...], scenario: "Scenario") 
         if a == b:
             rate = host_rate[a]
             return 0.0 if rate is None else chunk * WIRE_BYTES_PER_PAYLOAD_BYTE * 8 / (rate * 1e3)
-        ch = channel_spec(scenario, a, b, connections=1)
-        if ch.loss:             # gloo's one connection, losing packets
+        ch = channel_spec(scenario, a, b, connections=connections)
+        if ch.loss:             # gloo's connections, losing packets
             return Channel(ch, warm=not first).send(0.0, chunk)
         spec = PathSpec(rate_mbit=ch.rate_mbit, one_way_ms=ch.one_way_ms, rtt_ms=ch.rtt_ms,
-                        window_bytes=ch.window_bytes, connections=1)
+                        window_bytes=ch.window_bytes, connections=connections)
         return transfer_ms(chunk, spec, slow_start=first)
 
     ring = {(dcs[r], dcs[(r + 1) % D]) for r in range(D)}      # every step: the same hops
@@ -268,14 +295,16 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     rates = {d: w.rate_mbit for w in scenario.wan for d in w.directions}
     queues = {d: float(w.queue_bytes) for w in scenario.wan for d in w.directions
               if w.queue_given}
-    stage_bits = _allreduce_wan_bits(scenario, placement, [b * cfg.tp for b in buffers])
+    hier = [hierarchy(row, lambda a, b: connections_for(scenario, system, a, b))
+            if system.allreduce == "hierarchical" else None for row in placement.stage_dcs]
+    stage_bits = _allreduce_wan_bits(scenario, placement, [b * cfg.tp for b in buffers], hier)
     link_bits: dict[LinkDir, float] = {}
     for bits in stage_bits:
         for link, b in bits.items():
             link_bits[link] = link_bits.get(link, 0.0) + b
     # the stages' WAN all-reduces share their links: each lasts at least as long as all of
     # them take over the busiest link it uses (module docstring)
-    allreduce = [max(allreduce_ms(buffers[s], placement.stage_dcs[s], scenario),
+    allreduce = [max(allreduce_ms(buffers[s], placement.stage_dcs[s], scenario, hier[s]),
                      max((link_bits[k] / (rates[k] * 1e3) for k in stage_bits[s]), default=0.0))
                  for s in range(P)]
     return PipelineModel(table=schedule_table(cfg.schedule, P, cfg.micro_batches),
@@ -290,17 +319,18 @@ def build(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                          allreduce_link_bits=link_bits)
 
 
-def _allreduce_wan_bits(scenario: "Scenario", placement: "Placement", buffers: list[int]
-                       ) -> list[dict[LinkDir, float]]:
-    """Per stage, the wire bits per iteration its ring all-reduce puts on each WAN link
-    direction: 2 (D-1)/D of the buffer from each replica to the next, where they differ in DC
-    (as geodc.analysis.linkuse counts a run's)."""
+def _allreduce_wan_bits(scenario: "Scenario", placement: "Placement", buffers: list[int],
+                        hier: list[Hierarchy | None]) -> list[dict[LinkDir, float]]:
+    """Per stage, the wire bits per iteration its all-reduce puts on each WAN link direction:
+    a ring's 2 (D-1)/D of the buffer from each replica to the next, where they differ in DC; a
+    hierarchical one's 2 (G-1)/G from each DC's leader to the next DC's (as
+    geodc.analysis.linkuse counts a run's)."""
     stages: list[dict[LinkDir, float]] = []
-    D = placement.replicas
     for s, buffer in enumerate(buffers):
         out: dict[LinkDir, float] = {}
         stages.append(out)
-        dcs = placement.stage_dcs[s]
+        dcs = placement.stage_dcs[s] if hier[s] is None else hier[s].dcs
+        D = len(dcs)
         for r in range(D):
             a, b = dcs[r], dcs[(r + 1) % D]
             if D < 2 or a == b:

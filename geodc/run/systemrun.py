@@ -146,7 +146,8 @@ def _worker_setup(job: SystemJob, limits: Any, net: Network) -> WorkerSetup:
         congestion_control=job.scenario.congestion_control,
         io_priority=PRIORITY["worker_io"] if net.realtime else None,
         connections={LinkDir(a, b): connections_for(job.scenario, job.system, a, b)
-                     for a in dcs for b in dcs})
+                     for a in dcs for b in dcs},
+        allreduce=job.system.allreduce)
 
 
 def _write_partial(sys_dir: Path, system: str, cfg: "TrainConfig", why: str,
@@ -184,17 +185,18 @@ def _metrics(job: SystemJob, sys_dir: Path, run: Any, features: Running, wan_lin
     used = metrics["iterations_averaged"]
     # the measured iterations' summed walls, in emulated seconds (before in_real_time)
     use = linkuse.utilization(spans, placement, scenario, used,
-                              metrics["iteration_time_s"] * len(used))
+                              metrics["iteration_time_s"] * len(used), system.allreduce)
     # every link direction: the delay line's counters (if any), the training's use, the slots
     shared = {key: v for b in blocks for key, v in b.wan_links.items()}
     wan_links = {key: dict(wan_links.get(key, {}), **use[key], **shared.get(key, {}))
                  for key in use}
-    ar = allreduce_report(spans, placement, scenario, used, ts)
+    ar = allreduce_report(spans, placement, scenario, used, ts, system.allreduce)
     metrics = in_real_time(metrics, ts)
     metrics.update(
         system=system.name,
         choices={"placement": placement.policy, "placement_source": placement.source,
-                 "connections": system.connections, "wan_sharing": system.wan_sharing},
+                 "connections": system.connections, "wan_sharing": system.wan_sharing,
+                 "allreduce": system.allreduce},
         placement=placement.to_dict(),
         connections={str(d): connections_for(scenario, system, *d)
                      for a, b in sorted({p for row in placement.boundaries() for p in row})

@@ -10,12 +10,17 @@ names against it.
     atlas-concurrent  Atlas placement, K connections, concurrent: Atlas without its slots (the
                    step before temporal sharing in the gain's waterfall, geodc.predict.whatif)
     dp-across-dcs  each pipeline in one DC, so every stage's all-reduce crosses the WAN
+    hierarchical   multitcp with a geo-aware all-reduce: where a stage's replicas span DCs, each
+                   DC all-reduces inside, one leader per DC all-reduces across over K
+                   connections (the buffer in K parts, each its own ring), then broadcasts
+                   inside (geodc.plans.allreduce); what a system that knows its DCs would run
     <any>+bubbletea  the same system, with prefill requests filling its bubbles (fill_bubbles;
                    geodc.features.bubbletea runs it, the scenario's `bubbletea:` section configures it)
 
 The baseline is Varuna's design as the Atlas paper compares against it (pipelines across DCs
 in the order the GPUs come, one TCP connection per transfer, transfers sharing the WAN as TCP
-does); its all-reduce is a flat ring, so a stage split over DCs runs its ring over the WAN.
+does); its all-reduce is a flat ring (PyTorch DDP's, gloo's or NCCL's ring over the replicas in
+rank order), so a stage split over DCs runs its ring over the WAN, one connection a hop.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ BUBBLETEA_SUFFIX = "+bubbletea"
 PLACEMENTS = ("scenario-order", "atlas", "dp-across-dcs")
 CONNECTION_RULES = ("one", "scenario")
 WAN_SHARING = ("concurrent", "temporal")
+ALLREDUCE_RULES = ("ring", "hierarchical")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,11 +42,12 @@ class System:
     placement: str      # "scenario-order" | "atlas" | "dp-across-dcs" (geodc.plans.placement)
     connections: str    # "one" (1 per transfer) | "scenario" (the scenario's K per link)
     wan_sharing: str    # "concurrent" | "temporal" (geodc.features.temporal.plan)
+    allreduce: str = "ring"     # "ring" | "hierarchical" (geodc.plans.allreduce)
     fill_bubbles: bool = False
 
     def __post_init__(self) -> None:
         for value, allowed in ((self.placement, PLACEMENTS), (self.connections, CONNECTION_RULES),
-                               (self.wan_sharing, WAN_SHARING)):
+                               (self.wan_sharing, WAN_SHARING), (self.allreduce, ALLREDUCE_RULES)):
             if value not in allowed:
                 raise ValueError(f"system {self.name}: {value!r} is not one of {allowed}")
 
@@ -66,6 +73,8 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            wan_sharing="concurrent"),
     System(name="dp-across-dcs", placement="dp-across-dcs", connections="one",
            wan_sharing="concurrent"),
+    System(name="hierarchical", placement="scenario-order", connections="scenario",
+           wan_sharing="concurrent", allreduce="hierarchical"),
 )}
 
 

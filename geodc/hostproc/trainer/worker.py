@@ -113,6 +113,7 @@ class StageWorker:
         self.next: Channel | None = None
         self.dp = self.cfg.replicas > 1
         self.dp_realtime: str | None = None   # what gloo's threads got (init_stage_group)
+        self.dp_groups = None                 # a hierarchical all-reduce's groups (dp.py)
         self._slot_clients: list[SlotClient] = []
         self.gates = spec.extra(GateExtras) or GateExtras()   # temporal sharing's
         # Shared GPU (BubbleTea): the host's lock, the bubble predictor, the notice socket.
@@ -168,10 +169,11 @@ class StageWorker:
                                             io_priority=self.spec.io_priority,
                                             expect=self._expect(KIND_ACT, self.spec.prev))
             if self.dp:
-                self.dp_realtime = init_stage_group(
+                self.dp_realtime, self.dp_groups = init_stage_group(
                     self.spec.ip, self.spec.dp_master_ip, self.spec.dp_master_port,
                     self.spec.replica, self.cfg.replicas, self.spec.connect_timeout_s,
-                    io_priority=self.spec.io_priority)
+                    io_priority=self.spec.io_priority, groups=self.spec.allreduce_groups,
+                    connections=self.spec.allreduce_connections)
             if self._notify is not None:
                 for ch in (self.prev, self.next):
                     if ch is not None:
@@ -412,7 +414,8 @@ class StageWorker:
                 self.backward(it, mb, *saved.pop(mb), k)
         if self.dp:
             t = time.time_ns()
-            n_bytes = average_gradients(self.params, cfg.replicas, spec.allreduce_pad_bytes)
+            n_bytes = average_gradients(self.params, cfg.replicas, spec.allreduce_pad_bytes,
+                                        self.dp_groups)
             self._free_ns = time.time_ns()
             self.log.span("ALLREDUCE", t, self._free_ns, it, bytes=n_bytes)
         k_opt = len(self.table_row)
