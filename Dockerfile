@@ -27,11 +27,16 @@ ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_FIND_LINKS=
 ARG PIP_NO_INDEX=0
 WORKDIR /testbed
-# requirements.txt alone first: the pins' layer (torch, a few hundred MB) is kept while only
-# the code changes; `make setup` below then checks them and installs geodc itself.
-COPY requirements.txt .
-RUN python3 -m venv .venv && .venv/bin/python -m pip install -q -r requirements.txt
+# The pins alone first: their layer (torch, a few hundred MB) is kept while only the code
+# changes. pip installs requirements-container.txt (requirements.txt's pins, setuptools and
+# pip, each with its sha256: scripts/pin_hashes.py) with --require-hashes, so a file that is
+# not the one hashed there (a mirror's, a planted wheel) stops the build; `make setup` below
+# (GEODC_PIP_HASHES: the same file, no unpinned pip upgrade) then installs geodc itself.
+COPY requirements.txt requirements-container.txt ./
+RUN python3 -m venv .venv \
+ && .venv/bin/python -m pip install -q --require-hashes -r requirements-container.txt
+ENV GEODC_PIP_HASHES=requirements-container.txt
 COPY . .
-# the set-up (Debian packages present already, .venv from requirements.txt) baked in
+# the set-up (Debian packages present already, .venv from requirements-container.txt) baked in
 RUN make setup
 CMD ["make", "test"]

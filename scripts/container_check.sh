@@ -12,10 +12,13 @@
 # (the container itself runs it with --inside).
 # The base image (debian:12) is used if present, else pulled, else made with debootstrap from a
 # Debian mirror and imported as geodc-base:bookworm (its own tag: nothing else on the machine
-# takes it for Debian's image). Settings (environment):
+# takes it for Debian's image).
+# The image's pip installs requirements-container.txt (requirements.txt's pins, setuptools and
+# pip, each with the sha256 of its file: scripts/pin_hashes.py writes it) with --require-hashes.
+# Settings (environment):
 #   IMAGE          the image's tag (geo-dc-testbed)
 #   OUT            logs and summary (results/container-check)
-#   WHEELS         where the build's pip finds requirements.txt's pins: "index" (the
+#   WHEELS         where the build's pip finds those files: "index" (the
 #                  Dockerfile's: PyPI and PyTorch's CPU index) or "host" (the host's own pip
 #                  fetches them, with its configuration: local wheel folders, mirrors,
 #                  certificates, into $CACHE/wheels, served to the build on 127.0.0.1 alone,
@@ -195,9 +198,11 @@ if [ "$WHEELS" = host ]; then
   PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
   [ "$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = 3.11 ] \
     || { echo "error: PYTHON: $PYTHON is not Python 3.11 (Debian 12's); set PYTHON to a 3.11 with pip" >&2; exit 2; }
-  echo "wheels: the host's pip fetches requirements.txt's pins into $CACHE/wheels"
-  "$PYTHON" -m pip wheel -q -r requirements.txt -w "$CACHE/wheels" --find-links "$CACHE/wheels" \
-    > "$OUT/wheels.log" 2>&1 || { echo "error: pip wheel failed, see $OUT/wheels.log" >&2; exit 1; }
+  echo "wheels: the host's pip fetches requirements-container.txt's files into $CACHE/wheels"
+  # --require-hashes: each file is the one hashed in requirements-container.txt (a file already
+  # in the cache is checked too, and fetched again if it differs); the build checks them again
+  "$PYTHON" -m pip download -q --require-hashes -r requirements-container.txt -d "$CACHE/wheels" \
+    > "$OUT/wheels.log" 2>&1 || { echo "error: pip download failed, see $OUT/wheels.log" >&2; exit 1; }
   # a fixed port: the address is a build argument, and a new one would rebuild the pins' layer
   port=${WHEEL_PORT:-38117}
   "$PYTHON" -u -m http.server --bind 127.0.0.1 --directory "$CACHE/wheels" "$port" > "$OUT/wheel-server.log" 2>&1 &

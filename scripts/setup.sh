@@ -3,7 +3,9 @@
 # the emulated network, then a Python virtual environment with requirements.txt's exact pins and
 # this package itself, editable (geodc importable from anywhere, the `geodc` command in
 # .venv/bin). Safe to run again: it installs only what is missing, and reinstalls the venv's
-# part when requirements.txt or pyproject.toml change.
+# part when requirements.txt or pyproject.toml change. GEODC_PIP_HASHES=FILE (the Dockerfile
+# sets requirements-container.txt) installs FILE with pip's --require-hashes instead of
+# requirements.txt, and leaves pip as FILE pins it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -53,8 +55,13 @@ installed() {   # asked from / so that the working directory does not put geodc 
 }
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! installed; then
   echo "installing requirements.txt and geodc (editable) into .venv (first time: about a minute)"
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install -q -r requirements.txt
+  if [ -n "${GEODC_PIP_HASHES:-}" ]; then
+    # the container (Dockerfile): every file checked against its sha256, pip itself pinned
+    .venv/bin/python -m pip install -q --require-hashes -r "$GEODC_PIP_HASHES"
+  else
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    .venv/bin/python -m pip install -q -r requirements.txt
+  fi
   # --no-deps: requirements.txt holds them all, pinned; --no-build-isolation: the venv's own
   # setuptools (torch needs >= 77, PEP 660 editable installs >= 64) builds it, offline;
   # -qq: not setuptools' warning about a geodc/ folder in the working directory

@@ -12,7 +12,8 @@ here: QEMU cannot set MSR 0x10a), so under TCG: slow, and timing in it is noisy.
 --prepare installs the Debian packages the guest needs when they are missing (as root, as
 scripts/setup.sh does), then downloads (pip, apt-get download) and unpacks into the kernel
 tree (KERNEL_TREE, or $GEODC_KERNEL_TREE): virtme-ng in its own venv there (a host tool, not a
-dependency of geodc, so the project's .venv stays as requirements.txt pins it), the package
+dependency of geodc, so the project's .venv stays as requirements.txt pins it; installed with
+pip's --require-hashes from requirements-virtme-ng.txt, every file's sha256), the package
 unpacked with dpkg-deb -x and its modules indexed with depmod -b. virtme-ng finds the modules
 beside the image and links them to /lib/modules/<version> in the guest; the tree is under /opt
 because the guest gets an empty /tmp, /var/tmp and /var/cache (virtme-ng-init mounts tmpfs on
@@ -28,6 +29,7 @@ command fails, the lines of an OOM kill, a panic or an oops are printed from it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shlex
@@ -62,6 +64,10 @@ TCG = "-accel tcg,thread=single"
 # /etc/shadow untouched. Rewritten in place: the file is a mount point, so sed -i's rename fails.
 GUEST_SETUP = "s=$(sed 's/^root:!:/root:*:/' /etc/shadow) && printf '%s\\n' \"$s\" > /etc/shadow"
 REPO = Path(__file__).resolve().parent.parent
+# VIRTME_NG and its dependencies, each pinned with its file's sha256 (scripts/pin_hashes.py
+# writes it): pip installs them with --require-hashes, so a file that is not the one hashed
+# (a mirror's, a cache's) stops --prepare.
+VIRTME_HASHES = REPO / "requirements-virtme-ng.txt"
 # tool -> the Debian package that has it
 # (udevadm: virtme-ng-init starts udevd, which names the guest's script I/O ports; without it
 # the command runs on the console and its output and exit code are lost)
@@ -179,12 +185,7 @@ def prepare(package: str) -> str:
     need_static_busybox()
     KERNEL_TREE.mkdir(mode=0o755, parents=True, exist_ok=True)
     check_trusted(KERNEL_TREE)
-    if not vng_path().exists():
-        print(f"installing {VIRTME_NG} into {KERNEL_TREE / 'venv'}")
-        sh([sys.executable, "-m", "venv", str(KERNEL_TREE / "venv")],
-           "python3 -m venv (apt-get install python3-venv)")
-        sh([str(KERNEL_TREE / "venv" / "bin" / "pip"), "install", "-q", VIRTME_NG],
-           f"pip install {VIRTME_NG}")
+    install_virtme(KERNEL_TREE / "venv")
     target = resolve_package(package)
     version = target.removeprefix("linux-image-").removesuffix("-unsigned")
     root = KERNEL_TREE / version
@@ -207,6 +208,31 @@ def prepare(package: str) -> str:
     (KERNEL_TREE / "current").write_text(version + "\n")
     print(f"ready: {kernel_image(version)}")
     return version
+
+
+def install_virtme(venv: Path) -> None:
+    """VIRTME_NG in its own venv, from VIRTME_HASHES with pip's --require-hashes. A venv whose
+    stamp (the hash list's sha256) is not this list's, one made before the list or from
+    another, is made again."""
+    stamp = venv / ".requirements.sha256"
+    want = hashlib.sha256(VIRTME_HASHES.read_bytes()).hexdigest()
+    try:
+        have = stamp.read_text().strip()
+    except OSError:
+        have = ""
+    if vng_path().exists() and have == want:
+        return
+    if venv.exists() or venv.is_symlink():
+        print(f"{venv}: not installed from {VIRTME_HASHES.name} as it is now; made again")
+        if venv.is_symlink():
+            venv.unlink()
+        else:
+            shutil.rmtree(venv)
+    print(f"installing {VIRTME_NG} into {venv} (--require-hashes -r {VIRTME_HASHES.name})")
+    sh([sys.executable, "-m", "venv", str(venv)], "python3 -m venv (apt-get install python3-venv)")
+    sh([str(venv / "bin" / "pip"), "install", "-q", "--require-hashes", "-r", str(VIRTME_HASHES)],
+       f"pip install --require-hashes -r {VIRTME_HASHES}")
+    stamp.write_text(want + "\n")
 
 
 def resolve_package(package: str) -> str:

@@ -93,3 +93,47 @@ def test_the_environment_holds_what_requirements_txt_pins():
         if Version(got).public != Version(pinned).public:
             wrong.append(f"{name}=={pinned}: {got} installed")
     assert not wrong, "run `make setup` (scripts/setup.sh):\n" + "\n".join(wrong)
+
+
+def hashed(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """A --require-hashes file: canonical name -> (pinned version, its sha256 hashes); every
+    requirement an exact pin with at least one hash."""
+    reqs: dict[str, tuple[str, list[str]]] = {}
+    for line in re.sub(r"\\\n", " ", path.read_text()).splitlines():
+        line = re.sub(r"(^|\s)#.*", "", line).strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)",
+                         line)
+        assert m, f"{path.name}: {line!r} is not name==version --hash=sha256:<64 hex> ..."
+        reqs[canonicalize_name(m.group(1))] = (m.group(2), re.findall(r"[0-9a-f]{64}", m.group(3)))
+    return reqs
+
+
+def test_the_container_installs_requirements_txt_with_hashes():
+    """requirements-container.txt (scripts/pin_hashes.py) pins exactly requirements.txt's
+    versions, plus setuptools and pip, each with its file's sha256, and the Dockerfile,
+    scripts/setup.sh (GEODC_PIP_HASHES) and scripts/container_check.sh install or fetch
+    from it with --require-hashes (issue 38: pip chose a planted wheel from the cache)."""
+    reqs = hashed(REPO / "requirements-container.txt")
+    assert {n: v for n, (v, _) in reqs.items()} == {**lock(), "setuptools": reqs["setuptools"][0],
+                                                     "pip": reqs["pip"][0]}
+    assert Version(reqs["setuptools"][0]) >= Version("77.0.3")     # torch's Requires-Dist
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "pip install -q --require-hashes -r requirements-container.txt" in dockerfile
+    assert "ENV GEODC_PIP_HASHES=requirements-container.txt" in dockerfile
+    assert not re.search(r"pip install[^\n]* -r requirements\.txt", dockerfile)
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert 'pip install -q --require-hashes -r "$GEODC_PIP_HASHES"' in setup
+    check = (REPO / "scripts" / "container_check.sh").read_text()
+    assert "pip download -q --require-hashes -r requirements-container.txt" in check
+    assert "pip wheel" not in check
+
+
+def test_virtme_ngs_hash_list_pins_stock_kernels_version():
+    reqs = hashed(REPO / "requirements-virtme-ng.txt")
+    text = (REPO / "scripts" / "stock_kernel.py").read_text()
+    pinned = re.search(r'^VIRTME_NG = "virtme-ng==([^"]+)"', text, re.M).group(1)
+    assert reqs["virtme-ng"][0] == pinned
+    assert f'VIRTME_NG = "virtme-ng=={pinned}"' in (REPO / "scripts" / "pin_hashes.py").read_text()
+    assert {"requests", "argcomplete"} <= set(reqs)

@@ -128,3 +128,36 @@ def test_a_tree_someone_else_could_change_is_refused(stock, capsys):
         with pytest.raises(stock.Missing) as info:
             stock.current_version()
         assert "runs as root unless it is root's alone" in str(info.value)
+
+
+def test_virtme_ng_is_installed_with_hashes(stock, monkeypatch, capsys):
+    """--prepare installs virtme-ng with pip's --require-hashes from requirements-virtme-ng.txt
+    (every package pinned with its file's sha256; before: `pip install virtme-ng==1.42`, no
+    hash), and makes again a venv that was not installed from that list as it is now."""
+    calls: list[list[str]] = []
+
+    def sh(argv, what, **kw):
+        calls.append(argv)
+        if argv[1:3] == ["-m", "venv"]:
+            (Path(argv[3]) / "bin").mkdir(parents=True)
+        elif "install" in argv:
+            stock.vng_path().write_text("#!/bin/sh\n")
+
+    monkeypatch.setattr(stock, "sh", sh)
+    venv = stock.KERNEL_TREE / "venv"
+    stock.install_virtme(venv)
+    pip = calls[-1]
+    assert pip[:2] == [str(venv / "bin" / "pip"), "install"], calls
+    assert "--require-hashes" in pip and pip[pip.index("-r") + 1] == str(stock.VIRTME_HASHES)
+    assert not any(a.startswith("virtme-ng") for a in pip)
+    lines = stock.VIRTME_HASHES.read_text()
+    assert stock.VIRTME_NG in lines.split()
+    # a venv made before the list (no stamp): made again; one made from it: kept
+    calls.clear()
+    stock.install_virtme(venv)
+    assert calls == []
+    (venv / ".requirements.sha256").unlink()
+    (venv / "bin" / "old").write_text("")
+    stock.install_virtme(venv)
+    assert len(calls) == 2 and not (venv / "bin" / "old").exists()
+    assert "made again" in capsys.readouterr().out
