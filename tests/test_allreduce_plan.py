@@ -128,3 +128,16 @@ def test_a_runs_link_counts_follow_the_plan():
     want = 2 * host + 2 * (n / 2 * WF * 8 / 1e5 + 20) + n * WF * 8 / 1e6
     assert hierarchical_ms(n, ["ea", "we", "we"], sc) == pytest.approx(want)
     assert hierarchical_ms(n, ["ea"] * 3, sc) == ring_ms(n, ["ea"] * 3, sc)
+
+
+def test_plan_says_how_each_system_all_reduces_over_the_wan(tmp_path):
+    import yaml
+    from geodc.cli.planview import plan_command
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(split()))
+    lines = plan_command(str(path), ["baseline", "hierarchical"]).splitlines()
+    assert "  all-reduce over the WAN: stage 1 (ea, we) (a flat ring, one connection a hop)" in lines
+    assert any(line.startswith("hierarchical: ") and line.endswith("all-reduce hierarchical")
+               for line in lines)
+    assert ("  all-reduce over the WAN: stage 1 (ea, we) (hierarchical: each DC's ring, one "
+            "leader per DC across with the system's K, a broadcast inside)") in lines

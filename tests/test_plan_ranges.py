@@ -83,7 +83,8 @@ def test_uneven_split_over_dcs_shows_the_right_ranges(tmp_path):
     # dp-across-dcs: pipelines alternate a, b, a, b, ...; a fills after 3, so r6 is in b
     assert "  stage 0: r0-4/2 a-h[1-5/2] (a), r1-5/2 b-h[1-5/2] (b), r6 b-h7 (b)" in lines
     assert "  stage 1: r0-4/2 a-h[2-6/2] (a), r1-5/2 b-h[2-6/2] (b), r6 b-h8 (b)" in lines
-    assert "  all-reduce over the WAN: stages 0-1 (a, b)" in lines
+    assert ("  all-reduce over the WAN: stages 0-1 (a, b) (a flat ring, one connection a hop)"
+            in lines)
     assert lines[1] == STEPS_NOTE       # said once, as there are stepped ranges
     assert STEPS_NOTE not in plan_command(uneven(tmp_path), ["baseline"])
 

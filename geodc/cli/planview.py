@@ -91,7 +91,7 @@ class SystemPlan:
         how = {"policy": POLICY_NOTES[pl.policy], "pinned-dcs": "stages pinned to DCs by "
                "training.placement", "pinned-hosts": "hosts given by training.placement"}[pl.source]
         out = [f"{s.name}: placement {pl.policy} ({how}), connections {s.connections}, "
-               f"WAN sharing {s.wan_sharing}"]
+               f"WAN sharing {s.wan_sharing}, all-reduce {s.allreduce}"]
         for st, row in enumerate(pl.hosts):
             pieces = ([f"r{r} {h} ({pl.stage_dcs[st][r]})" for r, h in enumerate(row)] if full
                       else replica_ranges(row, pl.stage_dcs[st]))
@@ -113,7 +113,11 @@ class SystemPlan:
                 line += f"; gradients back over {back}"
             out.append(line)
         wan_ar = allreduce_pieces(pl, full)
-        out.append("  all-reduce over the WAN: " + ("; ".join(wan_ar) if wan_ar else "none"))
+        how_ar = ("" if not wan_ar else " (a flat ring, one connection a hop)"
+                  if s.allreduce == "ring" else " (hierarchical: each DC's ring, one leader per "
+                  "DC across with the system's K, a broadcast inside)")
+        out.append("  all-reduce over the WAN: " + ("; ".join(wan_ar) if wan_ar else "none")
+                   + how_ar)
         out += ["  " + line for line in self.slots.summary_lines(full)]
         if self.bubbletea is not None:
             bt = self.bubbletea
