@@ -113,6 +113,10 @@ class PipelineModel:
     # wire bits each iteration's all-reduces put on WAN link directions (counted, not timed:
     # all-reduces do not contend with the pipeline's messages in this model)
     allreduce_link_bits: dict[LinkDir, float] = field(default_factory=dict)
+    # time added to single ops, (stage, replica, iteration, action: "F0", "B3", "OPT") -> ms:
+    # what BubbleTea's prefills cost training (geodc.predict.bubbletea: a wait for the GPU
+    # behind a prefill that overran its bubble, the slower op after a prefill on an H200)
+    op_extra_ms: dict[tuple[int, int, int, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,10 +351,14 @@ class Simulation:
             name = nxt[0]
             if name in ("ALLREDUCE", "OPT"):
                 dur = m.allreduce_ms[s] if name == "ALLREDUCE" else m.opt_ms[s]
+                if m.op_extra_ms and name == "OPT":
+                    dur += m.op_extra_ms.get((s, r, it, name), 0.0)
                 op = Op(s, r, it, name, None, now, now + dur)
             else:
                 kind, mb = self.action[name]
                 dur = m.forward_ms[s] if kind == "F" else m.backward_ms[s]
+                if m.op_extra_ms:
+                    dur += m.op_extra_ms.get((s, r, it, name), 0.0)
                 op = Op(s, r, it, kind, mb, now, now + dur)
             if dur > 0 or name not in ("ALLREDUCE",):
                 self.ops.append(op)

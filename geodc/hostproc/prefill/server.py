@@ -66,6 +66,7 @@ import torch
 
 from geodc.rules.admission import chunk_end
 from geodc.hostproc.prefill.kv import KvJob, KvSender
+from geodc.rules.kvcache import kv_target_bytes
 from geodc.hostproc.prefill.decoder import InferenceConfig, InferenceGPT, build_model, prefill, prefill_chunk
 from geodc.rules.prefill_profile import PrefillProfile
 from geodc.host.records import RecordLog
@@ -425,8 +426,8 @@ class PrefillServer:
         payload = memoryview(kv.contiguous().reshape(-1).view(torch.uint8).numpy())
         pad = 0
         if self.profile is not None:
-            want = int(self.profile.kv_cache_bytes(req.target_tokens) * self.spec.kv_fraction
-                       / self.spec.scale)
+            want = kv_target_bytes(self.profile, req.target_tokens, self.spec.kv_fraction,
+                                   self.spec.scale)
             pad = max(0, want - len(payload))
         header = {"type": "kv", "id": req.id, "first_token": first_token,
                   "prompt_len": len(req.prompt), "max_new_tokens": req.max_new_tokens,
