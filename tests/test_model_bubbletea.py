@@ -83,7 +83,8 @@ def test_back_to_back_prefills_and_expiry():
 
 def test_announced_bubbles_follow_the_workers_rule():
     """One worker, one op index: gaps 10, 10, 4 ms before iterations 1-3. Iteration 0 is not learned from, a
-    prediction needs two iterations: announced from iteration 3, as min(prediction, gap)."""
+    prediction needs two iterations: announced from iteration 3, with its predicted end (10 ms)
+    and the next op's start (4 ms later)."""
     spans, t = [], 0
     for it, gap in enumerate([10, 10, 4, 0]):
         spans.append({"name": "F", "host": "h", "stage": 0, "iteration": it, "microbatch": 0,
@@ -91,7 +92,7 @@ def test_announced_bubbles_follow_the_workers_rule():
         t += 1 + gap
     got = announced_bubbles(spans, [["F0"]], dp=False, fill_allreduce=False)
     # gaps precede iterations 1, 2, 3: learned from 1 and 2, announced before 3
-    assert got == {"h": [(23 * MS, 27 * MS)]}
+    assert got == {"h": [(23 * MS, 33 * MS, 27 * MS)]}
 
 
 def test_prediction_on_atlas_bubbletea_fills_bubbles_without_overlap():

@@ -133,7 +133,12 @@ def bubbletea_text(system: str, bt: dict) -> str:
             + ("-" if ttft["p50"] is None else f"{ttft['p50']:.0f}/{ttft['p99']:.0f} ms")
             + f", deadline misses {misses:,} of {requests:,} requests"
             + (f" ({misses / requests:.0%})" if requests else "") + ", unused bubble: "
-            + ", ".join(f"{c} {v:.0%}" for c, v in causes[:3] if v > 0))
+            + ", ".join(f"{c} {v:.0%}" for c, v in causes[:3] if v > 0)
+            + (f"; training {bt['training_slowdown']:+.1%} ({bt['training_slowdown_h200']:+.1%} "
+               "on an H200)" if "training_slowdown" in bt else "")
+            + ("" if not pf["kv_transfer_ms"].get("n") else
+               f", KV to decode p50/p99 {pf['kv_transfer_ms']['p50']:.1f}/"
+               f"{pf['kv_transfer_ms']['p99']:.1f} ms"))
 
 
 def _rate(per_s: float) -> str:

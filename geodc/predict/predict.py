@@ -58,7 +58,8 @@ Past SIMULATE_ALL_UP_TO iterations, a steady state stands for the rest (geodc.pr
 Not modelled (geodc.predict.unmodelled names what a scenario sets of them): CPU contention of
 the emulation, the delay line's own lateness, a queue on fair-shared links and the window
 reduction inside a temporal slot, jitter, the temporal arbiter's grant latency, faults, cross
-traffic, prefill (BubbleTea) traffic on the links.
+traffic, prefill (BubbleTea) traffic slowing training's messages on the host links (its KV transfers are
+timed on their own: geodc.predict.bubbletea).
 """
 
 from __future__ import annotations
@@ -412,7 +413,8 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                       iterations=n, wan_drop_packets=drops,
                       simulated_replicas=model.replicas,
                       simulated_iterations=steady.simulated, steady=steady.line(),
-                      bubbletea=_bubbletea(scenario, cfg, system, placement, classes, result)
+                      bubbletea=_bubbletea(scenario, cfg, system, placement, classes, result,
+                                           model, steady.simulated)
                       if system.fill_bubbles else None)
 
 
@@ -427,13 +429,16 @@ def group_of(classes: list[Simulated], c: int) -> int:
 
 def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                placement: "Placement", classes: list[Simulated],
-               result: SimResult) -> dict[str, Any]:
+               result: SimResult, model: PipelineModel, simulated: int) -> dict[str, Any]:
     """geodc.predict.bubbletea's figures for the simulated run under the load a run would replay (same
-    requests, same DC split). Unfolded, every GPU is its own host; folded (above
-    FOLD_ABOVE_REPLICAS), each group's last simulated replica stands for its alike GPUs with
-    their share of the load (geodc.predict.bubbletea.thin_load), and its figures count that
-    many times."""
-    from geodc.predict.bubbletea import predict_bubbletea, thin_load, unthin
+    requests, same DC split), with the KV messages to each DC's decode hosts and training's
+    slowdown (the run simulated again with the prefills' cost to its ops: `_slowdown`).
+    Unfolded, every GPU is its own host; folded (above FOLD_ABOVE_REPLICAS), each group's last
+    simulated replica stands for its alike GPUs with their share of the load
+    (geodc.predict.bubbletea.thin_load), and its figures count that many times; its DC's decode
+    hosts are cut to the same share (at least one), so that each sees a real one's load."""
+    from geodc.predict.bubbletea import (AFTER_PREFILL_MS, KvLinks, predict_bubbletea,
+                                         thin_load, unthin)
     from geodc.features.bubbletea.plan import check, hosts_by_dc
     bt = check(scenario, placement, system.name)
     folded = any(c.n > 1 for c in classes)
@@ -454,8 +459,47 @@ def _bubbletea(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     gpus = {dc: len(hs) for dc, hs in hosts_by_dc(placement).items()}
     load, share = thin_load(bt, cfg.compute, host_dc, gpus)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
-    m = predict_bubbletea(spans, host_dc, rows, placement.replicas > 1, bt, load, cfg.tp)
+    decode = {dc: scenario.decode_host_names(dc) for dc in gpus}
+    decode = {dc: hs[:max(1, round(len(hs) * share))] for dc, hs in decode.items()}
+    kv = KvLinks(decode=decode, rate_mbit={d.name: d.rate_mbit for d in scenario.dcs},
+                 scale=scenario.scale)
+    m, cost = predict_bubbletea(spans, host_dc, rows, placement.replicas > 1, bt, load, cfg.tp,
+                                kv)
     m = unthin(m, weight, share)
+    base = _window_wall_ms(as_spans(result))
+    waits = {_op_key(k): ms for k, ms in cost.waits_ms.items()}
+    after = dict(waits)
+    for k in cost.after_prefill:
+        after[_op_key(k)] = after.get(_op_key(k), 0.0) + AFTER_PREFILL_MS
+    m["training_slowdown"] = _slowdown(model, simulated, waits, base)
+    m["training_slowdown_h200"] = _slowdown(model, simulated, after, base)
     keep = ("gpu_utilization", "training_only", "prefill_share", "per_stage", "window_s",
-            "iterations", "iteration_time_s", "prefill", "unused_bubble", "load", "simulated")
+            "iterations", "iteration_time_s", "training_slowdown", "training_slowdown_h200",
+            "gpu_wait", "prefill", "kv", "unused_bubble", "load", "simulated")
     return {k: m[k] for k in keep}
+
+
+def _op_key(k: tuple[str, int, str]) -> tuple[int, int, int, str]:
+    """("s{stage}r{replica}", iteration, action) -> geodc.rules.pipeline's op_extra_ms key."""
+    stage, replica = k[0][1:].split("r")
+    return int(stage), int(replica), k[1], k[2]
+
+
+def _window_wall_ms(spans: list[dict]) -> float:
+    """The mean iteration wall (ms) over BubbleTea's window (geodc.rules.bubbletea_figures)."""
+    from geodc.rules.bubbletea_figures import measured_window
+    walls = measured_window(spans)[3]
+    return sum(walls) / len(walls) / 1e6
+
+
+def _slowdown(model: PipelineModel, iterations: int,
+              extra: dict[tuple[int, int, int, str], float], base_ms: float) -> float:
+    """Training's slowdown with `extra` ms on those ops (geodc.rules.pipeline's op_extra_ms):
+    the mean iteration wall over BubbleTea's window, simulated again, against base_ms (the run
+    without prefill; geodc.run.jobs' training_slowdown)."""
+    if not extra:
+        return 0.0
+    from dataclasses import replace
+    from geodc.rules.pipeline import simulate
+    res = simulate(replace(model, op_extra_ms=extra), iterations)
+    return _window_wall_ms(as_spans(res)) / base_ms - 1.0

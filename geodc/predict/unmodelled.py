@@ -38,8 +38,12 @@ def unmodelled(scenario: "Scenario") -> list[str]:
                    + ("s" if len(scenario.cross_traffic) > 1 else "")
                    + "): other tenants' traffic on the WAN links")
     if scenario.bubbletea is not None:
-        out.append("bubbletea: the KV-cache transfers to each DC's decode servers (inside the "
-                   "DC: no request or cache crosses the WAN) and training's slowdown beside "
-                   "prefill (+0.7-3.3% measured on an H200: docs/bubbletea/design.md); prefill "
-                   "compute in the bubbles is modelled")
+        out.append("bubbletea: the emulation's iteration-to-iteration gap variation (its "
+                   "learned bubble predictions that outlast the gap make the next op wait for "
+                   "the GPU; the model's gaps repeat, so it predicts such waits only where its "
+                   "gaps change), KV messages slowing training's messages on the same host "
+                   "links, the decode servers' compute and the prefill side's CPU; modelled: "
+                   "prefill in the bubbles, training's slowdown from those waits (and, as "
+                   "training_slowdown_h200, an H200's slower op after a prefill), the KV "
+                   "transfers to each DC's decode servers over its host links (no WAN)")
     return out

@@ -83,6 +83,8 @@ class BubbleTeaFigures:
     queued: int                          # of them still waiting when the simulated run ended
     deadline_ms: float
     unused: dict[str, float]             # the unused bubble's share by cause
+    training_slowdown: float = 0.0       # iteration time with prefill / without - 1 (GPU waits)
+    training_slowdown_h200: float = 0.0  # with an H200's slower op after a prefill too
 
     @property
     def saturated(self) -> bool:
@@ -351,7 +353,9 @@ def _bubbletea(sc: "Scenario", cfg) -> BubbleTeaFigures:
         served_per_s=pf["requests_per_s"], requests=sum(pf["outcomes"].values()),
         in_time=pf["outcomes"].get("served", 0), deadline_misses=pf["deadline_misses"],
         queued=pf["outcomes"].get("unserved", 0), deadline_ms=sc.bubbletea.ttft_deadline_ms,
-        unused=dict(bt["unused_bubble"]["share_by_cause"]))
+        unused=dict(bt["unused_bubble"]["share_by_cause"]),
+        training_slowdown=bt["training_slowdown"],
+        training_slowdown_h200=bt["training_slowdown_h200"])
 
 
 def _with_reason(row: Row, base: Row | None, seconds: float) -> Row:
