@@ -24,6 +24,7 @@ with no rate (unshaped veths) take no time.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Mapping, Sequence
 
@@ -90,8 +91,10 @@ def kv_transfers(sends: Sequence[KvSend], rate_mbit: Mapping[str, float | None])
         return
     t0 = min(s.t_ready_ns for s in sends)         # times relative to it (floats keep ns)
     nxt = {c: 0 for c in queues}
-    free_at = {c: float("-inf") for c in queues}   # the connection's last message is in
-    busy: set[tuple[str, str]] = set()
+    # idle connections with a message left, by when it can begin: (time, order, connection)
+    order = {c: i for i, c in enumerate(queues)}
+    waiting = [(q[0].t_ready_ns - t0, order[c], c) for c, q in queues.items()]
+    heapq.heapify(waiting)
     active: list[_Flow] = []
     links: dict[Hashable, float] = {}
     for (src, dst) in queues:
@@ -99,48 +102,40 @@ def kv_transfers(sends: Sequence[KvSend], rate_mbit: Mapping[str, float | None])
             if rate_mbit.get(host) is not None:
                 links[(key, host)] = float(rate_mbit[host])
 
-    def next_start() -> float:
-        t = float("inf")
-        for c, q in queues.items():
-            if nxt[c] < len(q) and c not in busy:
-                t = min(t, max(q[nxt[c]].t_ready_ns - t0, free_at[c]))
-        return t
-
     def start_ready(t: float) -> None:
-        for c, q in queues.items():
-            while nxt[c] < len(q) and c not in busy:
-                s = q[nxt[c]]
-                begin = max(s.t_ready_ns - t0, free_at[c])
-                if begin > t:
-                    break
-                nxt[c] += 1
-                s.t_start_ns = t0 + round(begin)
-                on = tuple(k for k in (("up", s.src), ("down", s.dst)) if k in links)
-                if not on or s.bytes <= 0:
-                    s.t_end_ns = s.t_start_ns
-                    free_at[c] = begin
-                    continue
-                busy.add(c)
-                active.append(_Flow(send=s, links=on, cap_mbit=min(links[k] for k in on),
-                                    left_bits=s.bytes * WIRE_PER_PAYLOAD * 8, at_ns=begin,
-                                    conn=c))
+        while waiting and waiting[0][0] <= t:
+            begin, _, c = heapq.heappop(waiting)
+            s = queues[c][nxt[c]]
+            nxt[c] += 1
+            s.t_start_ns = t0 + round(begin)
+            on = tuple(k for k in (("up", s.src), ("down", s.dst)) if k in links)
+            if not on or s.bytes <= 0:
+                s.t_end_ns = s.t_start_ns
+                queue_next(c, begin)
+                continue
+            active.append(_Flow(send=s, links=on, cap_mbit=min(links[k] for k in on),
+                                left_bits=s.bytes * WIRE_PER_PAYLOAD * 8, at_ns=begin, conn=c))
+
+    def queue_next(c: tuple[str, str], free_at: float) -> None:
+        if nxt[c] < len(queues[c]):
+            heapq.heappush(waiting, (max(queues[c][nxt[c]].t_ready_ns - t0, free_at),
+                                     order[c], c))
 
     while True:
-        t = next_start()
+        t = waiting[0][0] if waiting else float("inf")
         if not active:
             if t == float("inf"):
                 return
             start_ready(t)
             continue
-        max_min_rates(active, links, set(links))
+        max_min_rates(active, links, {k for f in active for k in f.links})
         ends = [f.at_ns + f.left_bits * 1e3 / f.rate_mbit for f in active]   # Mbit/s = bit/us
         step = min(min(ends), t)
         left = []
         for f, end in zip(active, ends):
             if end <= step + 0.5:
                 f.send.t_end_ns = t0 + round(end)
-                free_at[f.conn] = end
-                busy.discard(f.conn)
+                queue_next(f.conn, end)
             else:
                 f.left_bits -= (step - f.at_ns) * f.rate_mbit / 1e3
                 f.at_ns = step
