@@ -275,6 +275,8 @@ def test_the_waterfall_adds_one_mechanism_at_a_time(small):
     assert (name, x) == (fastest[2], pytest.approx(
         fastest[0] / small.rows[0].systems["atlas"].iteration_s))
     assert f"over the best other system ({name}) {x:.2f}x" in line
+    head, first = whatif_text(small).splitlines()[1:3]
+    assert "Atlas over the best other" in head and f"{x:.2f}x ({name})" in first
     doc = json.loads(json.dumps(small.to_dict()))
     assert [s["system"] for s in doc["rows"][0]["waterfall"]][-1] == "atlas"
 
