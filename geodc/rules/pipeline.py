@@ -53,7 +53,10 @@ Rules, the workers' (geodc/hostproc/trainer/worker.py):
     time and enter it again a round trip after they were sent (fast retransmit), behind what
     came meanwhile, and the connections the drop falls on cut their windows
     (geodc.rules.tcpchannel.Channel.congest); under temporal slots only the slot's own burst
-    is queued, and its slot lasts through the resend. Not modelled: a slot's window
+    is queued, and its slot lasts through the resend. A folded train's middle members meet the
+    queue too (geodc.rules.serial_links): their bursts, drops and resends on FIFO trains (no
+    window of their own: a member's burst is between its head's and its tail's last), the
+    resend inside each slot. Not modelled: a slot's window
     reduction, timeouts, and queues on fair-shared links (messages of several rounds).
 Structure: `Simulation` is one pass (the workers, the event loop, the messages leaving); each WAN
 link direction's messages go to one link discipline (`link_disciplines`): the fair share

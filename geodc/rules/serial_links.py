@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import abstractmethod
 import math
 from dataclasses import replace
+from heapq import heappop, heappush
 from typing import Any, Callable, Mapping
 
 from geodc.rules.tcpchannel import WIRE_PER_PAYLOAD, Channel, halvings
@@ -103,13 +104,14 @@ class SerialLinks(LinkDiscipline):
             if b.next >= n:
                 del trains[k]
         W = self.clock.get(link, 0.0)
-        if (len(due) == 1 and due[0][0].hold_of is None
+        queued = any(b.burst_bytes for b, _, _ in due)    # members' bursts meet a queue
+        if (len(due) == 1 and not queued and due[0][0].hold_of is None
                 and due[0][0].member_ms(due[0][1], W) == due[0][0].member_ms(due[0][2], W)):
             b, i, j = due[0]
             count, d = j - i + 1, b.member_ms(i, W)
             W = max(W + count * d, b.first_sent + i * b.spacing + count * d,
                     b.first_sent + j * b.spacing + d)
-        elif len(due) == 1:             # one train's members in turn
+        elif len(due) == 1 and not queued:      # one train's members in turn
             b, i, j = due[0]
             t0, gap = b.first_sent, b.spacing
             holds = b.hold_of
@@ -126,8 +128,18 @@ class SerialLinks(LinkDiscipline):
                                      for n, (b, i, j) in enumerate(due)
                                      for x in range(i, j + 1)):
                 start = max(W, a)
-                W = start + b.member_ms(x, start)
+                if b.burst_bytes:
+                    self.clock[link] = W
+                    W = start + self.member_queued(link, b, x, a, start, t)
+                else:
+                    W = start + b.member_ms(x, start)
         self.clock[link] = W
+
+    def member_queued(self, link: LinkDir, b: Middle, x: int, sent: float, start: float,
+                      now: float) -> float:
+        """How long train member x, sent at `sent` and served from `start` (no earlier than
+        `now`'s send serves it), holds the link where its burst meets the link's queue."""
+        return b.member_ms(x, start)
 
     def overflow(self, link: LinkDir, wait_ms: float, burst: float,
                  most: float | None = None, not_arrived: float = 0.0) -> float:
@@ -158,7 +170,9 @@ class FifoTrains(SerialLinks):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # per link: (when a message's hold ends, its wire bytes that wait for acknowledgements)
-        self.later: dict[LinkDir, list[tuple[float, float]]] = {}
+        self.later: dict[LinkDir, NotArrived] = {}
+        # where a link has a queue: each channel's (kind, s, r) last burst (wire bytes)
+        self.last_burst: dict[tuple, float] = {}
 
     def message_ms(self, route: Route, link: LinkDir) -> float:
         return route.wire_bytes * 8 / (self.rate_mbit[link] * 1e3)
@@ -170,14 +184,17 @@ class FifoTrains(SerialLinks):
     def not_arrived(self, link: LinkDir, t: float) -> float:
         """Wire bytes of the link's backlog at t that have not reached its queue: what a
         message past its first round sends as acknowledgements free its windows (they come
-        as the link serves the message, the last of its bytes on the clock). Kept only for a
-        link with a queue (nothing else asks)."""
-        entries = self.later.get(link)
-        if not entries:
-            return 0.0
-        per_ms = self.rate_mbit[link] * 125.0
-        entries[:] = [(end, b) for end, b in entries if end > t]
-        return sum(min(b, (end - t) * per_ms) for end, b in entries)
+        as the link serves it, the last of its bytes on the clock). Kept only for a link with
+        a queue (nothing else asks)."""
+        later = self.later.get(link)
+        return 0.0 if later is None else later.at(t)
+
+    def comes_later(self, link: LinkDir, end: float, wire: float) -> None:
+        """wire bytes that reach the link's queue as it serves them, the last at `end`."""
+        later = self.later.get(link)
+        if later is None:
+            later = self.later[link] = NotArrived(self.rate_mbit[link] * 125.0)
+        later.add(end, wire)
 
     def settle(self, now: float, key: MessageKey, route: Route, link: LinkDir, start: float,
                hold: int, w: int, channel: Channel | None = None) -> None:
@@ -185,13 +202,20 @@ class FifoTrains(SerialLinks):
         burst = route.burst_bytes if route.burst_bytes is not None else route.wire_bytes
         if channel is not None:         # its first round as its connections' windows allowed
             burst = min(burst, channel.first_round_bytes * WIRE_PER_PAYLOAD)
+        if link in self.queue_bytes:
+            self.last_burst[key[:3]] = burst
+            mid = self.middles.get(link, {}).get(key)
+            if mid is not None:     # a train's head: its members' bursts, from its to its tail's
+                tail = self.trains.behind(key[2])[0]
+                mid.burst_bytes = burst
+                mid.burst_last = self.last_burst.get((*key[:2], tail), burst)
+                mid.iteration, mid.rtt_ms = key[3], route.rtt_ms
         # what waits ahead of it (and has reached the queue), then its (alike) bursts
         lost = self.overflow(link, start - now, burst * hold,
                              None if channel is not None else hold * route.wire_bytes,
                              self.not_arrived(link, now))
         if channel is not None and route.wire_bytes > burst and link in self.queue_bytes:
-            self.later.setdefault(link, []).append(
-                (self.clock[link], hold * (route.wire_bytes - burst)))
+            self.comes_later(link, self.clock[link], hold * (route.wire_bytes - burst))
         if lost <= 0:
             self.events.push(arrive, self.deliver, (key,))
             return
@@ -200,6 +224,38 @@ class FifoTrains(SerialLinks):
         self.add_drops(link, key[3], lost)
         self.clock[link] -= lost / (self.rate_mbit[link] * 125.0)
         self.events.push(now + route.rtt_ms, self.resend, (key, route, lost, arrive))
+
+    def member_queued(self, link: LinkDir, b: Middle, x: int, sent: float, start: float,
+                      now: float) -> float:
+        """A train's member meets the queue as a simulated message does (`settle`): its burst
+        (between its head's and its tail's last, by its place) behind the backlog that has
+        reached the queue loses what does not fit; the lost bytes leave its hold and enter the
+        link again a round trip after it sent (`resend_lost`); the rest of its message comes
+        as acknowledgements free its windows (`not_arrived`)."""
+        d = b.member_ms(x, start)
+        wire = d * self.rate_mbit[link] * 125.0
+        burst = min(wire, b.burst_bytes + (b.burst_last - b.burst_bytes) * x / b.n)
+        lost = self.overflow(link, start - sent, burst, None, self.not_arrived(link, sent))
+        if wire > burst:
+            self.comes_later(link, start + d, wire - burst)
+        if lost <= 0:
+            return d
+        self.add_drops(link, b.iteration, lost)
+        self.events.push(max(now, sent + b.rtt_ms), self.resend_lost,
+                         (link, b.iteration, lost, b.rtt_ms))
+        return d - lost / (self.rate_mbit[link] * 125.0)
+
+    def resend_lost(self, now: float, link: LinkDir, it: int, lost: float,
+                    rtt_ms: float) -> None:
+        """A train member's bytes lost a round trip ago enter the link again (as `resend`; the
+        member's arrival is its tail's to time)."""
+        self.serve_middles(link, now)
+        start = max(now, self.clock.get(link, 0.0))
+        again = self.overflow(link, start - now, lost, None, self.not_arrived(link, now))
+        self.clock[link] = start + (lost - again) / (self.rate_mbit[link] * 125.0)
+        if again > 0:
+            self.add_drops(link, it, again)
+            self.events.push(now + rtt_ms, self.resend_lost, (link, it, again, rtt_ms))
 
     def resend(self, now: float, key: MessageKey, route: Route, lost: float,
                arrive: float) -> None:
@@ -215,6 +271,38 @@ class FifoTrains(SerialLinks):
             self.events.push(now + route.rtt_ms, self.resend, (key, route, again, arrive))
         else:
             self.events.push(arrive, self.deliver, (key,))
+
+
+class NotArrived:
+    """A link's bytes (each message's: its wire bytes past its first round, the last of them
+    at `end`) not in its queue yet at t: min(bytes, (end - t) x rate) each, summed. Each is
+    whole until end - bytes / rate, and only those past that (few: a link serves one message
+    at a time) are summed one by one."""
+
+    __slots__ = ("per_ms", "whole", "whole_bytes", "partial")
+
+    def __init__(self, per_ms: float) -> None:
+        self.per_ms = per_ms                    # wire bytes per ms (the link's rate)
+        self.whole: list[tuple[float, float, float]] = []   # heap: (whole until, end, bytes)
+        self.whole_bytes = 0.0
+        self.partial: list[tuple[float, float]] = []        # (end, bytes)
+
+    def add(self, end: float, wire: float) -> None:
+        heappush(self.whole, (end - wire / self.per_ms, end, wire))
+        self.whole_bytes += wire
+
+    def at(self, t: float) -> float:
+        whole, partial = self.whole, self.partial
+        while whole and whole[0][0] < t:
+            _, end, wire = heappop(whole)
+            self.whole_bytes -= wire
+            partial.append((end, wire))
+        if not whole:
+            self.whole_bytes = 0.0
+        if partial:
+            partial[:] = [(end, b) for end, b in partial if end > t]
+        per_ms = self.per_ms
+        return self.whole_bytes + sum(min(b, (end - t) * per_ms) for end, b in partial)
 
 
 class TemporalSlots(SerialLinks):
@@ -243,23 +331,34 @@ class TemporalSlots(SerialLinks):
                one_ms: float, warm_ms: float, before: Channel | None, start: float) -> Middle:
         prev = self.last_train.get(key[:3])
         self.last_train[key[:3]] = (now, gap)
+        # each member's slot queues its own burst alone, as the head's does (`settle`): it
+        # loses as much (counted with its tail's, which stands for the members) and its slot
+        # lasts through the resend as long
+        link = route.links[0]
+        lost = self.overflow(link, 0.0, self.burst_of(route))
+        extra = route.rtt_ms + lost / (self.rate_mbit[link] * 125.0) if lost > 0 else 0.0
         if before is not None:
             holds = MemberHolds(before, start, route.payload_bytes, route.one_way_ms, one_ms,
-                                self.last_holds.get(key[:3]), self)
+                                self.last_holds.get(key[:3]), self, extra)
             self.last_holds[key[:3]] = holds
-            return Middle(1, n, now, gap, one_ms, one_ms, 0.0, 0.0, route.rto_ms, holds)
+            return Middle(1, n, now, gap, one_ms + extra, one_ms + extra, 0.0, 0.0,
+                          route.rto_ms, holds)
         d, d_idle, idle0, slope = one_ms, one_ms, 0.0, 0.0
         if route.solo_idle_ms is not None:
             d, d_idle = warm_ms - route.one_way_ms, route.solo_idle_ms - route.one_way_ms
             idle0, slope = ((float("inf"), 0.0) if prev is None
                             else (now - prev[0], gap - prev[1]))
-        return Middle(1, n, now, gap, d, d_idle, idle0, slope, route.rto_ms)
+        return Middle(1, n, now, gap, d + extra, d_idle + extra, idle0, slope, route.rto_ms)
+
+    @staticmethod
+    def burst_of(route: Route) -> float:
+        return route.burst_bytes if route.burst_bytes is not None else route.wire_bytes
 
     def settle(self, now: float, key: MessageKey, route: Route, link: LinkDir, start: float,
                hold: int, w: int, channel: Channel | None = None) -> None:
         arrive = self.clock[link] + route.one_way_ms            # the last of them
-        burst = route.burst_bytes if route.burst_bytes is not None else route.wire_bytes
-        lost = self.overflow(link, 0.0, burst)     # one message's burst in the queue at a time
+        # one message's burst in the queue at a time
+        lost = self.overflow(link, 0.0, self.burst_of(route))
         if lost <= 0:
             self.events.push(arrive, self.deliver, (key,))
             return
@@ -285,8 +384,9 @@ class MemberHolds:
 
     def __init__(self, before: Channel, head_start: float, payload_bytes: float,
                  one_way_ms: float, head_ms: float, previous: "MemberHolds | None",
-                 slots: "TemporalSlots") -> None:
+                 slots: "TemporalSlots", extra_ms: float = 0.0) -> None:
         self.slots = slots          # told when a member waits for its own acknowledgements
+        self.extra_ms = extra_ms    # each slot's resend of what its burst lost at the queue
         self.before, self.payload, self.one_way_ms = before, payload_bytes, one_way_ms
         self.head_ms = head_ms
         self.last_sent = max(c.last_sent_ms for c in before.conns)
@@ -310,7 +410,7 @@ class MemberHolds:
     def __call__(self, x: int, start: float) -> float:
         if not math.isfinite(self.last_sent):       # the channel's first message: as the head
             self.ends[x] = start + self.head_ms
-            return self.head_ms
+            return self.head_ms + self.extra_ms
         end = self.previous.end_of(x) if self.previous is not None else None
         idle = self.head_idle if end is None else max(0.0, start - end)
         hold, sending = self.after(idle)
@@ -323,14 +423,14 @@ class MemberHolds:
             self.slots.trains_unalike = True         # its head waited, it did not
         self.ends[x] = start + sending
         self.last_end = max(self.last_end, start + sending)
-        return hold
+        return hold + self.extra_ms
 
     def alike(self, earliest: float) -> tuple[float, float] | None:
         """(hold, sending) when every member still to be served, none before `earliest`, holds
         alike: each idle a round trip or more without slow start after idle (or the channel's
         first message); None where that is not known without serving them one by one."""
         if not math.isfinite(self.last_sent):
-            return self.head_ms, self.head_ms
+            return self.head_ms + self.extra_ms, self.head_ms
         if self.restarts:
             return None
         if self.previous is None:
@@ -341,7 +441,7 @@ class MemberHolds:
         settled = self.after(self.rtt_ms)
         if self.head_waited and not math.isclose(settled[0], self.head_ms, rel_tol=1e-9):
             self.slots.trains_unalike = True         # its head waited, they do not
-        return settled
+        return settled[0] + self.extra_ms, settled[1]
 
     def serve(self, i: int, j: int, free: float, t0: float, gap: float, hold: float,
               sending: float) -> float:

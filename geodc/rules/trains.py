@@ -88,6 +88,13 @@ class Middle:
     rto_ms: float
     # given: how long member x, served from a time, holds the link (its own connections' state)
     hold_of: Callable[[int, float], float] | None = None
+    # where the link has a set queue (FIFO trains): the wire bytes the head's first round put
+    # in it at once and the tail's last did (a member's is between them by its place; 0: no
+    # queue), the members' iteration and round trip (their lost bytes come back one later)
+    burst_bytes: float = 0.0
+    burst_last: float = 0.0
+    iteration: int = 0
+    rtt_ms: float = 0.0
 
     def member_ms(self, x: int, start: float) -> float:
         """How long member x, served from `start`, holds the link."""
