@@ -100,7 +100,7 @@ def _predict_one(scenario, systems: Sequence[str] | None, as_json: bool,
                        "again a round trip later): " + ", ".join(
                            f"{k} {v:,.0f}" for k, v in p.wan_drop_packets.items())
                        + (f" (alike replicas folded, {p.simulated_replicas} simulated of "
-                          f"{cfg.replicas}: with drops the fold is checked within 2.5% of "
+                          f"{cfg.replicas}: with drops the fold is checked within 2% of "
                           "every replica simulated)"
                           if p.simulated_replicas < cfg.replicas else ""))
     for p in rows:

@@ -43,8 +43,11 @@ Inputs, each from the module that decides it in a run:
   round trip later; under temporal slots each member's slot resends what its one burst lost,
   as its head's does. Checked against every replica simulated (tests/test_folding.py, queues
   of 0.01-2x the summed burst): generated scenarios within 0.3%; gpt7b_2dc's multitcp with
-  its 2 x BDP queue set 6.99 s folded against 7.16 s unfolded (-2.4%; 8.33 s, +16.3%, before
-  the members met the queue), so `predict` says where a folded prediction drops.
+  its 2 x BDP queue set 7.14 s folded against 7.03 s unfolded (+1.6%; before the members met
+  the queue 8.33 s against 7.16 s, +16.3%), and `predict` says so where a folded prediction
+  drops. A loss under a byte is none (`SerialLinks.overflow`): with millions of drops an
+  iteration, rounding alone moved the unfolded figure 2% (7.16 s or 7.01 s by the order of
+  one sum).
 Above FOLD_ABOVE_REPLICAS replicas, each group of replicas whose stages sit in the same DCs is
 folded (geodc.rules.pipeline's trains, `simulated_for`): on fair-shared links as its first
 replica and one with a weight for the rest (exact); where its messages meet links that serve one

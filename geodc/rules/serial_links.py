@@ -145,12 +145,13 @@ class SerialLinks(LinkDiscipline):
                  most: float | None = None, not_arrived: float = 0.0) -> float:
         """Wire bytes a burst loses at the link's queue, with wait_ms of the link's time ahead
         of it, less not_arrived bytes of that not in the queue yet (tail drop: what does not
-        fit)."""
+        fit). Less than a byte is none: the backlog's sums round, and a drop cuts windows."""
         q = self.queue_bytes.get(link)
         if q is None:
             return 0.0
         ahead = max(0.0, max(0.0, wait_ms) * self.rate_mbit[link] * 125.0 - not_arrived)
-        return min(burst if most is None else most, max(0.0, ahead + burst - q))
+        lost = min(burst if most is None else most, max(0.0, ahead + burst - q))
+        return lost if lost >= 1.0 else 0.0     # less than a byte: the sums' rounding
 
     def add_drops(self, link: LinkDir, it: int, lost: float) -> None:
         per_it = self.drops.setdefault(link, {})
