@@ -55,7 +55,9 @@ test-stock-kernel: setup  ## the stock-kernel ring: netem and delayline backends
 
 # One backend's ring in a fresh guest: $(1) the backend, $(2) more environment, $(3) more
 # deselected ("and not ..."). A guest is stopped after 30 minutes (each took 10-12 here, up to 20
-# on a slow host), so a hung one fails the target with the reason, inside CI's 90 minutes.
+# on a slow host), so a hung one fails the target with the reason, inside the 90 minutes of the
+# CI that runs .ci/run (the GitHub workflow runs scripts/container_check.sh, which leaves this
+# ring out, within its own 45).
 stock_ring = .venv/bin/python scripts/stock_kernel.py run --timeout 1800 --log results/stock-kernel/$(1)-console.log \
 	-- sh -c 'env GEODC_TEST_BACKEND=$(1) $(2) $(PY) -m pytest -q -p no:cacheprovider -m network \
 	  $(STOCK_RING) -k "$(STOCK_SKIP) $(3)"; rc=$$?; echo "== guest after pytest: exit $$rc"; \
