@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Entry point users type: `sudo python run_testbed.py SCENARIO` (see `--help`). The commands
-live in geodc/cli/main.py; the `geodc` console script runs the same `main`.
+live in testbed/cli/main.py; the `geodc` console script runs the same `main`.
 
 Whichever Python starts it (sudo's, the system's), it runs under this checkout's environment
 (.venv, made by `make setup`) when that exists; without it, a missing package is one line naming
@@ -16,7 +16,7 @@ VENV = ROOT / ".venv"
 
 def main(argv=None):
     try:
-        from geodc.cli.main import main as cli_main
+        from testbed.cli.main import main as cli_main
         return cli_main(argv)
     except ModuleNotFoundError as exc:   # before the command line's own handler takes over
         return missing(exc)

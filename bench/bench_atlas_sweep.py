@@ -8,7 +8,7 @@ speedup vs baseline, GPU utilization, WAN utilization (the busier direction, fro
 records), slot adherence (temporal systems, from the capture), and the compute-only iteration
 time beside them; then one summary row per point. Writes sweep.json, sweep.md, summary.md and
 speedup_vs_delay.png to --out (`--replot sweep.json` redraws them only); the figure is
-reproduce's (geodc.analysis.reproduce_plots), and `run_testbed.py reproduce OUT/runs/*` draws it
+reproduce's (testbed.analysis.reproduce_plots), and `run_testbed.py reproduce OUT/runs/*` draws it
 again from the run folders.
 
 Scenario of a point: two DCs (east, west) of D hosts each, one WAN link; P = 2 stages, M = 4
@@ -34,9 +34,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.run.jobs import run_job  # noqa: E402
-from geodc.emulation.results import write_json, write_text  # noqa: E402
-from geodc.spec.systems import SYSTEMS as ALL_SYSTEMS  # noqa: E402
+from testbed.run.jobs import run_job  # noqa: E402
+from testbed.emulation.results import write_json, write_text  # noqa: E402
+from testbed.spec.systems import SYSTEMS as ALL_SYSTEMS  # noqa: E402
 
 SYSTEMS = tuple(ALL_SYSTEMS)
 NAME = "bench_atlas_sweep"
@@ -113,20 +113,20 @@ def summary_table(rows: list[dict]) -> str:
 
 
 def figure_points(rows: list[dict]) -> list:
-    """The rows as reproduce's points (geodc.analysis.series): the panel fields are the ones
+    """The rows as reproduce's points (testbed.analysis.series): the panel fields are the ones
     `reproduce` finds varying in this benchmark's run folders."""
-    from geodc.analysis.series import Point
+    from testbed.analysis.series import Point
     return [Point(scenario=NAME, system=r["system"], x=r["delay_ms"], y={"speedup": r["speedup"]},
                   panel=(("training.replicas", r["D"]), ("wan.0.rate_mbit", r["rate_mbit"])),
                   run=r["run_dir"]) for r in rows if r["speedup"] is not None]
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """reproduce's figure (geodc.analysis.reproduce_plots), drawn from sweep.json's rows: the
+    """reproduce's figure (testbed.analysis.reproduce_plots), drawn from sweep.json's rows: the
     same as `run_testbed.py reproduce OUT/runs/*` draws from the run folders."""
-    from geodc.analysis.reproduce_plots import png_bytes, speedup_figure
-    from geodc.analysis.series import lines
-    from geodc.emulation.results import write_bytes
+    from testbed.analysis.reproduce_plots import png_bytes, speedup_figure
+    from testbed.analysis.series import lines
+    from testbed.emulation.results import write_bytes
     write_bytes(path, png_bytes(speedup_figure(NAME, lines(figure_points(rows))[NAME])))
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from geodc.predict.autoscale import LATENESS_BOUND_MS, OVERRUN_BOUND  # noqa: E402
-from geodc.run.jobs import run_job  # noqa: E402
+from testbed.predict.autoscale import LATENESS_BOUND_MS, OVERRUN_BOUND  # noqa: E402
+from testbed.run.jobs import run_job  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_autoscale_"))
     cluster = None
     if args.cluster:
-        from geodc.spec.cluster import load_cluster
+        from testbed.spec.cluster import load_cluster
         cluster = load_cluster(args.cluster)
     path = run_job(args.scenario, out_dir=out, iterations=args.iterations,
                    systems=args.systems.split(",") if args.systems else None, cluster=cluster)

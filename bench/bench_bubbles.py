@@ -1,7 +1,7 @@
 """Measured pipeline bubbles against the textbook formula, on loopback, in profile mode.
 
 For GPipe and 1F1B x P in {2, 4} x M in {4, 8}, runs a real training job (8 worker processes:
-P=2 x D=4 and P=4 x D=2) through geodc.run.launch with LocalSpawner on 127.0.0.1, each F/B held to
+P=2 x D=4 and P=4 x D=2) through testbed.run.launch with LocalSpawner on 127.0.0.1, each F/B held to
 an H200 profile (32 blocks of width 4096, seq 2048, micro-batch 2), and prints:
 
   formula   (P-1)/(M+P-1)
@@ -9,7 +9,7 @@ an H200 profile (32 blocks of width 4096, seq 2048, micro-batch 2), and prints:
   full      measured bubble over the whole iteration (adds all-reduce, optimizer step and the
             gap to the next iteration)
   iter_s    measured iteration time (first compute start to the next iteration's first compute
-            start; the last iteration to its last compute end) and predicted (geodc/rules/schedule.py
+            start; the last iteration to its last compute end) and predicted (testbed/rules/schedule.py
             simulator with the profile's durations, no communication, no gap)
   cv        largest coefficient of variation of F or B durations on any worker
 
@@ -27,12 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.emulation.procs import LocalSpawner  # noqa: E402
-from geodc.spec.training import TrainConfig  # noqa: E402
-from geodc.plans.workers import HostInfo, WorkerSetup  # noqa: E402
-from geodc.run.launch import launch
-from geodc.emulation.procs import free_base_port  # noqa: E402
-from geodc.analysis.metrics import compute_metrics  # noqa: E402
+from testbed.emulation.procs import LocalSpawner  # noqa: E402
+from testbed.spec.training import TrainConfig  # noqa: E402
+from testbed.plans.workers import HostInfo, WorkerSetup  # noqa: E402
+from testbed.run.launch import launch
+from testbed.emulation.procs import free_base_port  # noqa: E402
+from testbed.analysis.metrics import compute_metrics  # noqa: E402
 
 PROFILE = {"file": "h200-transformer.json", "width": 4096, "seq": 2048, "micro_batch": 2,
            "n_layer": 32}

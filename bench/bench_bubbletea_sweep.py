@@ -11,7 +11,7 @@ where the unused bubble time went. Too little load leaves bubbles empty ("no_req
 much must not slow training (it only grows the queue and the misses).
 
 Writes sweep.json, sweep.md and utilization_vs_rate.png to --out (`--replot sweep.json` redraws);
-the figure is reproduce's (geodc.analysis.reproduce_plots), and `run_testbed.py reproduce
+the figure is reproduce's (testbed.analysis.reproduce_plots), and `run_testbed.py reproduce
 OUT/runs/*` draws it again from the run folders.
 
     sudo .venv/bin/python bench/bench_bubbletea_sweep.py [--quick] [--rates 5,10,20,40,80]
@@ -31,8 +31,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.run.jobs import run_job  # noqa: E402
-from geodc.emulation.results import write_json, write_text  # noqa: E402
+from testbed.run.jobs import run_job  # noqa: E402
+from testbed.emulation.results import write_json, write_text  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parent.parent / "topologies" / "atlas_bubbletea.yaml"
 NAME = "atlas_bubbletea"
@@ -82,9 +82,9 @@ def table(rows: list[dict]) -> str:
 
 
 def figure_points(rows: list[dict]) -> list:
-    """The rows as reproduce's points (geodc.analysis.series): atlas+bubbletea's figures, and
+    """The rows as reproduce's points (testbed.analysis.series): atlas+bubbletea's figures, and
     atlas's GPU utilization beside them."""
-    from geodc.analysis.series import Point
+    from testbed.analysis.series import Point
     out = []
     for r in rows:
         out.append(Point(scenario=NAME, panel=(), system="atlas+bubbletea",
@@ -97,12 +97,12 @@ def figure_points(rows: list[dict]) -> list:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """reproduce's figure (geodc.analysis.reproduce_plots), drawn from sweep.json's rows, as
+    """reproduce's figure (testbed.analysis.reproduce_plots), drawn from sweep.json's rows, as
     `run_testbed.py reproduce OUT/runs/*` draws it from the run folders (where atlas's point is
     the +bubbletea block's gpu_utilization_without, over the same iterations)."""
-    from geodc.analysis.reproduce_plots import bubbletea_figure, png_bytes
-    from geodc.analysis.series import lines
-    from geodc.emulation.results import write_bytes
+    from testbed.analysis.reproduce_plots import bubbletea_figure, png_bytes
+    from testbed.analysis.series import lines
+    from testbed.emulation.results import write_bytes
     write_bytes(path, png_bytes(bubbletea_figure(NAME, lines(figure_points(rows))[NAME])))
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.run.calibrate import mathis_mbit, measure_goodput  # noqa: E402
-from geodc.emulation.network import Network  # noqa: E402
-from geodc.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
-from geodc.spec.scenario import CONGESTION_CONTROLS, parse_scenario  # noqa: E402
+from testbed.run.calibrate import mathis_mbit, measure_goodput  # noqa: E402
+from testbed.emulation.network import Network  # noqa: E402
+from testbed.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
+from testbed.spec.scenario import CONGESTION_CONTROLS, parse_scenario  # noqa: E402
 
 TARGET_PCT = 15.0
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Benchmark: one activation striped over K TCP connections (geodc.hostproc.trainer.transport), steady and after
+"""Benchmark: one activation striped over K TCP connections (trainer.transport), steady and after
 an idle gap, against the window-limit model. Prints figures only (no asserts).
 
 On a two-DC network (DCs kx and ky, one host each, scale 100, WAN 100 Mbit/s emulated = 10
 Gbit/s real; one-way delay 10, 50, 100 ms), a receiver process in ky-h1 and a sender in kx-h1
-(python children of this script, spawned in the hosts) open one geodc.hostproc.trainer.transport Channel with
+(python children of this script, spawned in the hosts) open one trainer.transport Channel with
 K connections and send one activation of two_dc's target model at scale 100 (33,554,432 / 100
 bytes: a small tensor padded to that size) per message:
 
@@ -21,7 +21,7 @@ time (Channel.send); both hosts are namespaces of one machine, on one clock. Pre
     RTT/2 + bytes x 8 / min(rate, K x window / RTT),  window = tcp_rmem max x RCV_WINDOW_FRACTION
 
 (the receiver host's tcp_rmem max, the scaled real-server buffer; RCV_WINDOW_FRACTION from
-geodc/spec/scenario.py): a fluid model. Beside it, `rt model`, the same window counted in whole round
+testbed/spec/scenario.py): a fluid model. Beside it, `rt model`, the same window counted in whole round
 trips (as bench_transients.py): each RTT the K connections send K windows (at most rate x RTT),
 the last byte arrives RTT/2 after its round starts plus that round's serialisation; it is what
 a message of a few windows actually takes. An MPTCP row is not measured (see the note it
@@ -58,7 +58,7 @@ SENDER, RECEIVER = "kx-sender", "ky-receiver"
 def child_recv(args: argparse.Namespace) -> int:
     import torch
 
-    from geodc.hostproc.trainer.transport import KIND_ACT, KIND_GRAD, Listener
+    from trainer.transport import KIND_ACT, KIND_GRAD, Listener
     lst = Listener(args.ip, args.port, congestion_control=args.cc)
     print("READY", flush=True)
     ch = lst.accept(SENDER, timeout_s=60, connections=args.k)
@@ -78,7 +78,7 @@ def child_recv(args: argparse.Namespace) -> int:
 def child_send(args: argparse.Namespace) -> int:
     import torch
 
-    from geodc.hostproc.trainer.transport import KIND_ACT, KIND_GRAD, connect
+    from trainer.transport import KIND_ACT, KIND_GRAD, connect
     records = []
     ch = connect(args.ip, args.port, hello=SENDER, peer=RECEIVER, timeout_s=30,
                  bind_ip=args.bind, on_sent=records.append, congestion_control=args.cc,
@@ -118,7 +118,7 @@ class Row:
 
 
 def predicted_ms(delay_ms: float, k: int, nbytes: int, rmem_max: int) -> float:
-    from geodc.spec.scenario import RCV_WINDOW_FRACTION
+    from testbed.spec.scenario import RCV_WINDOW_FRACTION
     rtt_s = 2 * delay_ms / 1e3
     window = rmem_max * RCV_WINDOW_FRACTION
     rate_bps = min(RATE_MBIT * 1e6, k * window * 8 / rtt_s)
@@ -128,7 +128,7 @@ def predicted_ms(delay_ms: float, k: int, nbytes: int, rmem_max: int) -> float:
 def round_trip_model_ms(delay_ms: float, k: int, nbytes: int, rmem_max: int) -> float:
     """The window in whole round trips: K windows (at most rate x RTT) per RTT; the last byte
     arrives one way after its round starts, plus its round's serialisation at the rate."""
-    from geodc.spec.scenario import RCV_WINDOW_FRACTION
+    from testbed.spec.scenario import RCV_WINDOW_FRACTION
     rtt_s = 2 * delay_ms / 1e3
     rate_Bps = RATE_MBIT * 1e6 / 8
     per_rtt = min(k * rmem_max * RCV_WINDOW_FRACTION, rate_Bps * rtt_s)
@@ -137,7 +137,7 @@ def round_trip_model_ms(delay_ms: float, k: int, nbytes: int, rmem_max: int) -> 
 
 
 def scenario_for(delay_ms: float):
-    from geodc.spec.scenario import parse_scenario
+    from testbed.spec.scenario import parse_scenario
     return parse_scenario({
         "name": f"bench_connections_d{delay_ms:g}", "scale": SCALE,
         "dcs": [{"name": DC_A, "hosts": 1}, {"name": DC_B, "hosts": 1}],
@@ -145,8 +145,8 @@ def scenario_for(delay_ms: float):
 
 
 def run_case(net, row: Row, port: int, args: argparse.Namespace, folder: Path) -> None:
-    from geodc.spec.errors import TestbedError
-    from geodc.emulation.network import REPO_ROOT
+    from testbed.spec.errors import TestbedError
+    from testbed.emulation.network import REPO_ROOT
     src, dst = f"{DC_A}-h1", f"{DC_B}-h1"
     count = args.warmup + args.messages + 1
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
@@ -200,8 +200,8 @@ def _json_lines(text: str) -> list[dict]:
 
 def run_delay(delay_ms: float, ks: list[int], args: argparse.Namespace, run_dir: Path,
               port: list[int]) -> tuple[list[Row], dict[str, str]]:
-    from geodc.spec.errors import TestbedError
-    from geodc.emulation.network import Network
+    from testbed.spec.errors import TestbedError
+    from testbed.emulation.network import Network
     scenario = scenario_for(delay_ms)
     folder = run_dir / scenario.name
     rows: list[Row] = []
@@ -257,7 +257,7 @@ def mptcp_note() -> str:
         enabled = "absent"
     return (f"MPTCP row: not measured (net.mptcp.enabled={enabled}). One host has one address "
             f"and one path here, so more than one subflow needs per-host `ip mptcp endpoint` / "
-            f"limits set-up in every namespace, and geodc.hostproc.trainer.transport would need an MPTCP "
+            f"limits set-up in every namespace, and trainer.transport would need an MPTCP "
             f"socket option path; not simple, so skipped.")
 
 
@@ -297,10 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     if not delays or not ks or min(ks) < 1 or args.messages < 1:
         ap.error("give at least one delay and K >= 1, and --messages >= 1")
 
-    from geodc.spec.errors import ScenarioError, TestbedError
-    from geodc.emulation.network import scaled_tcp_rmem_max_bytes
-    from geodc.emulation.results import new_run_dir, provenance, write_json
-    from geodc.spec.scenario import RCV_WINDOW_FRACTION
+    from testbed.spec.errors import ScenarioError, TestbedError
+    from testbed.emulation.network import scaled_tcp_rmem_max_bytes
+    from testbed.emulation.results import new_run_dir, provenance, write_json
+    from testbed.spec.scenario import RCV_WINDOW_FRACTION
     run_dir = new_run_dir(Path(args.out), "bench-connections")
     print(f"message {MESSAGE_BYTES:,} B (33,554,432 / {SCALE}); delays {delays} ms; K {ks}; "
           f"{args.warmup} warm-up + {args.messages} steady messages, then {args.idle_s:g} s idle "

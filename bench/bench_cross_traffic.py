@@ -26,7 +26,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.run.jobs import run_job  # noqa: E402
+from testbed.run.jobs import run_job  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parent.parent / "topologies" / "atlas_bubbletea.yaml"
 

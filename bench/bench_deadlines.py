@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from geodc.hostproc.prefill import wire  # noqa: E402
-from geodc.hostproc.trainer.transport import (CLOSE_GRACE_S, KIND_ACT, Listener,  # noqa: E402
+from prefill import wire  # noqa: E402
+from trainer.transport import (CLOSE_GRACE_S, KIND_ACT, Listener,  # noqa: E402
                                               connect)
 from tests.tolerance import within  # noqa: E402
 
@@ -149,9 +149,9 @@ def wire_header() -> float:
 
 
 def server_header(trials: int, folder: Path) -> list[float]:
-    from geodc.hostproc.prefill.decoder import InferenceConfig
-    from geodc.hostproc.prefill.server import PrefillSpec
-    from geodc.run.launch import free_base_port
+    from prefill.decoder import InferenceConfig
+    from prefill.server import PrefillSpec
+    from testbed.run.launch import free_base_port
     from tests.test_prefill_servers import Server
     base = free_base_port(2, "127.0.0.1")
     spec = PrefillSpec(host="h1", dc="dc0", ip="127.0.0.1", port=base, compute="measured",
@@ -159,7 +159,7 @@ def server_header(trials: int, folder: Path) -> list[float]:
                        ack_timeout_s=10.0, decode_servers=[{"ip": "127.0.0.1", "port": base + 1}],
                        gpu_lock_path=str(folder / "gpu" / "h1.lock"),
                        records_path=str(folder / "h1.jsonl"))
-    proc = Server("geodc.hostproc.prefill.server", spec, folder)
+    proc = Server("prefill.server", spec, folder)
     try:
         proc.wait_listening(time.monotonic() + 60)
         out = []
@@ -178,7 +178,7 @@ def server_header(trials: int, folder: Path) -> list[float]:
 
 def arbiter_stall(folder: Path) -> tuple[float, float]:
     """(how long the waiter waited behind the silent client, the arbiter's stall_s)."""
-    from geodc.hostproc.trainer.slotclient import SlotClient
+    from trainer.slotclient import SlotClient
     from tests.test_wanshare import start_fake_arbiter
     arb, share, port, stop = start_fake_arbiter(folder, {0: ["127.0.0.1"], 1: ["127.0.0.1"]})
     try:

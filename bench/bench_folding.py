@@ -17,11 +17,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import geodc.predict.predict as mp  # noqa: E402
-from geodc.cli.planview import load_training  # noqa: E402
-from geodc.spec.errors import ScenarioError  # noqa: E402
-from geodc.spec.scenario import parse_scenario  # noqa: E402
-from geodc.spec.systems import get_system  # noqa: E402
+import testbed.predict.predict as mp  # noqa: E402
+from testbed.cli.planview import load_training  # noqa: E402
+from testbed.spec.errors import ScenarioError  # noqa: E402
+from testbed.spec.scenario import parse_scenario  # noqa: E402
+from testbed.spec.systems import get_system  # noqa: E402
 from tests.scenarios import generated_scenario  # noqa: E402
 
 

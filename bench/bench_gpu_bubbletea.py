@@ -3,16 +3,16 @@
 
 Two processes share one device, as on a BubbleTea training host:
 
-- A, the training stage: one 1F1B pipeline stage (geodc/rules/schedule.py's row for stage s of P
+- A, the training stage: one 1F1B pipeline stage (testbed/rules/schedule.py's row for stage s of P
   stages, M micro-batches, then OPT), really computed: forward and backward of N GPT blocks
-  (geodc/hostproc/gpt.py's Block) of width W, sequence S, micro-batch B (bf16 on CUDA, float32 on
-  CPU), AdamW step. Between ops it sleeps the pipeline bubbles: the gaps that geodc/rules/schedule.py's
+  (testbed/host/gpt.py's Block) of width W, sequence S, micro-batch B (bf16 on CUDA, float32 on
+  CPU), AdamW step. Between ops it sleeps the pipeline bubbles: the gaps that testbed/rules/schedule.py's
   simulator predicts for that stage from A's own measured F, B and OPT times (x --gap-scale), so
   the idle pattern is the one the stage would have in the pipeline. Before each op it takes the
-  host's GpuLock (geodc/host/gpulock.py, blocking), runs the op, synchronizes, releases, and records
+  host's GpuLock (testbed/host/gpulock.py, blocking), runs the op, synchronizes, releases, and records
   the op's span and lock wait. With notices on, after each op followed by a gap of >= 1 ms it
   sends B (multiprocessing queue) the bubble: {end of the op, predicted start of the next op}.
-- B, the prefill server: geodc/hostproc/prefill/decoder.py's InferenceGPT sized like the H200 profile's
+- B, the prefill server: prefill/decoder.py's InferenceGPT sized like the H200 profile's
   prefill stack (32 blocks of width 4096, 32 heads, vocab 32000, about 8B parameters; built on
   the device in bf16, random weights: timing does not depend on them), prefilling one prompt of
   --prompt-tokens tokens (KV cache of all layers and the greedy first token). A warm-up
@@ -70,12 +70,12 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from geodc.hostproc.prefill.decoder import InferenceConfig, InferenceGPT  # noqa: E402
-from geodc.emulation.results import write_json  # noqa: E402
-from geodc.host.gpulock import GpuLock  # noqa: E402
-from geodc.hostproc.gpt import Block, GPTConfig  # noqa: E402
-from geodc.rules.pipeline import compute_only as simulate  # noqa: E402
-from geodc.rules.schedule import one_f_one_b_table  # noqa: E402
+from prefill.decoder import InferenceConfig, InferenceGPT  # noqa: E402
+from testbed.emulation.results import write_json  # noqa: E402
+from testbed.host.gpulock import GpuLock  # noqa: E402
+from testbed.host.gpt import Block, GPTConfig  # noqa: E402
+from testbed.rules.pipeline import compute_only as simulate  # noqa: E402
+from testbed.rules.schedule import one_f_one_b_table  # noqa: E402
 
 PHASES = ("train_alone", "bubbletea", "naive")
 MIN_NOTICE_MS = 1.0   # docs/bubbletea/design.md: a notice only for a gap of >= 1 ms

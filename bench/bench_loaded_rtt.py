@@ -15,7 +15,7 @@ PID at the end, always). Printed per link, next to the configured RTT (2 x delay
                  inside the guest prevents; a MISS beside a high steal is the host's
 
 Rows for the delay lines at real-time priority (Network(..., realtime=True)) and at normal
-priority (realtime=False), with each network's realtime_status. The load is geodc.run.cpuload.
+priority (realtime=False), with each network's realtime_status. The load is testbed.run.cpuload.
 
 Precision: p50 and p99 come from ping's per-reply lines, which iputils prints to 3 significant
 digits (0.1 ms at 10-99 ms RTT, 1 ms from 100 ms); max comes from ping's summary line (us).
@@ -38,14 +38,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.spec.errors import ScenarioError  # noqa: E402
-from geodc.emulation.network import Network  # noqa: E402
-from geodc.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
-from geodc.spec.scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
-from geodc.plans.topo import WanPlan  # noqa: E402
-from geodc.emulation.machine import CpuTimes  # noqa: E402
-from geodc.emulation.tools import ping  # noqa: E402
-from geodc.run.cpuload import CpuLoad  # noqa: E402
+from testbed.spec.errors import ScenarioError  # noqa: E402
+from testbed.emulation.network import Network  # noqa: E402
+from testbed.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
+from testbed.spec.scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
+from testbed.plans.topo import WanPlan  # noqa: E402
+from testbed.emulation.machine import CpuTimes  # noqa: E402
+from testbed.emulation.tools import ping  # noqa: E402
+from testbed.run.cpuload import CpuLoad  # noqa: E402
 
 TRIANGLE_DELAYS_MS = (10.0, 20.0, 40.0)
 TRIANGLE_RATE_MBIT = 100.0

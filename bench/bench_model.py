@@ -4,7 +4,7 @@ replicas, on atlas_paper's DCs and links with the Atlas system.
     .venv/bin/python bench/bench_model.py [--max-gpus N]
 
 Prints per size: P, D, M, GPUs (P x D), ops represented (P x D x M x 2 per iteration, 3
-iterations), seconds, and microseconds per op. Above geodc.predict.predict.FOLD_ABOVE_REPLICAS replicas,
+iterations), seconds, and microseconds per op. Above testbed.predict.predict.FOLD_ABOVE_REPLICAS replicas,
 alike replicas are folded (Atlas keeps a stage's replicas in one DC: one class), so the time
 stops growing with D. The scenario's hosts are raised to fit, past what the emulation could
 build (the model does not care). No root, no network.
@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.predict.predict import predict  # noqa: E402
-from geodc.cli.planview import load_training  # noqa: E402
-from geodc.spec.scenario import load_scenario  # noqa: E402
-from geodc.spec.systems import get_system
+from testbed.predict.predict import predict  # noqa: E402
+from testbed.cli.planview import load_training  # noqa: E402
+from testbed.spec.scenario import load_scenario  # noqa: E402
+from testbed.spec.systems import get_system
 
 ITERATIONS = 3
 

@@ -19,7 +19,7 @@ Rows, one per (point, system), go to --rows (docs/model_grid.json, rewritten ato
 every run, so a grid cut short keeps what it measured): the scenario document, the system, per
 repeat the measured iteration time, bubble, T, compute overrun share, TCP retransmits and
 timeouts, WAN queue and random-loss drops, the run folder, the wall time (or the failure). The
-model's figures (geodc.predict.predict.predict) are computed when the table is drawn: the model
+model's figures (testbed.predict.predict.predict) are computed when the table is drawn: the model
 as it is then, never stored as the truth. The table (point, system, measured mean and min..max
 over the repeats, model, error, within 10% or within the run-to-run spread) and the error
 distribution (within 5/10/20%, median and worst |error|) go to docs/model_grid.md and stdout,
@@ -51,13 +51,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_model_vs_emulation import overrun_share, run_once, training  # noqa: E402
-from geodc.cli.planview import load_training  # noqa: E402
-from geodc.emulation.results import write_json, write_text  # noqa: E402
-from geodc.predict.predict import predict  # noqa: E402
-from geodc.spec.scenario import (RCV_WINDOW_FRACTION, parse_scenario,  # noqa: E402
+from testbed.cli.planview import load_training  # noqa: E402
+from testbed.emulation.results import write_json, write_text  # noqa: E402
+from testbed.predict.predict import predict  # noqa: E402
+from testbed.spec.scenario import (RCV_WINDOW_FRACTION, parse_scenario,  # noqa: E402
                                  scaled_tcp_rmem_max_bytes)
-from geodc.spec.systems import get_system  # noqa: E402
-from geodc.spec.timescale import TimeScale  # noqa: E402
+from testbed.spec.systems import get_system  # noqa: E402
+from testbed.spec.timescale import TimeScale  # noqa: E402
 
 SCALE = 100
 P = 2

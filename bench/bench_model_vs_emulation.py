@@ -14,7 +14,7 @@ reads the run's compute overruns (metrics.json `compute_overruns`: the small mod
 past its profile hold) as a share of the measured iterations' compute, and while that share is
 above --max-overrun (2%) raises T and runs again (up to --attempts); the first system of a
 scenario sets the T the next ones start from. It then prints, per row, the model's iteration
-time (geodc.predict.predict.predict, called now: the model as it is when the table is made)
+time (testbed.predict.predict.predict, called now: the model as it is when the table is made)
 against the measured one, the bubble and the busiest WAN direction's use, both ways, and what
 the emulation added (ms per iteration of compute past the holds and of the workers' start
 latency, the worst all-reduce past the model's, TCP retransmissions, WAN queue drops, delay-line
@@ -44,13 +44,13 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from geodc.cli.planview import load_training  # noqa: E402
-from geodc.emulation.results import write_json, write_text  # noqa: E402
-from geodc.predict.predict import predict  # noqa: E402
-from geodc.spec.links import LinkDir  # noqa: E402
-from geodc.spec.scenario import parse_scenario  # noqa: E402
-from geodc.spec.systems import get_system  # noqa: E402
-from geodc.spec.timescale import TimeScale  # noqa: E402
+from testbed.cli.planview import load_training  # noqa: E402
+from testbed.emulation.results import write_json, write_text  # noqa: E402
+from testbed.predict.predict import predict  # noqa: E402
+from testbed.spec.links import LinkDir  # noqa: E402
+from testbed.spec.scenario import parse_scenario  # noqa: E402
+from testbed.spec.systems import get_system  # noqa: E402
+from testbed.spec.timescale import TimeScale  # noqa: E402
 
 PROFILE = {"file": "h200-transformer.json", "width": 2048, "seq": 2048, "micro_batch": 2,
            "n_layer": 24}

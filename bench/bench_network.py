@@ -2,7 +2,7 @@
 """Benchmark: does the emulated WAN behave like the configured one? Prints figures, asserts nothing.
 
   1. Fidelity matrix: one hub DC with a spoke per (rate, delay) pair, rates 10-1000 Mbit/s and
-     one-way delays 5-100 ms; each link calibrated (geodc.run.calibrate) in turn. Targets: idle RTT
+     one-way delays 5-100 ms; each link calibrated (testbed.run.calibrate) in turn. Targets: idle RTT
      within max(0.5 ms, 2%) of 2 x delay; RTT under a paced load (90% of the rate's TCP
      payload; the load achieved is printed) within 5%; TCP goodput of N flows 93-101% of
      rate_mbit, both directions.
@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.run.calibrate import Settings, calibrate  # noqa: E402
-from geodc.emulation.network import Network  # noqa: E402
-from geodc.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
-from geodc.spec.scenario import load_scenario, parse_scenario  # noqa: E402
+from testbed.run.calibrate import Settings, calibrate  # noqa: E402
+from testbed.emulation.network import Network  # noqa: E402
+from testbed.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
+from testbed.spec.scenario import load_scenario, parse_scenario  # noqa: E402
 
 RATES_MBIT = (10, 100, 1000)
 DELAYS_MS = (5, 50, 100)

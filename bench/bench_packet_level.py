@@ -1,4 +1,4 @@
-"""Packet-level cross-check of the model's TCP-under-loss rules (geodc/rules/tcploss.py) against
+"""Packet-level cross-check of the model's TCP-under-loss rules (testbed/rules/tcploss.py) against
 ns-3, past what the emulation can reach (issue 36, item 4: 256-1,024 flows on one 10 Gbit/s
 link, unscaled, 0.01-1% random loss). SimAI and ASTRA-sim check their flow models against ns-3;
 this does the same for `bulk_goodput_mbit`.
@@ -221,7 +221,7 @@ def _setup(venv: Path) -> int:
 
 def model_mbit(flows: int, loss: float, cc: str) -> float:
     sys.path.insert(0, str(ROOT))
-    from geodc.rules.tcploss import bulk_goodput_mbit
+    from testbed.rules.tcploss import bulk_goodput_mbit
     return bulk_goodput_mbit(flows, RATE_MBIT, RTT_MS, loss, WINDOW_BYTES, cc)
 
 
@@ -253,7 +253,7 @@ def _write_json(path: Path, meta: dict, runs: list[dict]) -> None:
 
 def meta_block(grid_name: str, grid: dict) -> dict:
     return {
-        "what": "ns-3.44 bulk TCP goodput vs geodc.rules.tcploss.bulk_goodput_mbit "
+        "what": "ns-3.44 bulk TCP goodput vs testbed.rules.tcploss.bulk_goodput_mbit "
                 "(bench/bench_packet_level.py)",
         "grid": grid_name, "rate_mbit": RATE_MBIT, "rtt_ms": RTT_MS,
         "window_bytes": WINDOW_BYTES, "segment_bytes": SEGMENT, "queue_packets": QUEUE_PKTS,

@@ -5,7 +5,7 @@ baseline (the paper: up to 17x) and GPU utilization with BubbleTea (up to 94 %),
     .venv/bin/python bench/bench_paper_whatif.py [--quick] [SCENARIO ...]
 
 For each shipped paper-scale scenario (topologies/paper/, predict_only; default the three that
-the others are variants of) the `whatif` command's table (geodc.predict.whatif): as given, then
+the others are variants of) the `whatif` command's table (testbed.predict.whatif): as given, then
 one setting changed at a time (WAN rate and delay, fewer pipelines, DC sizes that are not whole
 stages, slow start after idle, BubbleTea's request rate to saturation), as Markdown (the docs'
 tables), each with how long the model took. No root, no network: the model only (about a
@@ -22,9 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from geodc.cli.whatif import header, markdown  # noqa: E402
-from geodc.predict.whatif import whatif  # noqa: E402
-from geodc.spec.scenario import load_scenario  # noqa: E402
+from testbed.cli.whatif import header, markdown  # noqa: E402
+from testbed.predict.whatif import whatif  # noqa: E402
+from testbed.spec.scenario import load_scenario  # noqa: E402
 
 PAPER = REPO / "topologies" / "paper"
 SCENARIOS = ("gpt7b_2dc", "gpt70b_3dc", "gpt160b_5dc")

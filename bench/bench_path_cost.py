@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The CPU one byte costs on the emulated path against loopback: the factor time_scale auto puts
-on its start-up measurement (geodc.run.autoscale.PATH_COST_FACTOR).
+on its start-up measurement (testbed.run.autoscale.PATH_COST_FACTOR).
 
     sudo .venv/bin/python bench/bench_path_cost.py [--mib 512] [--rounds 2]
 
@@ -102,8 +102,8 @@ def main() -> int:
             htb = ns_per_byte(in_b, in_a, "10.98.0.2", args.mib)
             sh("ip", "netns", "exec", a, "tc", "qdisc", "del", "dev", "pc0", "root")
             print(f"| {r + 1} | {lo:.3f} | {veth:.3f} | {htb:.3f} | {htb / lo:.2f} |")
-        from geodc.run.autoscale import PATH_COST_FACTOR
-        print(f"time_scale auto uses {PATH_COST_FACTOR:g} (geodc/run/autoscale.py)")
+        from testbed.run.autoscale import PATH_COST_FACTOR
+        print(f"time_scale auto uses {PATH_COST_FACTOR:g} (testbed/run/autoscale.py)")
     finally:
         for ns in (a, b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -7,14 +7,14 @@ Scenario (`bench_queue_regime`): two DCs (ea, we) of D hosts, one WAN link (20 m
 profile at width 2048, seq 2048, micro-batch 2, 16 blocks; connections auto (K=11: a 168 KB
 activation or gradient is one round trip of its K windows), slow start after idle off (a
 WAN-tuned host: a message is one burst). The summed burst of a direction
-(geodc.analysis.bursts: every pipeline's message at once, wire bytes) is 1.40 MB at D=8;
+(testbed.analysis.bursts: every pipeline's message at once, wire bytes) is 1.40 MB at D=8;
 `wan.queue` (the bfifo at the gateway's egress, per direction) is set to --fractions of it.
 
 At each point multitcp and atlas run (`run_testbed.py run`, a fresh network each, time_scale T)
 and the row holds: iteration time, the WAN queue's drops (both directions, over the run: the
-bfifo leaves' counters, geodc.emulation.losscounters), TCP's retransmitted segments and
+bfifo leaves' counters, testbed.emulation.losscounters), TCP's retransmitted segments and
 timeouts (every host namespace's counters), the compute overruns as a share of compute, and
-the model's prediction (geodc.predict.predict.predict, called when the table is made: its
+the model's prediction (testbed.predict.predict.predict, called when the table is made: its
 iteration time, and every figure of the prediction beyond the basic ones, e.g. drops or
 retransmits where the model gives them). Writes OUT/rows.json, OUT/table.md and the figure
 (iteration time against queue / summed burst, a line per system, measured solid, model
@@ -39,14 +39,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_model_vs_emulation import next_time_scale, overrun_share, run_once  # noqa: E402
-from geodc.analysis.bursts import summed_burst_bytes  # noqa: E402
-from geodc.cli.planview import load_training  # noqa: E402
-from geodc.emulation.results import write_bytes, write_json, write_text  # noqa: E402
-from geodc.features.temporal.plan import plan_slots  # noqa: E402
-from geodc.plans.placement import place_for_system  # noqa: E402
-from geodc.predict.predict import predict  # noqa: E402
-from geodc.spec.scenario import parse_scenario  # noqa: E402
-from geodc.spec.systems import get_system  # noqa: E402
+from testbed.analysis.bursts import summed_burst_bytes  # noqa: E402
+from testbed.cli.planview import load_training  # noqa: E402
+from testbed.emulation.results import write_bytes, write_json, write_text  # noqa: E402
+from testbed.features.temporal.plan import plan_slots  # noqa: E402
+from testbed.plans.placement import place_for_system  # noqa: E402
+from testbed.predict.predict import predict  # noqa: E402
+from testbed.spec.scenario import parse_scenario  # noqa: E402
+from testbed.spec.systems import get_system  # noqa: E402
 
 NAME = "bench_queue_regime"
 SYSTEMS = ("multitcp", "atlas")
@@ -74,7 +74,7 @@ def scenario(D: int, iterations: int, queue_bytes: int | None = None) -> dict:
 
 
 def summed_burst(doc: dict) -> int:
-    """The larger direction's summed burst under multitcp (geodc.analysis.bursts)."""
+    """The larger direction's summed burst under multitcp (testbed.analysis.bursts)."""
     sc = parse_scenario(doc, f"{NAME}.yaml")
     cfg, system = load_training(sc), get_system("multitcp")
     plan = plan_slots(sc, cfg, place_for_system(sc, cfg, system), system)
@@ -145,7 +145,7 @@ def table(rows: list[dict]) -> str:
 
 
 def figure(rows: list[dict], burst: int, D: int, T: str) -> bytes:
-    from geodc.analysis.reproduce_plots import _pyplot, colour_of, png_bytes
+    from testbed.analysis.reproduce_plots import _pyplot, colour_of, png_bytes
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     model_style = {"multitcp": ((0, (6, 3)), 3.0), "atlas": ((0, (2, 2)), 1.6)}

@@ -9,7 +9,7 @@ slower (delays x T, rates / T, bytes and buffers kept), so packet counts and rou
 real ones; figures are divided back by T. This benchmark measures both against the real link.
 
 Each row sends N messages (one pipeline activation each: the scenario's profile activation bytes
-/ S; 33.5 MB for two_dc's target model) with geodc.hostproc.traffic.burst between the hosts of a two-DC network
+/ S; 33.5 MB for two_dc's target model) with traffic.burst between the hosts of a two-DC network
 whose link is the real link (default: topologies/two_dc.yaml's, 20 ms one way, 100 Mbit/s x 100 =
 10 Gbit/s) divided by S (and dilated by T), over K TCP connections, with an idle gap between
 messages (1 s and 50 ms by default: the gaps a pipeline has), congestion control per socket.
@@ -48,15 +48,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from geodc.run.calibrate import TCP_PAYLOAD_FRACTION, measure_goodput  # noqa: E402
-from geodc.spec.scenario import TCP_MSS_BYTES  # noqa: E402
-from geodc.spec.errors import ScenarioError, TestbedError  # noqa: E402
-from geodc.emulation.network import REPO_ROOT, Network  # noqa: E402
-from geodc.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
-from geodc.spec.scenario import (RCV_WINDOW_FRACTION, REAL_TCP_RMEM_MAX_BYTES, Scenario,  # noqa: E402
+from testbed.run.calibrate import TCP_PAYLOAD_FRACTION, measure_goodput  # noqa: E402
+from testbed.spec.scenario import TCP_MSS_BYTES  # noqa: E402
+from testbed.spec.errors import ScenarioError, TestbedError  # noqa: E402
+from testbed.emulation.network import REPO_ROOT, Network  # noqa: E402
+from testbed.emulation.results import new_run_dir, provenance, write_json  # noqa: E402
+from testbed.spec.scenario import (RCV_WINDOW_FRACTION, REAL_TCP_RMEM_MAX_BYTES, Scenario,  # noqa: E402
                               load_scenario, parse_scenario)
-from geodc.hostproc.traffic import burst  # noqa: E402
-from geodc.spec.timescale import TimeScale  # noqa: E402
+from traffic import burst  # noqa: E402
+from testbed.spec.timescale import TimeScale  # noqa: E402
 
 # Default message: one activation of two_dc's target model (width 4096 x seq 2048 x micro-batch 2
 # x bf16 = 33,554,432 bytes), used when the scenario names no profile to derive it from.
@@ -141,8 +141,8 @@ def message_bytes(scenario: Scenario) -> int:
     """One activation of the scenario's target model (its profile), real size, else the default."""
     if not scenario.training or "profile" not in scenario.training:
         return DEFAULT_MESSAGE_BYTES
-    from geodc.spec.training import TrainConfig
-    from geodc.spec.profiles import find_block
+    from testbed.spec.training import TrainConfig
+    from testbed.spec.profiles import find_block
     cfg = TrainConfig.from_dict(scenario.training)
     if cfg.profile is None:
         return DEFAULT_MESSAGE_BYTES
@@ -244,7 +244,7 @@ def run_case(net: Network, case: Case, messages: int, port: int, folder: Path, r
               "--messages", str(messages), "--bytes", str(row.message_bytes), "--cc", case.cc,
               "--timeout-s", f"{timeout_s:.0f}"]
     flush_tcp_metrics(net, [src, dst])
-    recv = net.spawn(dst, [sys.executable, "-m", "geodc.hostproc.traffic.burst", "recv", *common,
+    recv = net.spawn(dst, [sys.executable, "-m", "traffic.burst", "recv", *common,
                            "--bind", net.host_ip(dst), "--out", str(out)],
                      folder / "logs" / f"{dst}-burst-recv.log",
                      env=env)
@@ -254,7 +254,7 @@ def run_case(net: Network, case: Case, messages: int, port: int, folder: Path, r
             if recv.poll() is not None or time.monotonic() > deadline:
                 raise TestbedError(f"burst receiver did not start: {recv.output()[-300:]}")
             time.sleep(0.02)
-        sender = net.spawn(src, [sys.executable, "-m", "geodc.hostproc.traffic.burst", "send", *common,
+        sender = net.spawn(src, [sys.executable, "-m", "traffic.burst", "send", *common,
                                  "--host", net.host_ip(dst), "--gap-s", f"{gap_s:g}"],
                            folder / "logs" / f"{src}-burst-send.log", env=env)
         try:

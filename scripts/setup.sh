@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up, run by `make setup` (and so by `make run` / `make test`): Debian packages for
 # the emulated network, then a Python virtual environment with requirements.txt's exact pins and
-# this package itself, editable (geodc importable from anywhere, the `geodc` command in
+# this project itself, editable (testbed, trainer, prefill and traffic importable from
+# anywhere, the `geodc` command in
 # .venv/bin). Safe to run again: it installs only what is missing, and reinstalls the venv's
 # part when requirements.txt or pyproject.toml change. GEODC_PIP_HASHES=FILE (the Dockerfile
 # sets requirements-container.txt) installs FILE with pip's --require-hashes instead of
@@ -47,14 +48,14 @@ fi
 # The editable install must point at this checkout (a moved checkout, or a .venv another
 # checkout installed itself into, does not). A .venv that is a link (a git worktree sharing
 # another checkout's) keeps that checkout's: this one's tests and runs start in this checkout,
-# whose folder then puts its own geodc first on the path.
+# whose folder then puts its own packages first on the path.
 repo=$(pwd -P)
 shared=$([ -L .venv ] && echo 1 || true)
-installed() {   # asked from / so that the working directory does not put geodc on the path
-  [ -n "$shared" ] || { [ -x .venv/bin/geodc ] && [ "$(cd / && "$repo/.venv/bin/python" -c 'import geodc; print(geodc.__file__)' 2>/dev/null)" = "$repo/geodc/__init__.py" ]; }
+installed() {   # asked from / so that the working directory does not put testbed on the path
+  [ -n "$shared" ] || { [ -x .venv/bin/geodc ] && [ "$(cd / && "$repo/.venv/bin/python" -c 'import testbed, trainer; print(testbed.__file__, trainer.__file__)' 2>/dev/null)" = "$repo/testbed/__init__.py $repo/trainer/__init__.py" ]; }
 }
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! installed; then
-  echo "installing requirements.txt and geodc (editable) into .venv (first time: about a minute)"
+  echo "installing requirements.txt and the project (editable) into .venv (first time: about a minute)"
   if [ -n "${GEODC_PIP_HASHES:-}" ]; then
     # the container (Dockerfile): every file checked against its sha256, pip itself pinned
     .venv/bin/python -m pip install -q --require-hashes -r "$GEODC_PIP_HASHES"
@@ -64,14 +65,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! installed; then
   fi
   # --no-deps: requirements.txt holds them all, pinned; --no-build-isolation: the venv's own
   # setuptools (torch needs >= 77, PEP 660 editable installs >= 64) builds it, offline;
-  # -qq: not setuptools' warning about a geodc/ folder in the working directory
+  # -qq: not setuptools' warning about a testbed/ folder in the working directory
   if [ -n "$shared" ]; then
-    echo "note: .venv is a link to $(readlink -f .venv): its editable geodc is left as it is"
+    echo "note: .venv is a link to $(readlink -f .venv): its editable install is left as it is"
   else
     .venv/bin/python -m pip install -qq --no-deps --no-build-isolation -e .
   fi
   if ! installed; then
-    echo "error: after pip install -e ., geodc does not import from $repo/geodc (or .venv/bin/geodc is missing)" >&2
+    echo "error: after pip install -e ., testbed does not import from $repo/testbed (or .venv/bin/geodc is missing)" >&2
     exit 1
   fi
   echo "$want" > "$stamp"

@@ -20,10 +20,10 @@ Tests that build emulated networks carry `pytest.mark.network`. They are skipped
 each of them and fails the test if anything new remains:
 
     - interface names in the root namespace (`ip -br link`): a run must make none
-    - registry files of the testbed (geodc.emulation.registry.RUNTIME_DIR)
-    - processes whose command line contains mnexec, iperf3, geodc.emulation.delayline, 'bash --norc'
-      (Mininet's host shells), geodc.hostproc.trainer.worker (training processes), geodc.features.temporal.arbiter or
-      geodc.hostproc.traffic.capture (temporal WAN sharing)
+    - registry files of the testbed (testbed.emulation.registry.RUNTIME_DIR)
+    - processes whose command line contains mnexec, iperf3, testbed.emulation.delayline, 'bash --norc'
+      (Mininet's host shells), trainer.worker (training processes), testbed.features.temporal.arbiter or
+      traffic.capture (temporal WAN sharing)
     - named network namespaces (`ip netns list`)
 
 GEODC_TEST_BACKEND=netem|delayline (tests/scenarios.py) forces the backend of the scenarios the
@@ -75,8 +75,8 @@ TEST_BACKEND = os.environ.get("GEODC_TEST_BACKEND", "")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_RUNTIME_DIR = Path("/run/geotestbed")
-PROC_MARKERS = ("mnexec", "iperf3", "geodc.emulation.delayline", "bash --norc", "geodc.hostproc.trainer.worker",
-                "geodc.features.temporal.arbiter", "geodc.hostproc.traffic.capture")
+PROC_MARKERS = ("mnexec", "iperf3", "testbed.emulation.delayline", "bash --norc", "trainer.worker",
+                "testbed.features.temporal.arbiter", "traffic.capture")
 SETTLE_S = 3.0  # things a teardown ended may take this long to vanish from /proc
 
 _session_runtime_dir: Path | None = None
@@ -92,8 +92,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Mininet's LinuxBridge.setup() reports bridge-nf sysctls through logging's deprecated warn().
     config.addinivalue_line(
         "filterwarnings", "ignore:The 'warn' method is deprecated:DeprecationWarning")
-    if "geodc.emulation.registry" in sys.modules:
-        raise pytest.UsageError("geodc.emulation.registry was imported before tests/conftest.py could "
+    if "testbed.emulation.registry" in sys.modules:
+        raise pytest.UsageError("testbed.emulation.registry was imported before tests/conftest.py could "
                                 "give the session its own GEOTESTBED_RUNTIME_DIR")
     try:
         SHARED_RUNTIME_DIR.mkdir(parents=True, exist_ok=True)
@@ -343,7 +343,7 @@ def _forced_netem_missing() -> bool:
     if TEST_BACKEND != "netem":
         return False
     if _netem_here is None:
-        from geodc.emulation.network import kernel_has_netem
+        from testbed.emulation.network import kernel_has_netem
         _netem_here = kernel_has_netem()
     return not _netem_here
 
@@ -659,15 +659,15 @@ def start_child(subprocess_env, tmp_path):
                 child.popen.wait()
                 killed = True
     if killed:
-        from geodc.emulation.registry import cleanup
+        from testbed.emulation.registry import cleanup
         cleanup(runtime_dir())
 
 
 @pytest.fixture
 def cluster(tmp_path):
     """A local cluster of 2 servers (scripts/local_cluster.py up 2) for one test: its
-    geodc.spec.cluster.Cluster; down after the test, whatever happened."""
-    from geodc.spec.cluster import load_cluster
+    testbed.spec.cluster.Cluster; down after the test, whatever happened."""
+    from testbed.spec.cluster import load_cluster
     script = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "local_cluster.py")]
     out = tmp_path / "cluster.yaml"
     subprocess.run([*script, "up", "2", "--out", str(out)], check=True, timeout=60)

@@ -1,10 +1,10 @@
 """What SCHED_FIFO gets on this machine, for the tests that check what a run recorded: a
 fifo:<priority> status where the kernel grants it, refused:<errno> where it refuses (a container
 whose cgroup gives real-time tasks no runtime, as Docker's on cgroup v1: cpu.rt_runtime_us = 0,
-EPERM), refused:unthrottled where RT throttling is off (geodc.host.realtime refuses then).
+EPERM), refused:unthrottled where RT throttling is off (testbed.host.realtime refuses then).
 
 Asked once, of a child Python (the test process keeps its own policy), with the bare system
-call, not through geodc.host.realtime, whose answer the tests compare with it."""
+call, not through testbed.host.realtime, whose answer the tests compare with it."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def refusal() -> str | None:
 
 
 def expected(priority: int) -> str:
-    """The status geodc.host.realtime.set_fifo(priority) must return here."""
+    """The status testbed.host.realtime.set_fifo(priority) must return here."""
     why = refusal()
     return f"fifo:{priority}" if why is None else f"refused:{why}"
 

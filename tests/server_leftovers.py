@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from geodc.emulation.servers import server_run
+from testbed.emulation.servers import server_run
 
 
 def server_state(server) -> tuple[list[str], str, list[str]]:
     """server's links (`ip -o link show`, a line each), its registry folder's listing and the
-    run filters' chains in its firewall (geodc.emulation.underlayfilter)."""
+    run filters' chains in its firewall (testbed.emulation.underlayfilter)."""
     links, folders, chains = server_run(
         server, "ip -o link show; echo ---; ls /run/geotestbed-remote 2>&1 || true; echo ---; "
         "{ iptables -S; ip6tables -S; } 2>/dev/null | grep -- '-N GDVX-' || true").split("---\n")

@@ -1,4 +1,4 @@
-"""The all-reduce's plan (geodc.plans.allreduce): a flat ring or hierarchical, the same plan in
+"""The all-reduce's plan (testbed.plans.allreduce): a flat ring or hierarchical, the same plan in
 the workers' specs, in the model's time and WAN bits, and in a run's link counts (pure)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
-from geodc.plans.allreduce import broadcast_rounds, hierarchy
-from geodc.plans.placement import place_for_system
-from geodc.spec.scenario import parse_scenario
-from geodc.spec.systems import SYSTEMS
-from geodc.spec.training import TrainConfig
+from testbed.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
+from testbed.plans.allreduce import broadcast_rounds, hierarchy
+from testbed.plans.placement import place_for_system
+from testbed.spec.scenario import parse_scenario
+from testbed.spec.systems import SYSTEMS
+from testbed.spec.training import TrainConfig
 
 pytestmark = pytest.mark.unit
 
@@ -47,8 +47,8 @@ def test_the_plan_groups_ranks_by_dc_and_takes_the_most_connections_of_a_hop():
 
 
 def test_the_workers_get_the_plan_only_where_the_system_says_so():
-    from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
-    from geodc.spec.links import LinkDir
+    from testbed.plans.workers import HostInfo, WorkerSetup, plan_workers
+    from testbed.spec.links import LinkDir
     cfg = TrainConfig.from_dict(split()["training"])
     hosts = [HostInfo(name=f"ea-h{i}", ip=f"10.0.0.{i}", dc="ea") for i in range(1, 5)] + \
             [HostInfo(name=f"we-h{i}", ip=f"10.0.1.{i}", dc="we") for i in range(1, 3)]
@@ -68,9 +68,9 @@ def test_the_workers_get_the_plan_only_where_the_system_says_so():
 
 
 def test_the_model_times_the_leaders_ring_over_k_and_counts_its_bits():
-    from geodc.predict.predict import allreduce_ms, build
-    from geodc.predict.transfer import PathSpec, transfer_ms
-    from geodc.plans.systems import connections_for
+    from testbed.predict.predict import allreduce_ms, build
+    from testbed.predict.transfer import PathSpec, transfer_ms
+    from testbed.plans.systems import connections_for
     sc = parse_scenario(split(tcp_slow_start_after_idle=False))
     cfg = TrainConfig.from_dict(sc.training)
     base, hier = (build(sc, cfg, SYSTEMS[n]) for n in ("baseline", "hierarchical"))
@@ -98,7 +98,7 @@ def test_the_model_times_the_leaders_ring_over_k_and_counts_its_bits():
 
 
 def test_hierarchical_is_multitcp_where_no_stage_spans_dcs():
-    from geodc.predict.predict import predict
+    from testbed.predict.predict import predict
     sc = parse_scenario(split(hosts_ea=3, hosts_we=3))
     cfg = TrainConfig.from_dict(sc.training)
     assert not any(place_for_system(sc, cfg, SYSTEMS["hierarchical"]).allreduce_across_wan())
@@ -107,10 +107,10 @@ def test_hierarchical_is_multitcp_where_no_stage_spans_dcs():
 
 
 def test_a_runs_link_counts_follow_the_plan():
-    from geodc.analysis.allreduce import hierarchical_ms, ring_ms
-    from geodc.analysis.linkuse import link_bytes
-    from geodc.plans.placement import Placement
-    from geodc.spec.links import LinkDir
+    from testbed.analysis.allreduce import hierarchical_ms, ring_ms
+    from testbed.analysis.linkuse import link_bytes
+    from testbed.plans.placement import Placement
+    from testbed.spec.links import LinkDir
     sc = parse_scenario(split())
     pl = Placement(policy="scenario-order", stage_dcs=(("ea",) * 3, ("ea", "we", "we")),
                    hosts=(("ea-h1", "ea-h2", "ea-h3"), ("ea-h4", "we-h1", "we-h2")))
@@ -132,7 +132,7 @@ def test_a_runs_link_counts_follow_the_plan():
 
 def test_plan_says_how_each_system_all_reduces_over_the_wan(tmp_path):
     import yaml
-    from geodc.cli.planview import plan_command
+    from testbed.cli.planview import plan_command
     path = tmp_path / "split.yaml"
     path.write_text(yaml.safe_dump(split()))
     lines = plan_command(str(path), ["baseline", "hierarchical"]).splitlines()

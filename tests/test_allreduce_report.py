@@ -10,11 +10,11 @@ pytestmark = pytest.mark.unit
 def test_allreduce_report_against_the_ideal_ring() -> None:
     """The report takes, per iteration, the replica that arrived last (shortest span), and
     compares the median with 2 (D-1) chunks of 1/D at the host link's rate."""
-    from geodc.analysis.allreduce import allreduce_report, ring_ms
-    from geodc.plans.placement import Placement
-    from geodc.spec.scenario import parse_scenario
-    from geodc.spec.timescale import TimeScale
-    from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
+    from testbed.analysis.allreduce import allreduce_report, ring_ms
+    from testbed.plans.placement import Placement
+    from testbed.spec.scenario import parse_scenario
+    from testbed.spec.timescale import TimeScale
+    from testbed.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
     sc = parse_scenario({"name": "ar", "dcs": [{"name": "ea", "hosts": 2, "rate_mbit": 1000},
                                                {"name": "we", "hosts": 2, "rate_mbit": 1000}],
                          "wan": [{"between": ["ea", "we"], "delay_ms": 10, "rate_mbit": 100}]})

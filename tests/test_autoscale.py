@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geodc.predict.autoscale import (OVERRUN_BOUND, RHO_MAX, Load, Op, choose, cpu_load,
+from testbed.predict.autoscale import (OVERRUN_BOUND, RHO_MAX, Load, Op, choose, cpu_load,
                                      overlaps, overrun_fraction, preempted_share, would_hold)
-from geodc.spec.errors import ScenarioError
-from geodc.spec.scenario import load_scenario, parse_scenario
-from geodc.spec.timescale import MAX_TIME_SCALE
+from testbed.spec.errors import ScenarioError
+from testbed.spec.scenario import load_scenario, parse_scenario
+from testbed.spec.timescale import MAX_TIME_SCALE
 
 TRIANGLE = {"name": "t", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
             "wan": [{"between": ["a", "b"], "delay_ms": 10, "rate_mbit": 100}]}
@@ -125,8 +125,8 @@ def test_scale64_with_the_costs_measured_there_refuses_the_t_that_overran():
     """scale64 on 2026-12-03 (bench/bench_autoscale.py, this 2-core machine): an optimizer step
     1.43 ms of CPU, 0.58 ns per byte; at T=6 overruns were 5.5% of compute (bound 2%), at T=2.75
     (2026-12-05, a 0.66 ms step) 32.5%. The chooser must not pick either."""
-    from geodc.run.autoscale import model_iteration, plan_load
-    from geodc.spec.training import TrainConfig
+    from testbed.run.autoscale import model_iteration, plan_load
+    from testbed.spec.training import TrainConfig
     sc = load_scenario("topologies/scale64.yaml")
     cfg = TrainConfig.from_dict(sc.training)
     model_s, ar_ms = model_iteration(sc, cfg)
@@ -144,8 +144,8 @@ def test_two_dc_with_the_costs_measured_here_keeps_t_1_and_a_busier_machine_rais
     B 1.00-1.18, OPT 0.59-0.94 ms, TCP 1.74-1.85 ns/byte over veths and HTB) keep T = 1; the
     same costs on a machine twice as busy (the CI run of 2026-12-07 chose 2.75) overrun the
     bound at T = 1 and the chooser raises T until it holds."""
-    from geodc.run.autoscale import model_iteration, plan_load
-    from geodc.spec.training import TrainConfig
+    from testbed.run.autoscale import model_iteration, plan_load
+    from testbed.spec.training import TrainConfig
     sc = load_scenario("topologies/two_dc.yaml")
     cfg = TrainConfig.from_dict(sc.training)
     model_s, ar_ms = model_iteration(sc, cfg)
@@ -165,8 +165,8 @@ def test_auto_on_two_dc_measures_here_and_the_record_gives_its_choice():
     measurement (the small model's ops, TCP's CPU per byte on loopback) picks a T that holds,
     and the record carries what chose it: the chooser given the recorded costs picks the same T.
     Which T depends on how busy the machine is (the unit test above pins this machine's)."""
-    from geodc.run.autoscale import model_iteration, plan_load, resolve
-    from geodc.spec.training import TrainConfig
+    from testbed.run.autoscale import model_iteration, plan_load, resolve
+    from testbed.spec.training import TrainConfig
     sc = replace(load_scenario("topologies/two_dc.yaml"), time_scale_auto=True)
     cfg = TrainConfig.from_dict(sc.training)
     chosen, record = resolve(sc, cfg, say=lambda line: None)
@@ -185,9 +185,9 @@ def test_auto_counts_the_prefill_side_of_a_bubbletea_scenario():
     """atlas_bubbletea with time_scale: auto: the prefill side's CPU (a request's prefill at the
     inference model's whole context and its decode, measured here, x the load's offered
     requests per second) is in the record and the reasons, and only raises T."""
-    from geodc.features.bubbletea.plan import make_requests
-    from geodc.run.autoscale import plan_load, resolve
-    from geodc.spec.training import TrainConfig
+    from testbed.features.bubbletea.plan import make_requests
+    from testbed.run.autoscale import plan_load, resolve
+    from testbed.spec.training import TrainConfig
     sc = replace(load_scenario("topologies/atlas_bubbletea.yaml"), time_scale_auto=True)
     cfg = TrainConfig.from_dict(sc.training)
     _, record = resolve(sc, cfg, say=lambda line: None)

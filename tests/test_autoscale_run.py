@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodc.predict.autoscale import OVERRUN_BOUND
+from testbed.predict.autoscale import OVERRUN_BOUND
 
 pytestmark = pytest.mark.network
 REPO = Path(__file__).resolve().parents[1]

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from geodc.emulation import shaping
-from geodc.emulation.network import Network, kernel_has_netem
-from geodc.spec.errors import ScenarioError
-from geodc.spec.scenario import load_scenario, parse_scenario
+from testbed.emulation import shaping
+from testbed.emulation.network import Network, kernel_has_netem
+from testbed.spec.errors import ScenarioError
+from testbed.spec.scenario import load_scenario, parse_scenario
 from tests.scenarios import BACKENDS, TEST_BACKEND, write_scenario
 from tests.tolerance import assert_within
 
@@ -80,7 +80,7 @@ def test_netem_leaf_holds_each_links_delay_jitter_loss(netem_here, tmp_path, lef
 
 
 def test_faults_change_the_netem_leaf_and_restore_it(netem_here, tmp_path):
-    from geodc.features.faults.run import FaultRunner
+    from testbed.features.faults.run import FaultRunner
 
     # each state held 3 s: in the guest (TCG) one poll of both leaves (two `tc` processes) took
     # long enough to miss a 1.5 s delay fault entirely (2026-12-03)
@@ -119,12 +119,12 @@ def test_faults_change_the_netem_leaf_and_restore_it(netem_here, tmp_path):
 
 
 def test_temporal_sharing_is_refused_on_netem(netem_here, tmp_path, leftovers):
-    from geodc.features.base import Clock, RunContext, SystemJob
-    from geodc.features.temporal.run import start_feature
-    from geodc.features.registry import plan_all
-    from geodc.plans.placement import place_for_system
-    from geodc.spec.systems import get_system
-    from geodc.spec.training import TrainConfig
+    from testbed.features.base import Clock, RunContext, SystemJob
+    from testbed.features.temporal.run import start_feature
+    from testbed.features.registry import plan_all
+    from testbed.plans.placement import place_for_system
+    from testbed.spec.systems import get_system
+    from testbed.spec.training import TrainConfig
 
     sc = load_scenario(write_scenario(tmp_path, {
         "name": "ntemp", "scale": 100, "backend": "netem",
@@ -168,8 +168,8 @@ def test_netem_across_two_servers(netem_here, cluster, tmp_path):
     configured delay less half the underlay's RTT, the jitter and the rate (read by netlink:
     the local servers share this kernel); the idle RTT across at the guest's tolerance; nothing
     left on either server."""
-    from geodc.emulation.clusternet import ClusterNetwork
-    from geodc.emulation.tools import ping
+    from testbed.emulation.clusternet import ClusterNetwork
+    from testbed.emulation.tools import ping
     from tests.server_leftovers import assert_nothing_left, link_counts
 
     links = link_counts(cluster.servers)

@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geodc.rules.admission import Admission, chunk_end, make_pending
-from geodc.rules.prefill_profile import PrefillProfile
-from geodc.spec.bubbletea import BubbleTeaConfig
-from geodc.rules.bubbletea_figures import bubbletea_metrics
-from geodc.features.bubbletea.plan import make_requests
-from geodc.spec.errors import ScenarioError
-from geodc.spec.scenario import parse_scenario
-from geodc.spec.timescale import TimeScale
-from geodc.plans.topo import make_plan
+from testbed.rules.admission import Admission, chunk_end, make_pending
+from testbed.rules.prefill_profile import PrefillProfile
+from testbed.spec.bubbletea import BubbleTeaConfig
+from testbed.rules.bubbletea_figures import bubbletea_metrics
+from testbed.features.bubbletea.plan import make_requests
+from testbed.spec.errors import ScenarioError
+from testbed.spec.scenario import parse_scenario
+from testbed.spec.timescale import TimeScale
+from testbed.plans.topo import make_plan
 
 MS = 1_000_000
 
@@ -267,7 +267,7 @@ def test_metrics_utilization_overlap_wait_and_unused_causes():
 
 @pytest.mark.unit
 def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
-    from geodc.host.notices import Bubble
+    from testbed.host.notices import Bubble
     b = Bubble(t_idle_ns=0, t_pred_end_ns=38 * MS, iteration=3, op=2,
                gaps_ns=[38 * MS, 77 * MS, 96 * MS], t_first_pred_end_ns=38 * MS)
     assert b.extend(39 * MS, 1 * MS) and b.t_pred_end_ns == 77 * MS and b.extended == 1
@@ -277,7 +277,7 @@ def test_a_bubble_that_outlasts_its_prediction_takes_the_next_longer_gap():
 
 @pytest.mark.unit
 def test_notices_parse_by_kind_and_refuse_malformed_ones():
-    from geodc.host.notices import parse_notice
+    from testbed.host.notices import parse_notice
     b = parse_notice({"kind": "bubble", "host": "h1", "t_idle_ns": 5, "t_pred_end_ns": 9,
                       "iteration": 3, "op": 2, "gaps_ns": [9, 4], "awaits": [1, 3, 0],
                       "pending": True, "wire_ns": 7, "made_ns": 6, "spread_ns": 2})
@@ -314,7 +314,7 @@ def test_notices_parse_by_kind_and_refuse_malformed_ones():
 
 @pytest.mark.unit
 def test_arrival_bound_rolls_while_nothing_is_heard_then_holds():
-    from geodc.host.notices import Bubble
+    from testbed.host.notices import Bubble
     margin = 2 * MS
     b = Bubble(t_idle_ns=0, t_pred_end_ns=30 * MS, iteration=3, op=1, pending=True,
                wire_ns=50 * MS, made_ns=20 * MS, awaits=(2, 3, 1))
@@ -357,7 +357,7 @@ def test_arrival_bound_never_passes_the_message(made_start_ms, hold_ms, wait_ms,
     (the WAN slot), whose bytes take at least their wire time (more when slower): with every
     notice heard within the margin, the end admission sees, past the prediction, is never later
     than the last byte."""
-    from geodc.host.notices import Bubble
+    from testbed.host.notices import Bubble
     margin = 2 * MS
     made_end = made_start_ms + hold_ms
     first = made_end + wait_ms
@@ -379,7 +379,7 @@ def test_arrival_bound_never_passes_the_message(made_start_ms, hold_ms, wait_ms,
 
 @pytest.mark.loopback
 def test_controller_takes_output_notices_before_or_after_the_bubble(tmp_path):
-    from geodc.host.notices import parse_notice
+    from testbed.host.notices import parse_notice
     ctl = make_controller(tmp_path)
     try:
         margin = ctl.arrival_margin_ns
@@ -460,8 +460,8 @@ def test_hostile_notices_are_refused_and_the_agent_lives_on(tmp_path):
     import socket
     import threading
     import time
-    from geodc.hostproc.prefill.controller import Controller, ControllerSpec, Endpoint
-    from geodc.hostproc.prefill.wire import recv_msg, send_msg
+    from prefill.controller import Controller, ControllerSpec, Endpoint
+    from prefill.wire import recv_msg, send_msg
     with socket.create_server(("127.0.0.1", 0)) as fake:     # a-h1's prefill server
         fake.settimeout(10)
         (tmp_path / "requests.json").write_text(json.dumps(
@@ -513,15 +513,15 @@ def test_hostile_notices_are_refused_and_the_agent_lives_on(tmp_path):
 
 @pytest.mark.loopback
 def test_an_agent_whose_idle_connection_was_closed_sends_on_a_new_one(tmp_path):
-    """A prefill server closes idle connections at its cap (geodc/hostproc/prefill/service.py):
+    """A prefill server closes idle connections at its cap (prefill/service.py):
     the host's agent, finding its connection closed at the next bubble, sends the request on
     a new connection instead of counting the host down."""
     import json
     import socket
     import threading
     import time
-    from geodc.hostproc.prefill.controller import Controller, ControllerSpec, Endpoint
-    from geodc.hostproc.prefill.wire import recv_msg, send_msg
+    from prefill.controller import Controller, ControllerSpec, Endpoint
+    from prefill.wire import recv_msg, send_msg
     with socket.create_server(("127.0.0.1", 0)) as fake:     # a-h1's prefill server
         fake.settimeout(10)
         (tmp_path / "requests.json").write_text(json.dumps(
@@ -569,7 +569,7 @@ def test_a_controller_thread_that_dies_marks_its_host_down(tmp_path):
         t.start()
         t.join(5)
         assert ctl.dead_hosts == {"a-h1"} and "OverflowError" in ctl.died[0]
-        from geodc.host.notices import parse_notice
+        from testbed.host.notices import parse_notice
         with ctl.cv:
             ctl._on_notice(parse_notice({"kind": "bubble", "host": "a-h1", "t_idle_ns": 0,
                                          "t_pred_end_ns": MS}))
@@ -585,7 +585,7 @@ def make_controller(tmp_path, hosts=("a-h1",), **settings):
     """A real Controller (its UDP socket bound on loopback) whose threads are not started: the
     tests feed it notices by hand."""
     import json as _json
-    from geodc.hostproc.prefill.controller import Controller, ControllerSpec, Endpoint
+    from prefill.controller import Controller, ControllerSpec, Endpoint
     (tmp_path / "requests.json").write_text(_json.dumps([]))
     spec = ControllerSpec(dc="a", host="a-d1", ip="127.0.0.1", notice_port=0,
                           records_path=str(tmp_path / f"records-{len(settings)}.jsonl"),
@@ -604,7 +604,7 @@ def close_controller(ctl) -> None:
 
 @pytest.mark.loopback
 def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp_path):
-    from geodc.host.notices import parse_notice
+    from testbed.host.notices import parse_notice
     ctl = make_controller(tmp_path, hosts=("a-h1", "a-h2"))
     m = ctl.arrival_margin_ns
     try:
@@ -644,7 +644,7 @@ def test_bounds_chain_through_the_maker_in_its_bubble_but_predictions_do_not(tmp
 
 @pytest.mark.unit
 def test_timeline_marks_an_overlap(tmp_path):
-    from geodc.analysis.timeline_plot import plot_timeline
+    from testbed.analysis.timeline_plot import plot_timeline
     spans = [dict(span("F", f"h{st}", 100 * it + 10 * st, 100 * it + 10 * st + 20, it, st),
                   microbatch=0) for it in range(2) for st in range(2)]
     prefill = [{"name": "PREFILL", "host": "h0", "t_start_ns": 115 * MS, "t_end_ns": 125 * MS}]
@@ -655,7 +655,7 @@ def test_timeline_marks_an_overlap(tmp_path):
 @pytest.mark.unit
 def test_run_refuses_bubbletea_without_decode_hosts_or_section(tmp_path):
     import yaml
-    from geodc.features.checks import load_run
+    from testbed.features.checks import load_run
     training = {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16,
                           "vocab_size": 64}, "stages": 2, "micro_batches": 2}
     doc = {"name": "bt", "dcs": [{"name": "a", "hosts": 1, "decode_hosts": 1},

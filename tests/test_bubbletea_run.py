@@ -30,10 +30,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodc.spec.bubbletea import BubbleTeaConfig
-from geodc.hostproc.prefill.controller import prompt_for
-from geodc.hostproc.prefill.decoder import InferenceConfig, build_model, greedy_generate
-from geodc.hostproc.prefill.server import FAULT_EXIT_ENV
+from testbed.spec.bubbletea import BubbleTeaConfig
+from prefill.controller import prompt_for
+from prefill.decoder import InferenceConfig, build_model, greedy_generate
+from prefill.server import FAULT_EXIT_ENV
 from tests.realtime_here import expected
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,8 +87,8 @@ def test_training_goes_on_unchanged_and_the_crash_is_reported(result):
     assert bt["iterations"] == 7
     crashed = bt["bubbletea"]["crashed"]
     assert len(crashed) == 2, crashed
-    assert {c.split(" (pid")[0] for c in crashed} == {"geodc.hostproc.prefill.server in we-h1",
-                                                      "geodc.hostproc.prefill.decode_server in we-d1"}
+    assert {c.split(" (pid")[0] for c in crashed} == {"prefill.server in we-h1",
+                                                      "prefill.decode_server in we-d1"}
     kill = bt["faults"]["events"][0]
     assert kill["fault"] == "faults[0]" and kill["took_effect_s"] - kill["applied_s"] < 0.5
     assert "no decode process on we-d1" in base["faults"]["events"][0]["error"]
@@ -132,7 +132,7 @@ def test_admitted_prefills_fitted_their_bubbles(result):
         b = bubbles[(q["host"], q["bubble_t_idle_ns"])]
         assert q["id"] in b["dispatched"]
         # the bubble's end when it was admitted: the first prediction, or a later one
-        # (extended: it outlasted that, geodc.rules.bubbles' next longer gap), or the arrival bound
+        # (extended: it outlasted that, testbed.rules.bubbles' next longer gap), or the arrival bound
         # (or cut to a begun message's expected end)
         assert min(b["t_first_pred_end_ns"], b["t_cap_end_ns"] or b["t_first_pred_end_ns"]) \
             <= q["bubble_end_ns"] <= max(b["t_pred_end_ns"], b["t_bound_end_ns"] or 0)
@@ -157,7 +157,7 @@ def test_the_arrival_bound_is_used_and_holds(result):
     """Both stages' bubbles wait for messages over the WAN: their notices carry the message's
     wire time, and every bound heard (a first byte + the wire time) came no later than the
     training op that took the GPU, give or take the margin (the emulation's own latency,
-    geodc/spec/bubbletea.py); so did the end of every prefill admitted past the learned prediction
+    testbed/spec/bubbletea.py); so did the end of every prefill admitted past the learned prediction
     on the bound. (On this scenario's K = 1 baseline a message takes several round trips, so
     the bound rarely passes the prediction; atlas_bubbletea is where it does, README.)"""
     doc, spans, records, _ = result

@@ -1,4 +1,4 @@
-"""geodc.hostproc.traffic.burst over loopback (no root): every message arrives whole, the records add up."""
+"""traffic.burst over loopback (no root): every message arrives whole, the records add up."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from geodc.hostproc.traffic import burst
+from traffic import burst
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def _start_receiver(out: Path, connections: int, messages: int, size: int,
                     extra: list[str] | None = None) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "geodc.hostproc.traffic.burst", "recv", "--port", "0", "--bind", "127.0.0.1",
+        [sys.executable, "-m", "traffic.burst", "recv", "--port", "0", "--bind", "127.0.0.1",
          "--connections", str(connections), "--messages", str(messages), "--bytes", str(size),
          "--out", str(out), "--timeout-s", "30", *(extra or [])],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -30,7 +30,7 @@ def _start_receiver(out: Path, connections: int, messages: int, size: int,
 def _send(port: int, connections: int, messages: int, size: int, gap_s: float,
           extra: list[str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "geodc.hostproc.traffic.burst", "send", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "traffic.burst", "send", "--host", "127.0.0.1", "--port", str(port),
          "--connections", str(connections), "--messages", str(messages), "--bytes", str(size),
          "--gap-s", str(gap_s), "--timeout-s", "30", *(extra or [])],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
@@ -105,7 +105,7 @@ def test_unknown_congestion_control_is_one_line(tmp_path):
 @pytest.mark.loopback
 def test_receiver_listens_only_where_it_is_told():
     """No --bind: one line naming it, exit 2 (no listening on every interface)."""
-    out = subprocess.run([sys.executable, "-m", "geodc.hostproc.traffic.burst", "recv", "--port", "0",
+    out = subprocess.run([sys.executable, "-m", "traffic.burst", "recv", "--port", "0",
                           "--messages", "1", "--bytes", "10", "--out", "/dev/null",
                           "--timeout-s", "1"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)

@@ -1,4 +1,4 @@
-"""geodc.hostproc.traffic.capture without root: the record format, header parsing, and the slot analyses on
+"""traffic.capture without root: the record format, header parsing, and the slot analyses on
 synthetic packets and slots with known answers."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from geodc.hostproc.traffic.capture import (MAGIC, Packet, frame_bytes, load, pack, parse_frame, slot_adherence,
+from traffic.capture import (MAGIC, Packet, frame_bytes, load, pack, parse_frame, slot_adherence,
                              switch_errors_ms)
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,6 @@
 """`run_testbed.py cleanup` after a crashed run, and two networks at once (root).
 
-- a run killed with SIGKILL leaves no process after 5 s (geodc.emulation.leash), only its registry
+- a run killed with SIGKILL leaves no process after 5 s (testbed.emulation.leash), only its registry
   file; cleanup removes that (an unlisted interface and a live run's network survive it, and
   the live run's processes survive the killed run's leash), and the run left nothing in the
   root namespace;
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute
 
-from geodc.spec.errors import TestbedError
-from geodc.emulation.network import Network
-from geodc.spec.scenario import load_scenario
+from testbed.spec.errors import TestbedError
+from testbed.emulation.network import Network
+from testbed.spec.scenario import load_scenario
 from tests.scenarios import two_dc, write_scenario
 
 pytestmark = pytest.mark.network
@@ -36,9 +36,9 @@ KEEP = "keepme0"
 CRASH_SCRIPT = r"""
 import sys, time
 from pathlib import Path
-from geodc.emulation.network import Network
-from geodc.spec.scenario import load_scenario
-from geodc.emulation.tools import iperf
+from testbed.emulation.network import Network
+from testbed.spec.scenario import load_scenario
+from testbed.emulation.tools import iperf
 with Network(load_scenario(sys.argv[1]), Path(sys.argv[2])) as net:
     net.spawn(net.plan.hosts[-1].name, iperf.server_argv(5205), Path(sys.argv[2]) / "iperf3-s.log")
     print("UP", flush=True)
@@ -84,7 +84,7 @@ def test_cleanup_after_killed_run(tmp_path, leftovers, start_child, subprocess_e
         os.kill(child.pid, signal.SIGKILL)
         assert child.wait(timeout_s=10) == -signal.SIGKILL
 
-        # Its processes die with it (geodc.emulation.leash); its registry file stays for cleanup.
+        # Its processes die with it (testbed.emulation.leash); its registry file stays for cleanup.
         left = leftovers.new_since(before)
         deadline = time.monotonic() + 5
         while left.get("processes") and time.monotonic() < deadline:
@@ -138,7 +138,7 @@ def test_stale_registry_with_a_live_runs_names_leaves_the_live_run_alone(tmp_pat
     whether the stale file lists the names only (killed mid-build) or with the ifindex and
     alias its run recorded. The live run's interfaces are made here as an earlier version's
     run made them: bridges in the root namespace, stamped with the run's alias."""
-    from geodc.emulation.registry import ALIAS_PREFIX, Registry, _remove, cleanup, live_interfaces
+    from testbed.emulation.registry import ALIAS_PREFIX, Registry, _remove, cleanup, live_interfaces
     names = ["zz-s", "zz-s2"]
     live = Registry("livez", leftovers.runtime_dir())
     live.data["interfaces"] = names
@@ -189,7 +189,7 @@ def test_stale_registry_with_a_live_runs_names_leaves_the_live_run_alone(tmp_pat
 def test_supervisor_signal_during_teardown_cannot_cut_it_short(tmp_path, leftovers, monkeypatch):
     """A delay line that dies as the run ends: its SIGUSR1 arrives while stop() tears down.
     Teardown must finish whole, and the failure is still raised afterwards."""
-    import geodc.emulation.network as network_mod
+    import testbed.emulation.network as network_mod
 
     before = leftovers.snapshot()
     real_stop_all = network_mod.stop_all
@@ -212,7 +212,7 @@ def test_supervisor_signal_during_teardown_cannot_cut_it_short(tmp_path, leftove
 
 
 def test_an_alias_counts_as_a_runs_own_only_when_it_is_exactly_its_own():
-    from geodc.emulation.registry import _owned
+    from testbed.emulation.registry import _owned
 
     dead = {"run_id": "r", "owner": {"pid": 123}}
     assert _owned(dead, "x-s", (7, "geotestbed:r:123")) == ""
@@ -228,7 +228,7 @@ def test_registry_takes_pids_from_many_threads_at_once(tmp_path):
     pid is recorded and the file stays whole."""
     import threading
 
-    from geodc.emulation.registry import Registry
+    from testbed.emulation.registry import Registry
     reg = Registry("threads", tmp_path)
     threads = [threading.Thread(target=lambda k=k: [reg.add_pid(os.getpid(), f"t{k}-{i}")
                                                     for i in range(50)]) for k in range(8)]
@@ -244,7 +244,7 @@ def test_registry_takes_pids_from_many_threads_at_once(tmp_path):
 def test_a_dead_cluster_runs_notice_and_cleanup_name_its_cluster_file(tmp_path):
     """A run whose nodes were on servers records its cluster file: the dead-run notice and
     `cleanup` say to run `cleanup --cluster` with it (what it left there is theirs to end)."""
-    from geodc.emulation.registry import Registry, cleanup, dead_runs_notice
+    from testbed.emulation.registry import Registry, cleanup, dead_runs_notice
     reg = Registry("deadc", tmp_path, cluster="/srv/c.yaml")
     reg.data["owner"] = {"pid": os.getpid(), "start": -1}   # not this process: dead
     reg._write()

@@ -158,7 +158,9 @@ def test_without_the_project_env_one_line_names_what_is_missing(tmp_path):
                       capture_output=True).returncode == 0:
         pytest.skip(f"{SYSTEM_PYTHON} has ruamel.yaml: nothing would be missing")
     copy = tmp_path / "checkout"
-    shutil.copytree(REPO / "geodc", copy / "geodc", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("testbed", "trainer", "prefill", "traffic"):
+        shutil.copytree(REPO / package, copy / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "run_testbed.py", copy)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     r = subprocess.run([SYSTEM_PYTHON, str(copy / "run_testbed.py"), "run", "two_dc"],
@@ -197,7 +199,7 @@ def test_a_mistyped_command_is_named_and_version_is_said():
 
 
 def test_every_command_explains_itself_with_two_examples():
-    from geodc.cli.main import COMMANDS
+    from testbed.cli.main import COMMANDS
     for command in COMMANDS:
         r = cli(command, "--help")
         assert r.returncode == 0, (command, r.stderr)

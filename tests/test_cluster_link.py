@@ -1,6 +1,6 @@
 """The pieces `calibrate --cluster` builds on (issue 25 part 2), as root on the local cluster
 (scripts/local_cluster.py up 2): a host on each server (Mininet's cluster mode through
-geodc.emulation.remote: ssh, the server's registry), joined by a VXLANLink; the underlay's RTT
+testbed.emulation.remote: ssh, the server's registry), joined by a VXLANLink; the underlay's RTT
 measured between the servers; a ping crosses the tunnel, a don't-fragment packet of the hosts'
 MTU (1450) passes and one byte more does not; the tunnel is closed to the underlay (a VXLAN
 datagram from an unprivileged socket on it, carrying the tunnel's VNI and an ARP request in the
@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from mininet.net import Mininet
 
-from geodc.emulation.remote import ClusterHost
-from geodc.emulation.serverregistry import ServerRegistry, cleanup_servers
-from geodc.emulation.underlayfilter import add_script, chain
-from geodc.emulation.servers import measure_underlay, server_run
-from geodc.emulation.vxlan import VXLANLink
-from geodc.emulation.tools import ping
-from geodc.plans.crossing import host_mtu
+from testbed.emulation.remote import ClusterHost
+from testbed.emulation.serverregistry import ServerRegistry, cleanup_servers
+from testbed.emulation.underlayfilter import add_script, chain
+from testbed.emulation.servers import measure_underlay, server_run
+from testbed.emulation.vxlan import VXLANLink
+from testbed.emulation.tools import ping
+from testbed.plans.crossing import host_mtu
 from tests.server_leftovers import assert_nothing_left, link_counts, processes_naming
 
 EVIL_MAC = "02:de:ad:be:ef:01"
@@ -183,7 +183,7 @@ def test_netem_asked_of_servers_without_it_is_refused(cluster, tmp_path):
     """`backend: netem` with --cluster where the servers' kernel lacks netem: exit 2, one line
     naming the field, the server and the fix, nothing left on either server (where the kernel
     has netem, tests/test_backends.py builds netem across servers instead)."""
-    from geodc.emulation.network import kernel_has_netem
+    from testbed.emulation.network import kernel_has_netem
     if kernel_has_netem():
         pytest.skip("this kernel has netem: the refusal needs one without it")
     before = link_counts(cluster.servers)

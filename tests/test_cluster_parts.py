@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from geodc.emulation import shaping
-from geodc.emulation.clusternet import ClusterNetwork
-from geodc.emulation.servers import parse_underlay
+from testbed.emulation import shaping
+from testbed.emulation.clusternet import ClusterNetwork
+from testbed.emulation.servers import parse_underlay
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """`run --cluster` and `cleanup --cluster` on the local cluster (scripts/local_cluster.py up 2), as
 root: a 4-DC ring trained over two servers (two links cross), with these checks:
-- the losses over two servers are the single-process reference's (geodc.hostproc.trainer.
+- the losses over two servers are the single-process reference's (trainer.
   reference: the same model and data in one process on one machine, which the one-machine
   pipeline matches too, tests/test_trainer_run.py), for baseline and for atlas (temporal
   sharing: its arbiters and captures on the sending gateways, on their servers);
@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodc.emulation.serverregistry import REMOTE_STATE
-from geodc.emulation.serverleash import SILENCE_S
-from geodc.emulation.servers import server_run
+from testbed.emulation.serverregistry import REMOTE_STATE
+from testbed.emulation.serverleash import SILENCE_S
+from testbed.emulation.servers import server_run
 from tests.server_leftovers import processes_naming
 from tests.test_sweep import with_sweep
 
@@ -95,8 +95,8 @@ def underlay_bytes(server) -> dict[str, int]:
 
 
 def test_ring_over_two_servers_trains_as_on_one_machine(cluster, tmp_path):
-    from geodc.hostproc.trainer.reference import reference_losses
-    from geodc.spec.training import TrainConfig
+    from trainer.reference import reference_losses
+    from testbed.spec.training import TrainConfig
     path = ring_scenario(tmp_path)
     want = reference_losses(TrainConfig.from_dict(yaml.safe_load(path.read_text())["training"]))
     for s in cluster.servers:

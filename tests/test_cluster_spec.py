@@ -1,4 +1,4 @@
-"""Cluster files (geodc.spec.cluster, docs/cluster.md): servers, the default and a given
+"""Cluster files (testbed.spec.cluster, docs/cluster.md): servers, the default and a given
 placement of DCs on servers, the WAN links that cross servers, and every bad file as one
 ScenarioError line naming the field; `validate` and `plan` with --cluster, in-process."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from geodc.cli.main import main
-from geodc.spec.cluster import default_placement, load_cluster, place, scenario_placement
-from geodc.spec.errors import ScenarioError
+from testbed.cli.main import main
+from testbed.spec.cluster import default_placement, load_cluster, place, scenario_placement
+from testbed.spec.errors import ScenarioError
 
 pytestmark = pytest.mark.unit
 
@@ -119,7 +119,7 @@ def test_validate_and_plan_show_servers(tmp_path, capsys):
 def test_a_scenario_with_faults_of_any_kind_is_refused_on_a_cluster(tmp_path):
     """Every fault kind the shipped scenarios use, refused by the placement (validate, run and
     calibrate all place a scenario before anything is made)."""
-    from geodc.spec.scenario import load_scenario
+    from testbed.spec.scenario import load_scenario
     c = load_cluster(two(tmp_path))
     kinds = set()
     for path in sorted((ROOT / "topologies").rglob("*.yaml")):

@@ -1,4 +1,4 @@
-"""geodc.run.cpuload writes its logs where no other user can reach: a new private folder by
+"""testbed.run.cpuload writes its logs where no other user can reach: a new private folder by
 default (not a fixed /tmp name), and never through a link planted where a log goes."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from geodc.spec.errors import TestbedError
-from geodc.run.cpuload import CpuLoad
+from testbed.spec.errors import TestbedError
+from testbed.run.cpuload import CpuLoad
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,7 +39,7 @@ def test_a_link_where_a_log_goes_is_not_followed(tmp_path):
 @pytest.mark.loopback
 def test_the_default_log_folder_is_new_and_private(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")   # geodc: from the cwd
-    proc = subprocess.Popen([sys.executable, "-m", "geodc.run.cpuload", "--workers", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.run.cpuload", "--workers", "1"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

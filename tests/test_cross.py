@@ -1,13 +1,13 @@
-"""The `cross_traffic:` section (geodc.spec.cross): parsed and checked, a UDP rate trace cut into
+"""The `cross_traffic:` section (testbed.spec.cross): parsed and checked, a UDP rate trace cut into
 back-to-back segments, and a tenant host <dc>-x1 in each DC that sends or receives it. Pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from geodc.spec.errors import ScenarioError
-from geodc.spec.scenario import parse_scenario
-from geodc.plans.topo import make_plan
+from testbed.spec.errors import ScenarioError
+from testbed.spec.scenario import parse_scenario
+from testbed.plans.topo import make_plan
 
 pytestmark = pytest.mark.unit
 

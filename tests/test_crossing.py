@@ -1,4 +1,4 @@
-"""geodc.plans.crossing (issue 25 part 2): which WAN links cross servers for a placement, one VNI
+"""testbed.plans.crossing (issue 25 part 2): which WAN links cross servers for a placement, one VNI
 per crossing link, the hosts' MTU inside VXLAN, and the underlay's RTT taken off a crossing
 link's delay (refused, one line, where the underlay alone is longer)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from geodc.plans.crossing import (VNI_BASE, Underlay, crossings, delay_after_underlay,
+from testbed.plans.crossing import (VNI_BASE, Underlay, crossings, delay_after_underlay,
                                   host_mtu)
-from geodc.spec.cluster import default_placement
-from geodc.spec.errors import ScenarioError
+from testbed.spec.cluster import default_placement
+from testbed.spec.errors import ScenarioError
 
 pytestmark = pytest.mark.unit
 

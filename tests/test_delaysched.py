@@ -1,6 +1,6 @@
-"""The delay line's scheduling (geodc.emulation.delaysched), without sockets or root: due times, order
+"""The delay line's scheduling (testbed.emulation.delaysched), without sockets or root: due times, order
 under jitter, loss, batch selection, the wake-up lead, lateness and id gaps; and the parsing of
-the kernel's counters (geodc.emulation.delayline). Randomised checks use fixed seeds (hypothesis is not a
+the kernel's counters (testbed.emulation.delayline). Randomised checks use fixed seeds (hypothesis is not a
 dependency of the project)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from geodc.emulation import delaysched as ds
-from geodc.emulation.delayline import parse_netlink_drops, parse_nfqueue_proc
+from testbed.emulation import delaysched as ds
+from testbed.emulation.delayline import parse_netlink_drops, parse_nfqueue_proc
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""geodc.hostproc.trainer.dp: gloo's threads run at the I/O priority asked for (set by thread id after they
+"""trainer.dp: gloo's threads run at the I/O priority asked for (set by thread id after they
 are made; the thread that joins the group stays normal), the all-reduce averages the real
 gradients and leaves the padding zero, as one ring or hierarchically (groups per DC, the
 leaders' K groups). Real processes on loopback; SCHED_FIFO needs root."""
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 WORKER = """
 import json, os, sys, torch
-from geodc.hostproc.trainer.dp import average_gradients, init_stage_group
+from trainer.dp import average_gradients, init_stage_group
 rank, port, prio = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 status, _ = init_stage_group("127.0.0.1", "127.0.0.1", port, rank, 2, 30,
                              io_priority=None if prio == "none" else int(prio))
@@ -98,7 +98,7 @@ def test_without_a_priority_nothing_is_real_time():
 HIERARCHICAL = """
 import json, sys, torch
 import torch.distributed as dist
-from geodc.hostproc.trainer.dp import average_gradients, init_stage_group
+from trainer.dp import average_gradients, init_stage_group
 rank, port, world = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 groups, k = json.loads(sys.argv[4]), int(sys.argv[5])
 _, hier = init_stage_group("127.0.0.1", "127.0.0.1", port, rank, world, 30, groups=groups,

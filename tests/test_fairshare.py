@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from geodc.rules.fairshare import max_min_rates
+from testbed.rules.fairshare import max_min_rates
 
 pytestmark = pytest.mark.unit
 

@@ -1,14 +1,14 @@
-"""The `faults:` section (geodc.spec.faults): parsed, checked, ordered; and the restore events a
-fault with for_s gets (geodc.features.faults.run.events_of). Pure: no root."""
+"""The `faults:` section (testbed.spec.faults): parsed, checked, ordered; and the restore events a
+fault with for_s gets (testbed.features.faults.run.events_of). Pure: no root."""
 
 from __future__ import annotations
 
 import pytest
 
-from geodc.spec.errors import ScenarioError
-from geodc.spec.faults import events_of
-from geodc.spec.scenario import parse_scenario
-from geodc.spec.timescale import TimeScale
+from testbed.spec.errors import ScenarioError
+from testbed.spec.faults import events_of
+from testbed.spec.scenario import parse_scenario
+from testbed.spec.timescale import TimeScale
 
 pytestmark = pytest.mark.unit
 
@@ -101,9 +101,9 @@ def test_recorded_figures_are_in_configured_units_with_time_scale():
     (configured) figures, and a restore the link's."""
     from types import SimpleNamespace
 
-    from geodc.features.base import Clock
-    from geodc.features.faults.run import FaultRunner
-    from geodc.plans.topo import make_plan
+    from testbed.features.base import Clock
+    from testbed.features.faults.run import FaultRunner
+    from testbed.plans.topo import make_plan
     sc = parse_scenario(dict(BASE, time_scale=10, faults=[
         {"kind": "delay", "link": ["a", "b"], "at_s": 1, "delay_ms": 40, "jitter_ms": 2,
          "for_s": 1}]))

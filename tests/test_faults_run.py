@@ -1,4 +1,4 @@
-"""Faults applied to a live network (geodc.features.faults.run), seen on the wire (root, `network`).
+"""Faults applied to a live network (testbed.features.faults.run), seen on the wire (root, `network`).
 
 One network, two DCs 5 ms apart; a ping every 20 ms from a-h1 to b-h1 while the runner
 raises the delay to 25 ms, cuts the link, then lowers the rate. Each fault must show in the
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from geodc.emulation import shaping
-from geodc.features.faults.run import FaultRunner
-from geodc.emulation.network import Network
-from geodc.spec.scenario import parse_scenario
+from testbed.emulation import shaping
+from testbed.features.faults.run import FaultRunner
+from testbed.emulation.network import Network
+from testbed.spec.scenario import parse_scenario
 from tests.realtime_here import without_refusal_warning
 from tests.scenarios import two_dc, with_test_backend
 
@@ -125,14 +125,14 @@ def metrics_of(out) -> dict:
 
 @pytest.fixture(scope="module")
 def calm() -> list[float]:
-    """The losses an undisturbed run gives: the single-process reference (geodc.hostproc.trainer.reference),
+    """The losses an undisturbed run gives: the single-process reference (trainer.reference),
     which a pipelined run reproduces exactly (tests/test_trainer_run.py)."""
     import tempfile
 
     import yaml
 
-    from geodc.spec.training import TrainConfig
-    from geodc.hostproc.trainer.reference import reference_losses
+    from testbed.spec.training import TrainConfig
+    from trainer.reference import reference_losses
     with tempfile.TemporaryDirectory() as tmp:
         doc = yaml.safe_load(training(__import__("pathlib").Path(tmp), "calm", []).read_text())
     return reference_losses(TrainConfig.from_dict(doc["training"]))
@@ -190,13 +190,13 @@ def test_cross_traffic_runs_beside_training_and_reports_its_goodput(tmp_path, ca
         assert all(abs(v / want - 1) < 0.3 for v in got), (want, udp["intervals_mbit"])
     assert udp["lost_pct"] is not None and udp["packets"] > 1000
     assert tcp["kind"] == "tcp" and 1 < tcp["goodput_mbit"] < 100, tcp
-    from geodc.features.cross.metrics import summary_lines
+    from testbed.features.cross.metrics import summary_lines
     assert summary_lines([udp])[0].startswith("cross-traffic cross_traffic[0] (east->west udp "
                                               "30/90 Mbit/s, 2-6.5 s): goodput ")
 
 
 @pytest.mark.parametrize("process, host, cause", [
-    ("trainer", "west-h1", "geodc.hostproc.trainer.worker in west-h1"),
+    ("trainer", "west-h1", "trainer.worker in west-h1"),
     ("delayline", "west-gw", "delay line in west-gw (links east->west) died")])
 def test_a_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path, process, host,
                                                                      cause):
@@ -223,14 +223,14 @@ def test_a_crash_stops_the_run_naming_the_fault_with_partial_results(tmp_path, p
     # partial results being written
     assert 0 < part["stopped_s"] - crash["applied_s"] < 5, (part["stopped_s"], crash)
     # the paper tables still build from it, with the stopped system marked
-    from geodc.analysis.reproduce import reproduce
+    from testbed.analysis.reproduce import reproduce
     text, _ = reproduce([str(next(out.iterdir()))], tmp_path / "tables")
     assert f"stopped after {part['iterations_done']} of 60 iterations" in text, text
 
 
 def test_a_crash_beside_cross_traffic_keeps_each_features_partial_block(tmp_path):
     """A trainer killed while a tenant's flow runs: the partial results keep every feature's
-    block (geodc.run.systemrun's one partial path): the faults' (the crash, the wire's samples
+    block (testbed.run.systemrun's one partial path): the faults' (the crash, the wire's samples
     of the tenant's link) and cross-traffic's (its flow cut short, with what it got so far),
     both on the run's one clock."""
     import yaml

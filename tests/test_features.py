@@ -1,10 +1,10 @@
-"""The features' contract (geodc.features.base) and what crosses between them and the processes:
+"""The features' contract (testbed.features.base) and what crosses between them and the processes:
 
 - BubbleTea's notices: every kind the worker sends is the typed object the controller parses
   back, with its explicit kind on the wire; a datagram without a kind or with an unknown one is
-  refused in one line (geodc/host/notices.py);
+  refused in one line (testbed/host/notices.py);
 - a worker's typed extras survive its spec file's JSON, and the worker finds each by its type
-  (geodc/host/extras.py, geodc/host/specfiles.py);
+  (testbed/host/extras.py, testbed/host/specfiles.py);
 - the features stop in today's order (cross-traffic, faults, temporal, BubbleTea), not the
   reverse of their start order, each once, all of them even when one fails;
 - run_system's one partial-results path: a run that fails mid-training stops every feature
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from geodc.features.base import Clock, Feature, FeatureHandle, MetricsBlock
-from geodc.features.registry import FEATURES, STOP_ORDER, Running
-from geodc.host.extras import (Gate, GateExtras, GpuShareExtras, Inbound, NoticeAddress,
+from testbed.features.base import Clock, Feature, FeatureHandle, MetricsBlock
+from testbed.features.registry import FEATURES, STOP_ORDER, Running
+from testbed.host.extras import (Gate, GateExtras, GpuShareExtras, Inbound, NoticeAddress,
                                extras_from_dict)
-from geodc.host.notices import (PARSERS, ArrivalNotice, BubbleNotice, BusyNotice, OutputNotice,
+from testbed.host.notices import (PARSERS, ArrivalNotice, BubbleNotice, BusyNotice, OutputNotice,
                                 encode_notice, parse_notice)
-from geodc.host.specfiles import Peer, WorkerSpec
-from geodc.spec.errors import TestbedError
-from geodc.spec.links import LinkDir
-from geodc.spec.timescale import TimeScale
+from testbed.host.specfiles import Peer, WorkerSpec
+from testbed.spec.errors import TestbedError
+from testbed.spec.links import LinkDir
+from testbed.spec.timescale import TimeScale
 
 pytestmark = pytest.mark.unit   # fakes for the network and the training: no processes, no sockets
 
@@ -140,7 +140,7 @@ class FakeHandle(FeatureHandle):
 
 
 def fake_plans(rec: Recorder, names=None, fail_stop: str | None = None):
-    """(Feature, plan) pairs as geodc.features.registry.plan_all gives them, in its order."""
+    """(Feature, plan) pairs as testbed.features.registry.plan_all gives them, in its order."""
     names = [f.name for f in FEATURES] if names is None else names
     return [(Feature(name=n, plan=lambda job: None,
                      start=lambda plan, ctx, n=n: FakeHandle(n, rec, fail_stop == n)), object())
@@ -180,7 +180,7 @@ def test_the_run_clock_is_configured_time():
 # ---- run_system's one partial-results path, with a fake network ------------------------------
 
 def small_scenario(tmp_path: Path):
-    from geodc.spec.scenario import parse_scenario
+    from testbed.spec.scenario import parse_scenario
     return parse_scenario({
         "name": "tiny", "scale": 100,
         "dcs": [{"name": "ea", "hosts": 1}, {"name": "we", "hosts": 1}],
@@ -197,7 +197,7 @@ class FakeNetwork:
     """Network's part run_system uses, recording when it is built and taken down."""
 
     def __init__(self, rec: Recorder, scenario, sys_dir, backend=None, run_id=""):
-        from geodc.plans.topo import make_plan
+        from testbed.plans.topo import make_plan
         self.rec = rec
         self.plan = make_plan(scenario.emulated())
         self.realtime, self.backend = False, "delayline"
@@ -223,8 +223,8 @@ class FakeNetwork:
 @pytest.fixture
 def fake_run(tmp_path, monkeypatch):
     """run_system on a fake network whose training fails mid-run: (the recorder, the call)."""
-    from geodc.run import launch as launch_mod
-    from geodc.run import systemrun
+    from testbed.run import launch as launch_mod
+    from testbed.run import systemrun
 
     rec = Recorder()
     monkeypatch.setattr(systemrun, "Network", lambda *a, **k: FakeNetwork(rec, *a, **k))
@@ -234,15 +234,15 @@ def fake_run(tmp_path, monkeypatch):
         rec.events.append("launch")
         assert [h.name for h in extras] == ["temporal", "bubbletea", "cross", "faults"]
         assert setup.time_scale == TimeScale(1.0) and setup.connections[LinkDir("ea", "we")] == 1
-        raise TestbedError("geodc.hostproc.trainer.worker in we-h1 exited with -9")
+        raise TestbedError("trainer.worker in we-h1 exited with -9")
 
     monkeypatch.setattr(launch_mod, "launch", failing_launch)
 
     def call(**plans):
-        from geodc.spec.systems import get_system
+        from testbed.spec.systems import get_system
         monkeypatch.setattr(systemrun, "plan_all", lambda job: fake_plans(rec, **plans))
         sc = small_scenario(tmp_path)
-        from geodc.spec.training import TrainConfig
+        from testbed.spec.training import TrainConfig
         return systemrun.run_system(sc, TrainConfig.from_dict(sc.training), get_system("baseline"),
                                     tmp_path / "run", backend=None, progress=lambda line: None)
 
@@ -250,7 +250,7 @@ def fake_run(tmp_path, monkeypatch):
 
 
 def test_a_failed_run_stops_every_feature_then_writes_each_partial_block(fake_run):
-    from geodc.run.systemrun import RunIncomplete
+    from testbed.run.systemrun import RunIncomplete
     rec, call, sys_dir = fake_run
     with pytest.raises(RunIncomplete) as err:
         call()
@@ -265,7 +265,7 @@ def test_a_failed_run_stops_every_feature_then_writes_each_partial_block(fake_ru
                          "loss", "cross_traffic", "faults", "stopped_s"]
     assert doc["complete"] is False and doc["iterations_done"] == 0
     assert doc["error"] == ("stopped after the scenario's fault faults[0]: "
-                            "geodc.hostproc.trainer.worker in we-h1 exited with -9")
+                            "trainer.worker in we-h1 exited with -9")
     assert doc["cross_traffic"] == [{"label": "x", "cut_short": True}]
     assert Path(doc["faults"]["plot_png"]).stat().st_size > 1000
     assert 0 <= doc["stopped_s"] < 5        # on the run's clock, seen at the launch's failure
@@ -273,7 +273,7 @@ def test_a_failed_run_stops_every_feature_then_writes_each_partial_block(fake_ru
 
 def test_without_a_clocked_feature_no_stop_time_and_a_failing_stop_still_ends_in_partial(
         fake_run):
-    from geodc.run.systemrun import RunIncomplete
+    from testbed.run.systemrun import RunIncomplete
     rec, call, sys_dir = fake_run
     with pytest.raises(RunIncomplete, match="^temporal would not stop$"):
         call(names=["temporal", "bubbletea"], fail_stop="temporal")
@@ -288,12 +288,12 @@ def test_every_feature_plans_purely_in_order_and_shows_its_plan(tmp_path):
     registry's order, as JSON; none where they do not."""
     from dataclasses import replace
 
-    from geodc.features.base import SystemJob
-    from geodc.features.registry import plan_all
-    from geodc.plans.placement import place_for_system
-    from geodc.spec.scenario import parse_scenario
-    from geodc.spec.systems import get_system
-    from geodc.spec.training import TrainConfig
+    from testbed.features.base import SystemJob
+    from testbed.features.registry import plan_all
+    from testbed.plans.placement import place_for_system
+    from testbed.spec.scenario import parse_scenario
+    from testbed.spec.systems import get_system
+    from testbed.spec.training import TrainConfig
     sc = small_scenario(tmp_path)
     doc = dict(sc.raw, dcs=[{"name": "ea", "hosts": 1, "decode_hosts": 1},
                             {"name": "we", "hosts": 1, "decode_hosts": 1}],

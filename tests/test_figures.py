@@ -1,4 +1,4 @@
-"""reproduce's figures and CSVs (geodc.analysis.series, reproduce_plots, reproduce_tables,
+"""reproduce's figures and CSVs (testbed.analysis.series, reproduce_plots, reproduce_tables,
 timeline_plot): a line never joins two scenarios, a figure names its scenario, a system has one
 colour everywhere, a time_scale run's timeline is drawn in real time, and the CSV holds the raw
 numbers of metrics.json. On the committed reference runs (results/reference/)."""
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from geodc.analysis.reproduce import Run, finished_only, load_runs
-from geodc.analysis.series import delay_points, lines, panels, rate_points, scenario_of
-from geodc.spec.systems import BUBBLETEA_SUFFIX, SYSTEMS
-from geodc.spec.timescale import TimeScale
+from testbed.analysis.reproduce import Run, finished_only, load_runs
+from testbed.analysis.series import delay_points, lines, panels, rate_points, scenario_of
+from testbed.spec.systems import BUBBLETEA_SUFFIX, SYSTEMS
+from testbed.spec.timescale import TimeScale
 
 pytestmark = pytest.mark.unit
 
@@ -83,7 +83,7 @@ def test_a_figure_per_scenario_titled_with_it_and_a_colour_per_system(runs):
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
-    from geodc.analysis.reproduce_plots import SYSTEM_COLOURS, colour_of, line_figure_plan
+    from testbed.analysis.reproduce_plots import SYSTEM_COLOURS, colour_of, line_figure_plan
 
     names = [*SYSTEMS, *(n + BUBBLETEA_SUFFIX for n in SYSTEMS)]
     assert len({colour_of(n) for n in names}) == len(names) and set(names) == set(SYSTEM_COLOURS)
@@ -139,9 +139,9 @@ def test_timeline_of_a_time_scale_run_is_drawn_in_real_time(runs):
     real (metrics.json's iteration_walls_s); the timeline spans the real 380 ms and says so."""
     import matplotlib.pyplot as plt
 
-    from geodc.analysis.reproduce_plots import time_scale_of
-    from geodc.analysis.timeline_plot import timeline_figure
-    from geodc.host.spans import read_jsonl
+    from testbed.analysis.reproduce_plots import time_scale_of
+    from testbed.analysis.timeline_plot import timeline_figure
+    from testbed.host.spans import read_jsonl
     run = next(r for r in runs if scenario_of(r) == "atlas_bubbletea")
     assert time_scale_of(run) == TimeScale(4)
     spans = list(read_jsonl(run.path / "atlas" / "trainer_spans.jsonl"))
@@ -163,7 +163,7 @@ def test_timeline_of_a_time_scale_run_is_drawn_in_real_time(runs):
 
 
 def test_csv_holds_the_raw_numbers_with_units_in_the_header(runs):
-    from geodc.analysis.reproduce_tables import (BUBBLETEA, TRAINING, TRAINING_CSV_ONLY,
+    from testbed.analysis.reproduce_tables import (BUBBLETEA, TRAINING, TRAINING_CSV_ONLY,
                                                  bubbletea_records, csv_text, training_records)
     text = csv_text(TRAINING + TRAINING_CSV_ONLY, training_records(runs))
     rows = list(csv.DictReader(io.StringIO(text)))

@@ -1,5 +1,5 @@
 """A full disk, on a real tmpfs: `run` refuses an --out whose filesystem has less free than the run
-will write (geodc.run.diskspace), exit 2 before anything is built or written, the line naming
+will write (testbed.run.diskspace), exit 2 before anything is built or written, the line naming
 --out, the path and both sizes; a write that finds the disk full names the file it lost and
 leaves no temporary file, synced or not (the delay line's reports are not)."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from geodc.emulation.results import write_bytes, write_json
-from geodc.run.diskspace import estimate_bytes
-from geodc.spec.scenario import load_scenario
-from geodc.spec.training import TrainConfig
+from testbed.emulation.results import write_bytes, write_json
+from testbed.run.diskspace import estimate_bytes
+from testbed.spec.scenario import load_scenario
+from testbed.spec.training import TrainConfig
 
 pytestmark = pytest.mark.network   # root: it mounts a tmpfs
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geodc.hostproc.prefill import wire
-from geodc.spec.errors import ScenarioError
-from geodc.spec.scenario import Scenario, parse_scenario
-from geodc.hostproc.trainer import transport
+from prefill import wire
+from testbed.spec.errors import ScenarioError
+from testbed.spec.scenario import Scenario, parse_scenario
+from trainer import transport
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers(-10**12, 10**12)

@@ -1,7 +1,7 @@
 """Hostile input to the services' wire parsers (hypothesis): BubbleTea's framing and request and
-KV-header checks (geodc/hostproc/prefill/wire.py, geodc/hostproc/prefill/server.py, geodc/hostproc/prefill/decode_server.py), the controller's
-notices (geodc/host/notices.py, geodc/hostproc/prefill/controller.py) and the WAN slot arbiter's lines
-(geodc/features/temporal/arbiter.py). JSON text is generated as text, so it holds what json.dumps never writes:
+KV-header checks (prefill/wire.py, prefill/server.py, prefill/decode_server.py), the controller's
+notices (testbed/host/notices.py, prefill/controller.py) and the WAN slot arbiter's lines
+(testbed/features/temporal/arbiter.py). JSON text is generated as text, so it holds what json.dumps never writes:
 integers past Python's 4300-digit limit, nesting deeper than the recursion limit, 1e999. Every
 input is a reply or an error of the parser's own (ignored and counted for notices), never
 another exception."""
@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geodc.hostproc.prefill import wire
-from geodc.host.notices import parse_notice
-from geodc.hostproc.prefill.decode_server import check_kv_header
-from geodc.hostproc.prefill.decoder import InferenceConfig
-from geodc.rules.prefill_profile import PrefillProfile
-from geodc.hostproc.prefill.server import RequestError, parse_request
+from prefill import wire
+from testbed.host.notices import parse_notice
+from prefill.decode_server import check_kv_header
+from prefill.decoder import InferenceConfig
+from testbed.rules.prefill_profile import PrefillProfile
+from prefill.server import RequestError, parse_request
 from tests.test_bubbletea_parts import close_controller, make_controller
 from tests.test_wanshare import start_fake_arbiter
 

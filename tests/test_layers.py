@@ -1,4 +1,4 @@
-"""geodc/'s layers hold: `lint-imports` with the contracts in pyproject.toml ([tool.importlinter]:
+"""testbed/'s layers hold: `lint-imports` with the contracts in pyproject.toml ([tool.importlinter]:
 the data-flow layers, what host processes and the pure layers may import, independent features
 and host process packages). In the unit ring: lint-imports is one of conftest's UNIT_TOOLS, a
 static checker that only reads the tree."""

@@ -1,4 +1,4 @@
-"""geodc.emulation.limits: a network's open files taken for this process alone, ptys only read.
+"""testbed.emulation.limits: a network's open files taken for this process alone, ptys only read.
 
 reserve_open_files runs in a child Python (it changes the limits of the process that calls it).
 """
@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from geodc.spec.errors import TestbedError
-from geodc.emulation.limits import check_free_ptys, open_files_needed
+from testbed.spec.errors import TestbedError
+from testbed.emulation.limits import check_free_ptys, open_files_needed
 
 REPO = __file__.rsplit("/tests/", 1)[0]
 RESERVE = """
 import resource, sys
-from geodc.emulation.limits import reserve_open_files
+from testbed.emulation.limits import reserve_open_files
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard))
 got = reserve_open_files(int(sys.argv[2]))

@@ -33,7 +33,7 @@ def test_a_script_entry_is_the_last_thing_a_module_defines():
     it does not exist yet when a script's main() calls it (a controller reached its connection
     check undefined that way and every BubbleTea run failed)."""
     late = []
-    for path in sorted([*REPO.glob("geodc/**/*.py"), *REPO.glob("scripts/*.py"),
+    for path in sorted([*REPO.glob("testbed/**/*.py"), *REPO.glob("scripts/*.py"),
                         *REPO.glob("bench/*.py"), REPO / "run_testbed.py"]):
         body = ast.parse(path.read_text(), filename=str(path)).body
         guards = [i for i, node in enumerate(body) if _is_main_guard(node)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from geodc.spec.cluster import load_cluster
+from testbed.spec.cluster import load_cluster
 
 pytestmark = pytest.mark.network
 

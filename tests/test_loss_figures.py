@@ -1,6 +1,6 @@
 """The figures the queue-regime benchmark (bench/bench_queue_regime.py) reads: the summed burst
-of a WAN direction (geodc.analysis.bursts) and a namespace's TCP counters
-(geodc.emulation.losscounters), from the /proc files or, as for a node on another server,
+of a WAN direction (testbed.analysis.bursts) and a namespace's TCP counters
+(testbed.emulation.losscounters), from the /proc files or, as for a node on another server,
 from their text and `tc -s -j`'s."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from geodc.analysis.bursts import summed_burst_bytes
-from geodc.cli.planview import load_training
-from geodc.emulation.losscounters import (TCP_FIELDS, parse_proc_net, queue_counters_of_tc,
+from testbed.analysis.bursts import summed_burst_bytes
+from testbed.cli.planview import load_training
+from testbed.emulation.losscounters import (TCP_FIELDS, parse_proc_net, queue_counters_of_tc,
                                           tcp_counters, tcp_fields)
-from geodc.features.temporal.plan import plan_slots
-from geodc.plans.placement import place_for_system
-from geodc.plans.systems import window_bytes
-from geodc.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES, parse_scenario
-from geodc.spec.systems import get_system
+from testbed.features.temporal.plan import plan_slots
+from testbed.plans.placement import place_for_system
+from testbed.plans.systems import window_bytes
+from testbed.spec.scenario import ETH_FRAME_BYTES, TCP_MSS_BYTES, parse_scenario
+from testbed.spec.systems import get_system
 
 pytestmark = pytest.mark.unit
 
@@ -60,7 +60,7 @@ def test_tcp_fields_of_the_texts_equal_those_read_by_pid() -> None:
 
 
 def test_queue_counters_of_tc_json() -> None:
-    # `tc -s -j qdisc show dev X` of geodc.emulation.shaping's tree (iproute2 6.1), after traffic
+    # `tc -s -j qdisc show dev X` of testbed.emulation.shaping's tree (iproute2 6.1), after traffic
     text = ('[{"kind":"htb","handle":"1:","root":true,"refcnt":3,"options":{"r2q":10,'
             '"default":"0x10","direct_packets_stat":0,"direct_qlen":1000},"bytes":9000,'
             '"packets":6,"drops":0,"overlimits":0,"requeues":0,"backlog":0,"qlen":0},'
@@ -73,7 +73,7 @@ def test_queue_counters_of_tc_json() -> None:
 def test_the_loss_line_says_how_many_retransmits_were_spurious() -> None:
     """Retransmits the receiver reported it already had (DSACK) are named as reordering, not
     loss; without any, the line is as before."""
-    from geodc.run.systemrun import loss_lines
+    from testbed.run.systemrun import loss_lines
     links = {"a->b": {"queue": {"drops": 0}}}
     tcp = {"out_segments": 452_692, "retransmitted_segments": 392, "timeouts": 0,
            "dsack_received_segments": 392, "reordering_detected": 63}

@@ -1,4 +1,4 @@
-"""geodc.emulation.machine: CPU time shares from /proc/stat (steal included), the no-halt request and
+"""testbed.emulation.machine: CPU time shares from /proc/stat (steal included), the no-halt request and
 the kernel modules a build loaded."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from geodc.emulation.machine import (CpuTimes, hold_cpu_wakeup_latency, loaded_modules,
+from testbed.emulation.machine import (CpuTimes, hold_cpu_wakeup_latency, loaded_modules,
                              modules_loaded_since, release_cpu_wakeup_latency)
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Tensor parallelism and the per-GPU memory check (geodc.rules.memory, geodc.rules.costs):
+"""Tensor parallelism and the per-GPU memory check (testbed.rules.memory, testbed.rules.costs):
 the figures by hand from the profile's block, the errors a stage that does not fit gets, and
 what validate, predict and run say."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from geodc.rules.costs import stage_costs, tp_allreduce_ms
-from geodc.rules.memory import STATE_BYTES_PER_PARAM, check_memory, in_flight, stage_memory
-from geodc.rules.schedule import schedule_table
-from geodc.spec.errors import ScenarioError
-from geodc.spec.profiles import find_block
-from geodc.spec.scenario import load_scenario
-from geodc.spec.training import ProfileConfig, TrainConfig
+from testbed.rules.costs import stage_costs, tp_allreduce_ms
+from testbed.rules.memory import STATE_BYTES_PER_PARAM, check_memory, in_flight, stage_memory
+from testbed.rules.schedule import schedule_table
+from testbed.spec.errors import ScenarioError
+from testbed.spec.profiles import find_block
+from testbed.spec.scenario import load_scenario
+from testbed.spec.training import ProfileConfig, TrainConfig
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parent.parent
@@ -112,8 +112,8 @@ def test_every_shipped_scenario_fits_and_predict_and_validate_say_so():
         if sc.training is None or sc.training.get("compute") != "profile":
             continue
         assert all(m.fits for m in check_memory(TrainConfig.from_dict(sc.training))), path
-    from geodc.cli.main import _validate
-    from geodc.cli.predict import predict_command
+    from testbed.cli.main import _validate
+    from testbed.cli.predict import predict_command
     text = _validate(str(REPO / "topologies" / "paper" / "gpt160b_5dc.yaml"), routes=False)
     assert "TP=8" in text and "memory per GPU (NVIDIA H200, 141 GB)" in text
     doc = json.loads(predict_command(str(REPO / "topologies" / "paper" / "gpt7b_2dc.yaml"),
@@ -123,11 +123,11 @@ def test_every_shipped_scenario_fits_and_predict_and_validate_say_so():
 
 
 def test_run_refuses_what_the_emulation_cannot_carry_with_tp():
-    """A run with tp > 1: the compute hold is the group's (geodc.plans.workers uses the same
+    """A run with tp > 1: the compute hold is the group's (testbed.plans.workers uses the same
     stage costs), but BubbleTea's prefill servers hold one GPU's time and the emulated host has
     one rail, so those two are refused with the way out; the model predicts both."""
-    from geodc.features.checks import check_run
-    from geodc.spec.scenario import parse_scenario
+    from testbed.features.checks import check_run
+    from testbed.spec.scenario import parse_scenario
     raw = dict(load_scenario(REPO / "topologies" / "atlas_bubbletea.yaml").raw)
     raw["training"] = dict(raw["training"], tp=2)
     sc = parse_scenario(raw, "tp.yaml")
@@ -144,8 +144,8 @@ def test_run_refuses_what_the_emulation_cannot_carry_with_tp():
 
 def test_the_workers_hold_the_tp_groups_time_and_all_reduce_one_rail(tmp_path):
     """What the emulation's workers are told with tp 2: the same per-GPU compute as the model
-    (geodc.rules.costs, TP all-reduces in it) and one rail's gradients to all-reduce."""
-    from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
+    (testbed.rules.costs, TP all-reduces in it) and one rail's gradients to all-reduce."""
+    from testbed.plans.workers import HostInfo, WorkerSetup, plan_workers
     raw = dict(load_scenario(REPO / "topologies" / "two_dc.yaml").raw)
     hosts = [HostInfo(name=n, ip=f"10.0.0.{i}", dc=n.split("-")[0])
              for i, n in enumerate(load_scenario(REPO / "topologies" / "two_dc.yaml")

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from geodc.rules.pipeline import PipelineModel, Route, simulate
-from geodc.predict.predict import predict
-from geodc.predict.transfer import INITIAL_WINDOW_SEGMENTS, PathSpec, rounds_needed, transfer_ms
-from geodc.cli.planview import load_training
-from geodc.spec.scenario import TCP_MSS_BYTES, load_scenario
-from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
-from geodc.spec.systems import SYSTEMS, get_system
-from geodc.rules.schedule import bubble_fraction, schedule_table
-from geodc.spec.links import LinkDir
+from testbed.rules.pipeline import PipelineModel, Route, simulate
+from testbed.predict.predict import predict
+from testbed.predict.transfer import INITIAL_WINDOW_SEGMENTS, PathSpec, rounds_needed, transfer_ms
+from testbed.cli.planview import load_training
+from testbed.spec.scenario import TCP_MSS_BYTES, load_scenario
+from testbed.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE as WF
+from testbed.spec.systems import SYSTEMS, get_system
+from testbed.rules.schedule import bubble_fraction, schedule_table
+from testbed.spec.links import LinkDir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,7 +185,7 @@ def test_monotone_in_delay_and_connections(system):
     times = [predict(_with(sc, delay_ms=d), cfg, sysm).iteration_time_s
              for d in (5, 20, 40, 80, 150)]
     # more delay, never faster; more K, never slower: each within 1%, because the connections
-    # persist across messages (geodc.rules.tcpchannel): a shorter RTO restarts the windows of
+    # persist across messages (testbed.rules.tcpchannel): a shorter RTO restarts the windows of
     # connections idle between iterations more often (atlas at 5 ms one way is 0.5% slower than
     # at 20), and a connection's window after a restart grows back by what it carried
     assert all(b >= a * (1 - 0.01) for a, b in zip(times, times[1:]))
@@ -278,7 +278,7 @@ def test_every_committed_reference_run_is_within_the_targets(run_dir):
 def test_planner_ranks_stage_to_dc_assignments(capsys):
     """atlas_paper: 12 of 27 assignments fit (asia's 2 hosts take one stage of D = 2, eu's 3
     one); the fastest is Algorithm 1's (stages 0-1 in us, 2 in eu)."""
-    from geodc.predict.planner import plan_options
+    from testbed.predict.planner import plan_options
     from run_testbed import main
     sc = load_scenario(REPO / "topologies" / "atlas_paper.yaml")
     options = plan_options(sc, load_training(sc))
@@ -298,7 +298,7 @@ def test_planner_ranks_stage_to_dc_assignments(capsys):
 def test_folding_alike_replicas(system, monkeypatch):
     """D = 12 (above the folding threshold): under fair sharing folding is exact; under
     temporal sharing it waits for the last slot of the class, so it is never faster."""
-    import geodc.predict.predict as mp
+    import testbed.predict.predict as mp
     sc = load_scenario(REPO / "topologies" / "two_dc.yaml")
     sc = dataclasses.replace(sc, dcs=tuple(dataclasses.replace(dc, hosts=12) for dc in sc.dcs))
     cfg = dataclasses.replace(load_training(sc), replicas=12, placement=None,
@@ -320,8 +320,8 @@ def test_folding_alike_replicas(system, monkeypatch):
 @pytest.mark.unit
 def test_paper_scale_scenarios_are_for_the_model_only(tmp_path):
     from run_testbed import main
-    from geodc.spec.errors import ScenarioError
-    from geodc.features.checks import load_run
+    from testbed.spec.errors import ScenarioError
+    from testbed.features.checks import load_run
     paper = sorted((REPO / "topologies" / "paper").glob("*.yaml"))
     assert paper
     for path in paper:
@@ -344,7 +344,7 @@ def test_predict_only_scenarios_may_use_more_connections_up_to_nccls(tmp_path, c
     NCCL's socket transport opens between two GPUs (64), per GPU of a tensor-parallel host;
     `connections: auto` past it is capped and says so."""
     from run_testbed import main
-    from geodc.plans.systems import capped_connections, scenario_connections
+    from testbed.plans.systems import capped_connections, scenario_connections
     doc = {"name": "wide", "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
            "wan": [{"between": ["a", "b"], "delay_ms": 80, "rate_mbit": 100000}],
            "connections": 64}
@@ -371,7 +371,7 @@ def test_predict_only_scenarios_may_use_more_connections_up_to_nccls(tmp_path, c
 @pytest.mark.unit
 def test_slow_start_after_idle_off_in_the_scenario_and_the_model(tmp_path, capsys):
     from run_testbed import main
-    from geodc.predict.predict import build
+    from testbed.predict.predict import build
     tuned = load_scenario(REPO / "topologies" / "paper" / "gpt70b_3dc.yaml")
     assert not tuned.tcp_slow_start_after_idle          # its hosts are WAN-tuned
     cfg = load_training(tuned)
@@ -438,7 +438,7 @@ def test_bursts_share_a_link_first_come_first_served():
 
 @pytest.mark.unit
 def test_one_round_is_a_stripe_within_its_window():
-    from geodc.predict.transfer import one_round
+    from testbed.predict.transfer import one_round
     path = PathSpec(rate_mbit=100, one_way_ms=20, rtt_ms=40, window_bytes=45_927, connections=11)
     assert one_round(335_544, path)                     # 11 stripes of 30.5 kB
     assert not one_round(335_544, dataclasses.replace(path, connections=3))   # 112 kB each
@@ -446,8 +446,8 @@ def test_one_round_is_a_stripe_within_its_window():
 
 @pytest.mark.unit
 def test_what_the_emulation_added_is_reported_beside_the_errors():
-    from geodc.analysis.model_check import emulation_overheads, summary_line
-    from geodc.features.temporal.run import slot_overheads_ms
+    from testbed.analysis.model_check import emulation_overheads, summary_line
+    from testbed.features.temporal.run import slot_overheads_ms
     ms = 1_000_000
     # two slots of 125,000 link-layer bytes at 100 Mbit/s (10 ms each): the first held 13 ms,
     # the second asked during it and was granted 2 ms after it ended, held 12 ms
@@ -487,9 +487,9 @@ def test_a_queue_set_below_the_summed_bursts_drops_first_come_first_served_not_i
     two of the four bursts they put in at once, multitcp drops and its messages arrive later
     than with the default queue (the all-reduce inside the DCs still sets the iteration);
     atlas's slots queue one burst at a time and drop nothing."""
-    import geodc.predict.predict as mp
-    from geodc.features.temporal.plan import message_payload_bytes
-    from geodc.spec.scenario import parse_scenario
+    import testbed.predict.predict as mp
+    from testbed.features.temporal.plan import message_payload_bytes
+    from testbed.spec.scenario import parse_scenario
     raw = dict(load_scenario(REPO / "topologies" / "two_dc.yaml").raw)
     raw["dcs"] = [dict(dc, hosts=4) for dc in raw["dcs"]]
     raw["training"] = dict(raw["training"], replicas=4)

@@ -1,4 +1,4 @@
-"""geodc.predict.bubbletea: prefill admitted into the simulated bubbles by the controller's rule."""
+"""testbed.predict.bubbletea: prefill admitted into the simulated bubbles by the controller's rule."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from geodc.predict.bubbletea import BETWEEN_MS, DISPATCH_MS, announced_bubbles, fill
-from geodc.predict.predict import predict
-from geodc.spec.bubbletea import BubbleTeaConfig, LoadConfig
-from geodc.rules.prefill_profile import PrefillProfile
-from geodc.cli.planview import load_training
-from geodc.spec.scenario import load_scenario
-from geodc.spec.systems import get_system
+from testbed.predict.bubbletea import BETWEEN_MS, DISPATCH_MS, announced_bubbles, fill
+from testbed.predict.predict import predict
+from testbed.spec.bubbletea import BubbleTeaConfig, LoadConfig
+from testbed.rules.prefill_profile import PrefillProfile
+from testbed.cli.planview import load_training
+from testbed.spec.scenario import load_scenario
+from testbed.spec.systems import get_system
 
 pytestmark = pytest.mark.unit
 
@@ -126,7 +126,7 @@ def test_prediction_beside_the_committed_bubbletea_run():
 
 
 def test_a_bubbletea_run_is_checked_against_the_model():
-    from geodc.analysis.model_check import compare, summary_line
+    from testbed.analysis.model_check import compare, summary_line
     doc = json.loads((REPO / "docs" / "bubbletea" / "atlas_bubbletea-x40-metrics.json")
                      .read_text())
     metrics = doc["systems"]["atlas+bubbletea"]
@@ -143,8 +143,8 @@ def test_folded_replicas_take_their_share_of_the_load(monkeypatch):
     """atlas_bubbletea with three replicas of each stage in one DC: folded, each stage's
     prefills are simulated on one GPU standing for the three, which takes a GPU's share of the
     requests; the figures stay those of the three GPUs simulated apart."""
-    import geodc.predict.predict as mp
-    from geodc.spec.scenario import parse_scenario
+    import testbed.predict.predict as mp
+    from testbed.spec.scenario import parse_scenario
     raw = dict(load_scenario(REPO / "topologies" / "atlas_bubbletea.yaml").raw)
     raw["dcs"] = [dict(dc, hosts={"eu": 3, "us": 6}.get(dc["name"], dc["hosts"]))
                   for dc in raw["dcs"]]

@@ -1,5 +1,5 @@
-"""BubbleTea's costs in the model: the KV messages to the decode servers (geodc.rules.kvcache)
-and training's slowdown (geodc.predict.bubbletea.training_cost, geodc.predict.predict's
+"""BubbleTea's costs in the model: the KV messages to the decode servers (testbed.rules.kvcache)
+and training's slowdown (testbed.predict.bubbletea.training_cost, testbed.predict.predict's
 re-simulation), checked against the emulation's own records and rules."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from geodc.cli.planview import load_training
-from geodc.predict.bubbletea import (AFTER_PREFILL_MS, DISPATCH_MS, announced_bubbles, fill,
+from testbed.cli.planview import load_training
+from testbed.predict.bubbletea import (AFTER_PREFILL_MS, DISPATCH_MS, announced_bubbles, fill,
                                      training_cost)
-from geodc.predict.predict import predict
-from geodc.rules.kvcache import (WIRE_PER_PAYLOAD, KvSend, kv_message_bytes, kv_transfers)
-from geodc.rules.pipeline import PipelineModel, simulate
-from geodc.rules.prefill_profile import PrefillProfile
-from geodc.spec.bubbletea import DEFAULT_MODEL, BubbleTeaConfig
-from geodc.spec.scenario import load_scenario
-from geodc.spec.systems import get_system
+from testbed.predict.predict import predict
+from testbed.rules.kvcache import (WIRE_PER_PAYLOAD, KvSend, kv_message_bytes, kv_transfers)
+from testbed.rules.pipeline import PipelineModel, simulate
+from testbed.rules.prefill_profile import PrefillProfile
+from testbed.spec.bubbletea import DEFAULT_MODEL, BubbleTeaConfig
+from testbed.spec.scenario import load_scenario
+from testbed.spec.systems import get_system
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
-"""The model's TCP: a channel's connections across messages (geodc.rules.tcpchannel), random
-loss (geodc.rules.tcploss), the steady state that keeps `predict`'s cost flat in iterations
-(geodc.predict.steady), and the settings `predict` names as not modelled. Pure."""
+"""The model's TCP: a channel's connections across messages (testbed.rules.tcpchannel), random
+loss (testbed.rules.tcploss), the steady state that keeps `predict`'s cost flat in iterations
+(testbed.predict.steady), and the settings `predict` names as not modelled. Pure."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from geodc.cli.planview import load_training
-from geodc.cli.ticker import Ticker
-from geodc.predict import steady
-from geodc.predict.predict import predict
-from geodc.predict.transfer import PathSpec, transfer_ms
-from geodc.predict.unmodelled import unmodelled
-from geodc.rules.tcpchannel import Channel, ChannelSpec
-from geodc.rules.tcploss import bulk_goodput_mbit, recovery_ms, window_under_loss
-from geodc.spec.scenario import TCP_MSS_BYTES, load_scenario, parse_scenario
-from geodc.spec.systems import get_system
+from testbed.cli.planview import load_training
+from testbed.cli.ticker import Ticker
+from testbed.predict import steady
+from testbed.predict.predict import predict
+from testbed.predict.transfer import PathSpec, transfer_ms
+from testbed.predict.unmodelled import unmodelled
+from testbed.rules.tcpchannel import Channel, ChannelSpec
+from testbed.rules.tcploss import bulk_goodput_mbit, recovery_ms, window_under_loss
+from testbed.spec.scenario import TCP_MSS_BYTES, load_scenario, parse_scenario
+from testbed.spec.systems import get_system
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ def test_a_fold_whose_trains_wait_for_their_own_acknowledgements_is_not_used(mon
     acknowledgements, where depends on each one's place in the queue, which a folded train
     does not know (in 4 parts it was 8.2% slow, in 8, 16, 32 parts 3.3%, 1.1%, 0.0%): the fold
     is refined until two in turn agree within 0.5%, here every replica simulated."""
-    import geodc.predict.predict as mp
+    import testbed.predict.predict as mp
     doc = two_dcs(hosts=59, delay_ms=80, rate_mbit=50, systems=["atlas"], replicas=57,
                   micro_batches=8, micro_batch=1, schedule="gpipe", n_layer=32,
                   tcp_slow_start_after_idle=False)
@@ -256,7 +256,7 @@ def test_loss_events_of_grouped_connections_are_each_connections_own(monkeypatch
     on its own packet count, so 64 connections in 16 groups carry what 64 simulated one by one
     do (within 2%; counting a group's packets as one connection's cut the windows 4 times as
     often: 28-44% less)."""
-    import geodc.rules.tcpchannel as tcpchannel
+    import testbed.rules.tcpchannel as tcpchannel
 
     def goodput_mbit(groups: int) -> float:
         monkeypatch.setattr(tcpchannel, "GROUPS", groups)

@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute
 
-from geodc.emulation import shaping
-from geodc.run.calibrate import measure_goodput
-from geodc.spec.errors import TestbedError
-from geodc.emulation.machine import CpuTimes
-from geodc.emulation.network import Network
-from geodc.spec.scenario import load_scenario
+from testbed.emulation import shaping
+from testbed.run.calibrate import measure_goodput
+from testbed.spec.errors import TestbedError
+from testbed.emulation.machine import CpuTimes
+from testbed.emulation.network import Network
+from testbed.spec.scenario import load_scenario
 from tests.scenarios import two_dc, write_scenario
 from tests.tolerance import retried
-from geodc.emulation.tools import iperf, ping
+from testbed.emulation.tools import iperf, ping
 
 pytestmark = pytest.mark.network
 
@@ -408,9 +408,9 @@ def test_teardown_when_the_body_raises(tmp_path, leftovers):
 SIGNAL_SCRIPT = r"""
 import sys, time
 from pathlib import Path
-from geodc.emulation.network import Network
-from geodc.spec.scenario import load_scenario
-from geodc.emulation.tools import iperf
+from testbed.emulation.network import Network
+from testbed.spec.scenario import load_scenario
+from testbed.emulation.tools import iperf
 try:
     with Network(load_scenario(sys.argv[1]), Path(sys.argv[2])) as net:
         net.spawn(net.plan.hosts[-1].name, iperf.server_argv(5204), Path(sys.argv[2]) / "iperf3-s.log")
@@ -445,7 +445,7 @@ def test_teardown_on_signal(tmp_path, leftovers, start_child, signum):
 def test_forced_netem_backend(tmp_path, leftovers):
     """backend: netem is honoured where the kernel has netem, and refused with a one-line
     ScenarioError naming the field where it has not (as on this project's machines)."""
-    from geodc.spec.errors import ScenarioError
+    from testbed.spec.errors import ScenarioError
 
     before = leftovers.snapshot()
     data = dict(two_dc("f"), backend="netem")

@@ -1,4 +1,4 @@
-"""geodc.emulation.nlbatch: a switch sent as bytes encoded once (wanshare.switch_message over a raw
+"""testbed.emulation.nlbatch: a switch sent as bytes encoded once (wanshare.switch_message over a raw
 netlink socket) leaves the kernel's HTB classes exactly as pyroute2's activate() does, and a
 request the kernel refuses raises OSError naming it (root: a namespace with the temporal tree).
 Also pure: a message that is not whole or asks for no ACK is refused before anything is sent."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from geodc.emulation.nlbatch import RequestBatch
+from testbed.emulation.nlbatch import RequestBatch
 
 REPO = Path(__file__).resolve().parent.parent
 NS = "nlbatch-t"
@@ -20,8 +20,8 @@ NS = "nlbatch-t"
 PROBE = """
 import json
 from pyroute2 import IPRoute
-from geodc.emulation import wanshare
-from geodc.emulation.nlbatch import RequestBatch
+from testbed.emulation import wanshare
+from testbed.emulation.nlbatch import RequestBatch
 ipr = IPRoute()
 layout = wanshare.apply_temporal(ipr, "tv0", 100, 100000, {0: ["10.77.0.1"], 1: ["10.77.0.3"],
                                                           2: ["10.77.0.4"]}, active=0)

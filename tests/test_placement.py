@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from geodc.spec.errors import ScenarioError
-from geodc.plans.placement import from_hosts, place, place_for_system
-from geodc.spec.scenario import parse_scenario
-from geodc.spec.systems import SYSTEMS
-from geodc.spec.training import TrainConfig
+from testbed.spec.errors import ScenarioError
+from testbed.plans.placement import from_hosts, place, place_for_system
+from testbed.spec.scenario import parse_scenario
+from testbed.spec.systems import SYSTEMS
+from testbed.spec.training import TrainConfig
 
 pytestmark = pytest.mark.unit
 

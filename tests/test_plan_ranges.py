@@ -1,4 +1,4 @@
-"""`plan` at any size: replicas, pipelines and hosts written as ranges (geodc.spec.ranges) that
+"""`plan` at any size: replicas, pipelines and hosts written as ranges (testbed.spec.ranges) that
 cover exactly what `--full` lists; the JSON keeps every host; a Poisson load too large to draw
 gets its expected counts; `validate -q` leaves out the route lines but still validates."""
 
@@ -14,11 +14,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geodc.cli.main import main
-from geodc.cli.planview import STEPS_NOTE, plan_command, replica_ranges
-from geodc.features.bubbletea.plan import PLAN_DRAW_LIMIT, expected_requests, make_requests
-from geodc.spec.ranges import expand_hosts, expand_numbers, host_list, number_ranges
-from geodc.spec.scenario import parse_scenario
+from testbed.cli.main import main
+from testbed.cli.planview import STEPS_NOTE, plan_command, replica_ranges
+from testbed.features.bubbletea.plan import PLAN_DRAW_LIMIT, expected_requests, make_requests
+from testbed.spec.ranges import expand_hosts, expand_numbers, host_list, number_ranges
+from testbed.spec.scenario import parse_scenario
 
 pytestmark = pytest.mark.unit
 

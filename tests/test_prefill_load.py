@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from geodc.features.bubbletea.load import fit_context, load_trace, poisson, replay
+from testbed.features.bubbletea.load import fit_context, load_trace, poisson, replay
 
 pytestmark = pytest.mark.unit
 

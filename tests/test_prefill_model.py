@@ -1,4 +1,4 @@
-"""The inference model (geodc/hostproc/prefill/decoder.py): KV-cache decoding equals the cache-free reference,
+"""The inference model (prefill/decoder.py): KV-cache decoding equals the cache-free reference,
 weights depend only on the seed, and the config refuses bad values by name."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from geodc.hostproc.prefill.decoder import (InferenceConfig, build_model, generate_from_cache, greedy_generate,
+from prefill.decoder import (InferenceConfig, build_model, generate_from_cache, greedy_generate,
                            prefill, prefill_chunk)
 
 pytestmark = pytest.mark.unit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geodc.rules.prefill_profile import PrefillProfile
+from testbed.rules.prefill_profile import PrefillProfile
 
 pytestmark = pytest.mark.unit
 

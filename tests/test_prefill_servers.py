@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from geodc.hostproc.prefill import decode_server, server, service, wire
-from geodc.hostproc.prefill.decode_server import DecodeServer, DecodeSpec
-from geodc.hostproc.prefill.decoder import InferenceConfig, build_model, greedy_generate
-from geodc.rules.prefill_profile import PrefillProfile
-from geodc.hostproc.prefill.server import PrefillSpec
-from geodc.hostproc.prefill.service import Service
-from geodc.hostproc.prefill.wire import MAGIC, PREFIX, VERSION, recv_msg, send_msg
-from geodc.host.gpulock import GpuLock
-from geodc.emulation.procs import free_base_port, worker_env
-from geodc.spec.paths import REPO_ROOT
+from prefill import decode_server, server, service, wire
+from prefill.decode_server import DecodeServer, DecodeSpec
+from prefill.decoder import InferenceConfig, build_model, greedy_generate
+from testbed.rules.prefill_profile import PrefillProfile
+from prefill.server import PrefillSpec
+from prefill.service import Service
+from prefill.wire import MAGIC, PREFIX, VERSION, recv_msg, send_msg
+from testbed.host.gpulock import GpuLock
+from testbed.emulation.procs import free_base_port, worker_env
+from testbed.spec.paths import REPO_ROOT
 
 IP = "127.0.0.1"
 MODEL = InferenceConfig(seed=3)          # not the default seed: the spec's model is what counts
@@ -108,9 +108,9 @@ def servers(tmp_path_factory):
                           records_path=str(folder / "h2.jsonl"), **common)
     procs = {}
     try:
-        procs["decode"] = Server("geodc.hostproc.prefill.decode_server", decode, folder)
-        procs["measured"] = Server("geodc.hostproc.prefill.server", measured, folder)
-        procs["profile"] = Server("geodc.hostproc.prefill.server", profile, folder)
+        procs["decode"] = Server("prefill.decode_server", decode, folder)
+        procs["measured"] = Server("prefill.server", measured, folder)
+        procs["profile"] = Server("prefill.server", profile, folder)
         deadline = time.monotonic() + START_TIMEOUT_S
         for proc in procs.values():
             proc.wait_listening(deadline)
@@ -638,7 +638,7 @@ def test_silent_connections_at_the_cap_give_way_to_a_real_client(servers, tmp_pa
 def test_a_thread_that_dies_stops_its_service():
     """service.start_thread (the KV senders, the decode generator): a thread that raises says
     so in one line and ends serve_forever, so the server exits 1 and the run sees it crashed."""
-    code = ("from geodc.hostproc.prefill.service import Service, failures, start_thread\n"
+    code = ("from prefill.service import Service, failures, start_thread\n"
             "svc = Service('t', '127.0.0.1', 0, lambda conn, peer, activity: None)\n"
             "start_thread('kv-test', lambda: 1 / 0)\n"
             "svc.serve_forever()\n"

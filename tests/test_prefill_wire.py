@@ -1,4 +1,4 @@
-"""Framing of BubbleTea messages (geodc/hostproc/prefill/wire.py) over real TCP on 127.0.0.1: round trips with
+"""Framing of BubbleTea messages (prefill/wire.py) over real TCP on 127.0.0.1: round trips with
 payload and padding, refusals before allocation, garbage, and EOF in and between messages.
 How late the header deadline fires is bench/bench_deadlines.py's figure; here, that it fires (and
 not the socket's timeout) and never early."""
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from geodc.hostproc.prefill.wire import (MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, PeerClosed, WireError,
+from prefill.wire import (MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, PeerClosed, WireError,
                           recv_msg, send_msg)
 
 pytestmark = pytest.mark.loopback

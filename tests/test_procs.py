@@ -26,14 +26,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodc.emulation.procs import LocalSpawner
+from testbed.emulation.procs import LocalSpawner
 
 REPO = Path(__file__).resolve().parent.parent
 
 REUSE_SCRIPT = r"""
 import os, signal, subprocess, sys, time
 from pathlib import Path
-from geodc.emulation import procs
+from testbed.emulation import procs
 logs = Path(sys.argv[1])
 sp = procs.LocalSpawner()
 for _ in range(20):
@@ -236,8 +236,8 @@ def test_sighup_tears_a_run_down_as_sigterm(tmp_path, leftovers, start_child):
 # ---- the sweep folder lock ------------------------------------------------------------------
 @pytest.mark.loopback
 def test_second_resume_of_a_held_sweep_is_refused(tmp_path, subprocess_env):
-    from geodc.spec.sweep import expand
-    from geodc.run.sweeprun import INDEX_SCHEMA, LOCK_NAME, read_doc, sweep_key
+    from testbed.spec.sweep import expand
+    from testbed.run.sweeprun import INDEX_SCHEMA, LOCK_NAME, read_doc, sweep_key
 
     doc = yaml.safe_load(_scenario(tmp_path, "swept", iterations=3).read_text())
     doc["sweep"] = {"wan.0.delay_ms": [5, 20]}
@@ -266,7 +266,7 @@ def test_second_resume_of_a_held_sweep_is_refused(tmp_path, subprocess_env):
 def test_cleanup_signals_only_the_recorded_process(tmp_path):
     """A registry entry whose start time is not the live process's (its pid was reused) is
     left alone; the recorded one is ended."""
-    from geodc.emulation.registry import cleanup
+    from testbed.emulation.registry import cleanup
 
     owner = subprocess.Popen(["true"])
     owner.wait()    # a dead run's owner
@@ -295,7 +295,7 @@ def test_cleanup_signals_only_the_recorded_process(tmp_path):
 def test_cleanup_ends_a_recorded_leaders_group_through_pidfds(tmp_path):
     """A recorded group leader and its group's members end (each through a pidfd checked
     after it was opened); a process of another group is not touched."""
-    from geodc.emulation.registry import cleanup
+    from testbed.emulation.registry import cleanup
 
     owner = subprocess.Popen(["true"])
     owner.wait()
@@ -336,7 +336,7 @@ def _group_members(pgid: int) -> list[int]:
 CPULOAD_SCRIPT = r"""
 import sys, time
 from pathlib import Path
-from geodc.run import cpuload
+from testbed.run import cpuload
 # a light loop in place of the torch one (test time); the process handling is CpuLoad's own
 cpuload.LOAD_CODE = "import time\nprint('LOADED', flush=True)\nwhile True: time.sleep(1)"
 load = cpuload.CpuLoad(Path(sys.argv[1]), workers=1)
@@ -371,7 +371,7 @@ def test_cpu_load_workers_are_registered_and_die_with_their_runner(tmp_path, lef
 
 @pytest.mark.loopback
 def test_live_runs_lists_only_runs_whose_owner_lives(tmp_path):
-    from geodc.emulation.registry import live_runs
+    from testbed.emulation.registry import live_runs
 
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -1,4 +1,4 @@
-"""geodc.host.realtime: the one way to SCHED_FIFO. A thread it sets forks children (and starts
+"""testbed.host.realtime: the one way to SCHED_FIFO. A thread it sets forks children (and starts
 threads) at normal priority, RLIMIT_RTTIME is set, it refuses while RT throttling is off, and
 nothing else in the code base calls sched_setscheduler. The priority changes run in a child
 Python process (RLIMIT_RTTIME belongs to the process: the test process keeps its own)."""
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from geodc.host.realtime import PRIORITY, RT_HARD_S, RT_SOFT_S, set_fifo
+from testbed.host.realtime import PRIORITY, RT_HARD_S, RT_SOFT_S, set_fifo
 from tests.realtime_here import expected, refusal
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root 
 # what it got, its policy, its fork child's, a thread it starts, and the main thread's.
 THREAD_MODE = """
 import json, os, resource, threading
-from geodc.host.realtime import set_fifo
+from testbed.host.realtime import set_fifo
 out = {}
 def child_policy():
     r, w = os.pipe()
@@ -61,7 +61,7 @@ print(json.dumps(out))
 # Every thread of a process, as the delay line and the arbiter do, and back (SIGXCPU's demotion).
 PROCESS_MODE = """
 import json, os, threading
-from geodc.host.realtime import process_threads, set_fifo, set_normal
+from testbed.host.realtime import process_threads, set_fifo, set_normal
 hold = threading.Event()
 t = threading.Thread(target=hold.wait)
 t.start()
@@ -79,7 +79,7 @@ print(json.dumps({"status": status, "rt": rt, "normal": normal}))
 # set stays) sends SIGXCPU, and the delay line's handler demotes every thread.
 RUNAWAY = """
 import json, os, resource, signal, time
-from geodc.host.realtime import process_threads, set_fifo, set_normal
+from testbed.host.realtime import process_threads, set_fifo, set_normal
 resource.setrlimit(resource.RLIMIT_RTTIME, (50_000, 2_000_000))
 demoted = []
 def on_rttime(signum, frame):
@@ -98,7 +98,7 @@ print(json.dumps({"status": status, "demoted_after_s": demoted and demoted[0] - 
 
 RUNAWAY_THREAD = """
 import hashlib, json, os, resource, threading, time
-from geodc.host.realtime import demote_on_rttime, set_fifo
+from testbed.host.realtime import demote_on_rttime, set_fifo
 resource.setrlimit(resource.RLIMIT_RTTIME, (50_000, 2_000_000))
 demote_on_rttime("test")
 got = {}
@@ -208,9 +208,9 @@ def code_files() -> list[Path]:
 
 @pytest.mark.unit
 def test_no_sched_setscheduler_outside_host_realtime():
-    """Every real-time thread goes through geodc.host.realtime's guards: no other module calls
+    """Every real-time thread goes through testbed.host.realtime's guards: no other module calls
     sched_setscheduler (by attribute or by name)."""
-    helper = REPO / "geodc" / "host" / "realtime.py"
+    helper = REPO / "testbed" / "host" / "realtime.py"
     found = []
     for path in code_files():
         source = path.read_bytes()
@@ -223,7 +223,7 @@ def test_no_sched_setscheduler_outside_host_realtime():
                 name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
                 if name == "sched_setscheduler":
                     found.append(f"{rel}:{node.lineno}")
-    assert not found, f"sched_setscheduler outside geodc/host/realtime.py: {found}"
+    assert not found, f"sched_setscheduler outside testbed/host/realtime.py: {found}"
 
 
 @pytest.mark.loopback

@@ -58,7 +58,7 @@ def test_schema_1_and_its_schema_2_equivalent_give_the_same_tables(tmp_path):
     import json
     import shutil
 
-    from geodc.analysis.reproduce import SCHEMA_VERSION, load_runs, reproduce
+    from testbed.analysis.reproduce import SCHEMA_VERSION, load_runs, reproduce
 
     assert SCHEMA_VERSION == 2
     names = [p.name for p in sorted(REFERENCE.iterdir())

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from geodc.emulation.serverregistry import SIGNAL_RECORDED, owner_alive, owner_line
+from testbed.emulation.serverregistry import SIGNAL_RECORDED, owner_alive, owner_line
 
 pytestmark = pytest.mark.loopback
 

@@ -1,11 +1,11 @@
-"""geodc.run.repeats: a system's repeats as one block, the headline figures their means, the
+"""testbed.run.repeats: a system's repeats as one block, the headline figures their means, the
 spread beside them, the model's comparison made again against the means."""
 
 from __future__ import annotations
 
 import pytest
 
-from geodc.run.repeats import combine
+from testbed.run.repeats import combine
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +47,7 @@ def test_one_repeat_has_no_stdev():
 
 
 def test_a_figure_point_carries_the_range_over_repeats_and_the_models_speedup():
-    from geodc.analysis.series import _speedup
+    from testbed.analysis.series import _speedup
     base = combine([block(3.0, 0.5), block(4.0, 0.5)], ["baseline", "r2/baseline"])
     atlas = combine([block(1.0, 0.5), block(2.0, 0.5)], ["atlas", "r2/atlas"])
     y = _speedup(base, atlas)

@@ -1,4 +1,4 @@
-"""geodc.emulation.results: every run gets a folder of its own; files are replaced whole."""
+"""testbed.emulation.results: every run gets a folder of its own; files are replaced whole."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from geodc.emulation.results import new_run_dir, write_bytes, write_json, write_text
+from testbed.emulation.results import new_run_dir, write_bytes, write_json, write_text
 
 
 @pytest.mark.loopback
@@ -84,7 +84,7 @@ def test_timeline_figures_draw_through_no_fixed_temp_name(tmp_path):
     """reproduce's timelines drew to out/.<run>-<system>.tmp.png: a link planted there was
     followed (the PNG written where it pointed)."""
     from tests.test_trainer_parts import fake_run
-    from geodc.analysis.reproduce_plots import draw_timelines
+    from testbed.analysis.reproduce_plots import draw_timelines
     spans, _, _ = fake_run()
     (tmp_path / "run" / "atlas").mkdir(parents=True)
     (tmp_path / "run" / "atlas" / "trainer_spans.jsonl").write_text(

@@ -1,4 +1,4 @@
-"""Routes are computed once per network (geodc.plans.routing.dc_paths / path_table): planning a
+"""Routes are computed once per network (testbed.plans.routing.dc_paths / path_table): planning a
 large scenario asks for a pair's path thousands of times (issue 23: `show` on 50 DCs never
 finished, `plan` took 56 s). The cached answer must be the uncached one, and a different
 network (delays, links, routing policy, time_scale's dilated delays) must get its own."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from geodc.plans.routing import dc_paths, edges_of, path_table, paths
-from geodc.plans.systems import path_between
-from geodc.spec.scenario import parse_scenario
+from testbed.plans.routing import dc_paths, edges_of, path_table, paths
+from testbed.plans.systems import path_between
+from testbed.spec.scenario import parse_scenario
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The what-if's rows in worker processes (geodc.predict.rowpool): the same table as one by
+"""The what-if's rows in worker processes (testbed.predict.rowpool): the same table as one by
 one, a worker's error raised in the caller, and no worker left after the block, nor after a
 SIGTERM or SIGHUP to the `whatif` command."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from geodc.predict.rowpool import rows_pool
-from geodc.predict.whatif import whatif
-from geodc.spec.scenario import parse_scenario
+from testbed.predict.rowpool import rows_pool
+from testbed.predict.whatif import whatif
+from testbed.spec.scenario import parse_scenario
 from tests.test_whatif import small_bubbletea_doc
 
 pytestmark = pytest.mark.loopback
@@ -90,7 +90,7 @@ def test_a_stop_signal_to_whatif_ends_its_workers(sig):
 def test_interrupts_installed_for_a_block_gives_the_handlers_back():
     """`whatif` runs in its caller's process too (tests, notebooks): the stop handlers it
     sets for its block are the caller's again after it, also when the block raises."""
-    from geodc.emulation import interrupts
+    from testbed.emulation import interrupts
     before = {sig: signal.getsignal(sig) for sig in interrupts.STOP_SIGNALS}
     with pytest.raises(ValueError):
         with interrupts.installed():

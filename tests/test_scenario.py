@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodc.emulation import shaping
-from geodc.emulation.delayline import QueueSpec
-from geodc.spec.errors import ScenarioError
-from geodc.spec.timescale import TimeScale
-from geodc.spec.scenario import (MIN_QUEUE_PACKETS, MTU_BYTES, EmulatedScenario, load_scenario,
+from testbed.emulation import shaping
+from testbed.emulation.delayline import QueueSpec
+from testbed.spec.errors import ScenarioError
+from testbed.spec.timescale import TimeScale
+from testbed.spec.scenario import (MIN_QUEUE_PACKETS, MTU_BYTES, EmulatedScenario, load_scenario,
                                  parse_scenario)
-from geodc.plans.routing import dc_paths, edges_of, next_hops
-from geodc.plans.topo import make_plan
-from geodc.emulation.tools import iperf, ping
+from testbed.plans.routing import dc_paths, edges_of, next_hops
+from testbed.plans.topo import make_plan
+from testbed.emulation.tools import iperf, ping
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = sorted((REPO_ROOT / "topologies").glob("*.yaml"))
@@ -761,7 +761,7 @@ def test_time_scale_dilates_delays_and_rates_but_not_bytes():
 
 @pytest.mark.unit
 def test_metrics_in_real_time_divide_times_and_multiply_rates():
-    from geodc.rules.figures import in_real_time
+    from testbed.rules.figures import in_real_time
 
     m = {"iteration_time_s": 20.0, "tokens_per_s": 100.0, "model_tokens_per_s": 10.0,
          "bubble_fraction": 0.5, "stages": [{"compute_s": 10.0, "forward_ms": 40.0,
@@ -791,9 +791,9 @@ def test_congestion_control_field_refuses_unknown():
 
 @pytest.mark.unit
 def test_launch_dilates_holds_and_passes_congestion_control(tmp_path):
-    from geodc.spec.training import TrainConfig
-    from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
-    from geodc.spec.timescale import TimeScale
+    from testbed.spec.training import TrainConfig
+    from testbed.plans.workers import HostInfo, WorkerSetup, plan_workers
+    from testbed.spec.timescale import TimeScale
 
     sc = load_scenario(REPO_ROOT / "topologies" / "two_dc.yaml")
     cfg = TrainConfig.from_dict(sc.training)
@@ -811,7 +811,7 @@ def test_launch_dilates_holds_and_passes_congestion_control(tmp_path):
 
 @pytest.mark.unit
 def test_host_sysctls_real_server_buffers_at_every_scale_and_dilated_rto_min():
-    from geodc.emulation.network import host_tcp_sysctls
+    from testbed.emulation.network import host_tcp_sysctls
 
     one = host_tcp_sysctls(1.0)
     assert one["net.ipv4.tcp_rmem"].endswith(" 6291456")       # a real server's, not 16 MiB
@@ -822,7 +822,7 @@ def test_host_sysctls_real_server_buffers_at_every_scale_and_dilated_rto_min():
 
 @pytest.mark.unit
 def test_bottleneck_is_the_lowest_rate_on_the_routed_path():
-    from geodc.plans.systems import arrival_bounds_hold, host_path_rate_mbit as bottleneck_mbit
+    from testbed.plans.systems import arrival_bounds_hold, host_path_rate_mbit as bottleneck_mbit
     data = {"name": "line", "dcs": [{"name": "a", "hosts": 1, "rate_mbit": 1000},
                                      {"name": "b", "hosts": 1},
                                      {"name": "c", "hosts": 1, "rate_mbit": 40}],

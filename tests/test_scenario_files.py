@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geodc.spec.errors import MAX_LINE_CHARS, ScenarioError
-from geodc.spec.scenario import MAX_QUEUE_BYTES, MTU_BYTES, Scenario, load_scenario, parse_scenario
+from testbed.spec.errors import MAX_LINE_CHARS, ScenarioError
+from testbed.spec.scenario import MAX_QUEUE_BYTES, MTU_BYTES, Scenario, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 TWO_DC = (REPO / "topologies" / "two_dc.yaml").read_text()
@@ -112,7 +112,7 @@ def test_profile_file_must_be_a_regular_file(tmp_path, special):
 
 @pytest.mark.loopback
 def test_profile_file_outside_the_profile_folder_is_refused(tmp_path):
-    from geodc.spec.paths import GPU_PROFILES as PROFILE_DIR
+    from testbed.spec.paths import GPU_PROFILES as PROFILE_DIR
     outside = tmp_path / "h200-transformer.json"   # a valid profile, copied out of the folder
     outside.write_text((PROFILE_DIR / "h200-transformer.json").read_text())
     for name in (str(outside), str(PROFILE_DIR / ".." / ".." / "README.md")):
@@ -123,7 +123,7 @@ def test_profile_file_outside_the_profile_folder_is_refused(tmp_path):
 
 @pytest.mark.unit
 def test_recorded_scenarios_read_back_the_same(tmp_path):
-    from geodc.spec.yamlfile import dump_yaml, load_yaml
+    from testbed.spec.yamlfile import dump_yaml, load_yaml
     doc = {"name": "1e2", "description": "0o17", "dcs": [{"name": "no", "hosts": 2}],
            "on": ["off", "yes", "~", "null", "1_000", "12:30:00", "2024-01-01"],
            "big": 10 ** 30, "x": 1.5, "inf": float("inf"), "neg": -0.0}
@@ -212,7 +212,7 @@ def test_yaml_1_2_scalars(tmp_path):
 def test_shipped_scenarios_read_as_they_did_under_pyyaml(path):
     """No shipped file has a value YAML 1.1 and 1.2 read differently (no, on, 1e2, 0o17, 1:30)."""
     import yaml
-    from geodc.spec.yamlfile import load_yaml
+    from testbed.spec.yamlfile import load_yaml
     old = yaml.safe_load(path.read_text())
     assert repr(load_yaml(path, "")) == repr(old)
 
@@ -319,7 +319,7 @@ def test_queue_is_bounded(queue):
                                           ("replicas", 10**7), ("lr", float("inf")),
                                           ("seed", 2**64)])
 def test_training_counts_are_bounded(field, value):
-    from geodc.spec.training import TrainConfig
+    from testbed.spec.training import TrainConfig
     d = {"model": {"n_layer": 2, "n_embd": 8, "n_head": 2, "seq_len": 8, "vocab_size": 16},
          "stages": 2, "micro_batches": 2, field: value}
     with pytest.raises(ScenarioError, match=rf"^training\.{field}: "):

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from pyroute2 import NetNS
 
-from geodc.emulation import shaping
+from testbed.emulation import shaping
 
 pytestmark = pytest.mark.network
 
@@ -58,7 +58,7 @@ def test_tc_commands_give_the_tree_apply_gives(veth, rate_mbit, queue_bytes):
 @pytest.mark.parametrize("netem", [{"delay_ms": 9.97, "jitter_ms": 2, "loss_pct": 1},
                                    {"delay_ms": 20}], ids=["jitter-loss", "delay"])
 def test_tc_commands_give_the_netem_leaf_apply_gives(veth, netem):
-    from geodc.emulation.network import kernel_has_netem
+    from testbed.emulation.network import kernel_has_netem
     if not kernel_has_netem():
         pytest.skip("this kernel lacks netem (make test-stock-kernel boots one that has it)")
     with NetNS(veth) as ipr:

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from geodc.plans.placement import place, place_for_system
-from geodc.spec.scenario import load_scenario, parse_scenario
-from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, plan_slots
-from geodc.plans.systems import window_bytes
-from geodc.spec.systems import SYSTEMS
-from geodc.spec.training import TrainConfig
+from testbed.plans.placement import place, place_for_system
+from testbed.spec.scenario import load_scenario, parse_scenario
+from testbed.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, plan_slots
+from testbed.plans.systems import window_bytes
+from testbed.spec.systems import SYSTEMS
+from testbed.spec.training import TrainConfig
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ def test_rate_limited_slot_by_hand():
     sc = two_dc(connections=16)
     plan = plan_slots(sc, measured(n_embd=256), place(sc, 2, 2, "atlas"), SYSTEMS["atlas"])
     (c,) = link(plan, "east", "west").crossings
-    # 65536 B: 16 stripes of 4 KiB (geodc.rules.stripes), so all 16 connections carry it
+    # 65536 B: 16 stripes of 4 KiB (testbed.rules.stripes), so all 16 connections carry it
     assert c.connections == 16 and not c.window_limited
     # 16 windows / 40 ms = 153.7 Mbit/s > 100 Mbit/s: 68523 B x 8 / 100 Mbit/s = 5.48 ms
     assert c.wire_bytes == round(65536 * 1514 / 1448) == 68523

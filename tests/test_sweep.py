@@ -1,4 +1,4 @@
-"""Sweeps (geodc.spec.sweep, geodc.run.sweeprun) and `reproduce` (geodc.analysis.reproduce): expansion and
+"""Sweeps (testbed.spec.sweep, testbed.run.sweeprun) and `reproduce` (testbed.analysis.reproduce): expansion and
 its errors; a real sweep interrupted with Ctrl-C and resumed; reproduce's tables, byte for byte,
 and its refusals."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodc.spec.errors import ScenarioError
-from geodc.features.checks import check_points
-from geodc.spec.sweep import expand
+from testbed.spec.errors import ScenarioError
+from testbed.features.checks import check_points
+from testbed.spec.sweep import expand
 
 REPO = Path(__file__).resolve().parent.parent
 

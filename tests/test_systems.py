@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from geodc.spec import scenario as scenario_mod
-from geodc.spec.errors import ScenarioError
-from geodc.spec.scenario import RCV_WINDOW_FRACTION, parse_scenario, scaled_tcp_rmem_max_bytes
-from geodc.plans.systems import auto_connections, connections_for, path_rate_mbit, path_rtt_ms, window_bytes
-from geodc.spec.systems import SYSTEMS, System, get_system
+from testbed.spec import scenario as scenario_mod
+from testbed.spec.errors import ScenarioError
+from testbed.spec.scenario import RCV_WINDOW_FRACTION, parse_scenario, scaled_tcp_rmem_max_bytes
+from testbed.plans.systems import auto_connections, connections_for, path_rate_mbit, path_rtt_ms, window_bytes
+from testbed.spec.systems import SYSTEMS, System, get_system
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodc.features.temporal.arbiter import read_log
+from testbed.features.temporal.arbiter import read_log
 from tests.realtime_here import expected
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,7 +114,7 @@ def test_atlas_beats_baseline_where_one_connection_is_window_limited(tmp_path: P
 def test_a_hierarchical_all_reduce_sends_one_leader_ring_across(tmp_path: Path) -> None:
     # ea has 4 hosts, we 2; P = 2, D = 3 in scenario order puts stage 1 on ea, we, we. A flat
     # ring of 3 sends 2 (D-1)/D = 4/3 of the buffer across each way an iteration; the
-    # hierarchical plan (geodc.plans.allreduce) only its two leaders' ring, 2 (G-1)/G = 1 of
+    # hierarchical plan (testbed.plans.allreduce) only its two leaders' ring, 2 (G-1)/G = 1 of
     # it, over K connections. The delay line's own byte counts (the wire, not the workers'
     # spans) must show the leaders' ring, and the model must time it.
     training = {

@@ -1,4 +1,4 @@
-"""geodc.emulation.tcstats: the raw netlink class counters equal pyroute2's reading of the same classes
+"""testbed.emulation.tcstats: the raw netlink class counters equal pyroute2's reading of the same classes
 (root: a namespace with an HTB tree and traffic through it); an interface that is not there
 gives an empty dump, as pyroute2's does."""
 
@@ -17,8 +17,8 @@ NS = "tcstats-t"
 PROBE = """
 import json, sys
 from pyroute2 import IPRoute
-from geodc.emulation import wanshare
-from geodc.emulation.tcstats import ClassCounters
+from testbed.emulation import wanshare
+from testbed.emulation.tcstats import ClassCounters
 ipr = IPRoute()
 idx = ipr.link_lookup(ifname="tv0")[0]
 with ClassCounters() as c:

@@ -1,4 +1,4 @@
-"""geodc.plans.timeouts: a run's limits come from the model's prediction, not a fixed 600 s."""
+"""testbed.plans.timeouts: a run's limits come from the model's prediction, not a fixed 600 s."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from geodc.predict.predict import predict
-from geodc.cli.planview import load_training
-from geodc.spec.scenario import load_scenario
-from geodc.spec.systems import get_system
-from geodc.plans.timeouts import DEFAULT_PEER_S, DEFAULT_RUN_S, MIN_RUN_S, timeouts_for
+from testbed.predict.predict import predict
+from testbed.cli.planview import load_training
+from testbed.spec.scenario import load_scenario
+from testbed.spec.systems import get_system
+from testbed.plans.timeouts import DEFAULT_PEER_S, DEFAULT_RUN_S, MIN_RUN_S, timeouts_for
 
 pytestmark = pytest.mark.unit
 

@@ -6,13 +6,13 @@
   its bubbles by UDP to a socket of this test and logs them as IDLE spans; a "hog" that takes
   one host's GPU lock at each of its notices and keeps it 30 ms past the predicted end (a prefill
   that overruns) makes that worker wait (GPU_WAIT), and never computes at the same time as it;
-- the arrival bounds (geodc/hostproc/trainer/worker.py): each notice names the message its op awaits, with
+- the arrival bounds (trainer/worker.py): each notice names the message its op awaits, with
   its wire time while it has not begun (then one arrival notice at its first byte) or first byte
   + wire time once it has, and between hosts of one DC the maker's output notices at the start
   of the op making each message; all checked against the run's spans;
 - every compute span's late_ns (the worker's start latency) is how long after the op was ready
   (its input's last byte in, the previous op or all-reduce over) the worker got to it;
-- every datagram parses as the notice kind it says (geodc/host/notices.py: the one definition
+- every datagram parses as the notice kind it says (testbed/host/notices.py: the one definition
   the worker sends and the controller reads);
 - without the GpuShareExtras the run has no lock, no notices, no new spans.
 """
@@ -27,21 +27,21 @@ from pathlib import Path
 
 import pytest
 
-from geodc.emulation.procs import LocalSpawner
-from geodc.rules.bubbles import MIN_NOTICE_MS, BubblePredictor
-from geodc.spec.training import TrainConfig
-from geodc.host.spans import read_jsonl
-from geodc.rules.spans import COMPUTE_SPANS
-from geodc.host.gpulock import GpuLock
-from geodc.host.extras import GpuShareExtras, Inbound, NoticeAddress
-from geodc.host.notices import (ArrivalNotice, BubbleNotice, BusyNotice, OutputNotice,
+from testbed.emulation.procs import LocalSpawner
+from testbed.rules.bubbles import MIN_NOTICE_MS, BubblePredictor
+from testbed.spec.training import TrainConfig
+from testbed.host.spans import read_jsonl
+from testbed.rules.spans import COMPUTE_SPANS
+from testbed.host.gpulock import GpuLock
+from testbed.host.extras import GpuShareExtras, Inbound, NoticeAddress
+from testbed.host.notices import (ArrivalNotice, BubbleNotice, BusyNotice, OutputNotice,
                                 parse_notice)
-from geodc.plans.workers import WorkerSlot
-from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
-from geodc.run.launch import TrainRun, launch
-from geodc.emulation.procs import free_base_port
-from geodc.rules.schedule import schedule_table
-from geodc.hostproc.trainer.worker import wire_ns
+from testbed.plans.workers import WorkerSlot
+from testbed.plans.workers import HostInfo, WorkerSetup, plan_workers
+from testbed.run.launch import TrainRun, launch
+from testbed.emulation.procs import free_base_port
+from testbed.rules.schedule import schedule_table
+from trainer.worker import wire_ns
 
 MODEL = {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
 HOSTS = [HostInfo(name="dc0h0", ip="127.0.0.1", dc="dc0"),
@@ -196,7 +196,7 @@ KINDS = {"bubble": BubbleNotice, "busy": BusyNotice, "arrival": ArrivalNotice,
 
 
 class Share:
-    """BubbleTea's part of each worker's spec, as geodc.features.bubbletea.run's handle gives
+    """BubbleTea's part of each worker's spec, as testbed.features.bubbletea.run's handle gives
     it: the host's lock, the controller's address and, with rate_mbit, the arrival bound's
     Inbound of each neighbour (the lowest rate on the way: here one for every pair)."""
 
@@ -251,7 +251,7 @@ def last_spreads(recv: dict, r: dict, t_ns: int) -> set[int | None]:
 
 def check_bounds(result: TrainRun, controller: Controller, rate_mbit: float,
                  same_dc: bool) -> None:
-    """The arrival-bound fields of every notice (geodc/hostproc/trainer/worker.py) against the run's spans."""
+    """The arrival-bound fields of every notice (trainer/worker.py) against the run's spans."""
     cfg = profile_cfg()
     spans = read_jsonl(result.spans_path)
     rows = schedule_table(cfg.schedule, cfg.stages, cfg.micro_batches)
@@ -394,7 +394,7 @@ def test_shared_gpu_notices_and_overrunning_prefill(tmp_path):
     assert check_start_latency(spans, exact=False) > 0
 
     # the timeline draws the waits and, given the hog's intervals as prefills, those too
-    from geodc.analysis.timeline_plot import plot_timeline
+    from testbed.analysis.timeline_plot import plot_timeline
     prefills = [{"name": "PREFILL", "host": HOG_HOST, "t_start_ns": t0, "t_end_ns": t1}
                 for t0, t1 in controller.hogged]
     out = plot_timeline(result.spans_path, tmp_path / "tl.png", iteration=waits[0]["iteration"],

@@ -2,9 +2,9 @@
 
 import pytest
 
-from geodc.spec.errors import ScenarioError
-from geodc.hostproc.gpt import GPTConfig
-from geodc.spec.training import TrainConfig, validate_against_hosts
+from testbed.spec.errors import ScenarioError
+from testbed.host.gpt import GPTConfig
+from testbed.spec.training import TrainConfig, validate_against_hosts
 
 pytestmark = pytest.mark.unit
 

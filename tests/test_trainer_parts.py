@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-from geodc.spec.training import TrainConfig
-from geodc.hostproc.trainer.data import MarkovTokens
-from geodc.rules.figures import in_real_time, metrics_from_records
-from geodc.hostproc.gpt import GPTConfig
-from geodc.rules.stages import plan_stages, split_layers
-from geodc.hostproc.trainer.stage import build_full_model, build_stage
-from geodc.hostproc.trainer.transport import KIND_ACT, KIND_GRAD, Listener, connect
+from testbed.spec.training import TrainConfig
+from trainer.data import MarkovTokens
+from testbed.rules.figures import in_real_time, metrics_from_records
+from testbed.host.gpt import GPTConfig
+from testbed.rules.stages import plan_stages, split_layers
+from trainer.stage import build_full_model, build_stage
+from trainer.transport import KIND_ACT, KIND_GRAD, Listener, connect
 
 
 def free_port() -> int:
@@ -143,7 +143,7 @@ def test_transport_deadlines_name_the_peer():
 
 
 def _raw_hello(port: int, hello: str) -> socket.socket:
-    from geodc.hostproc.trainer.transport import hello_frame
+    from trainer.transport import hello_frame
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     sock.sendall(hello_frame(hello, 0, 1))
     return sock
@@ -151,7 +151,7 @@ def _raw_hello(port: int, hello: str) -> socket.socket:
 
 @pytest.mark.loopback
 def test_unknown_dtype_in_a_header_reaches_recv():
-    from geodc.hostproc.trainer.transport import HEADER, MAGIC
+    from trainer.transport import HEADER, MAGIC
     port = free_port()
     lst = Listener("127.0.0.1", port)
     sock = _raw_hello(port, "s0r0")
@@ -214,8 +214,8 @@ def test_listener_skips_stray_connections_until_its_peer_comes():
 def fake_run(f_ms=10, b_ms=20, P=2, M=4, iterations=3):
     """Spans of a perfect GPipe run (from the simulator), as workers would write them, with
     5 ms between one iteration's last compute end and the next one's first compute start."""
-    from geodc.rules.pipeline import compute_only as simulate
-    from geodc.rules.schedule import schedule_table
+    from testbed.rules.pipeline import compute_only as simulate
+    from testbed.rules.schedule import schedule_table
     sim = simulate(schedule_table("gpipe", P, M), f_ms, b_ms)
     spans, period_ns = [], int(sim.window_ms * 1e6) + 5_000_000
     for it in range(iterations):
@@ -286,9 +286,9 @@ def test_metrics_count_compute_overruns():
 
 @pytest.mark.unit
 def test_optimizer_step_estimate():
-    from geodc.spec.training import ProfileConfig
-    from geodc.spec.profiles import find_block
-    from geodc.rules.costs import optimizer_ms, stage_costs
+    from testbed.spec.training import ProfileConfig
+    from testbed.spec.profiles import find_block
+    from testbed.rules.costs import optimizer_ms, stage_costs
     assert optimizer_ms(403_000_000) == pytest.approx(403e6 * 30 / 4.8e12 * 1e3)   # 2.5 ms
     cfg = ProfileConfig(file="h200-transformer.json", width=2048, seq=2048, micro_batch=2,
                         n_layer=24)
@@ -321,7 +321,7 @@ def test_metrics_with_two_iterations_average_both():
 
 @pytest.mark.unit
 def test_timeline_plot_writes_png(tmp_path):
-    from geodc.analysis.timeline_plot import plot_timeline
+    from testbed.analysis.timeline_plot import plot_timeline
     spans, _, _ = fake_run()
     out = plot_timeline(spans, tmp_path / "tl.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
@@ -329,9 +329,9 @@ def test_timeline_plot_writes_png(tmp_path):
 
 @pytest.mark.loopback
 def test_measure_profile_cpu_smoke():
-    from geodc.hostproc.trainer.measure_profile import main
-    from geodc.spec.paths import GPU_PROFILES as PROFILE_DIR
-    from geodc.rules.costs import StageCost, optimizer_ms, stage_costs
+    from trainer.measure_profile import main
+    from testbed.spec.paths import GPU_PROFILES as PROFILE_DIR
+    from testbed.rules.costs import StageCost, optimizer_ms, stage_costs
     out = PROFILE_DIR / f"test-smoke-{os.getpid()}.json"   # profiles are read from there only
     try:
         assert main([str(out), "--cpu-smoke", "--reps", "2"]) == 0
@@ -362,7 +362,7 @@ def test_measure_profile_cpu_smoke():
 def test_shipped_profiles_match_their_provenance():
     import hashlib
     import re
-    from geodc.spec.paths import GPU_PROFILES as PROFILE_DIR
+    from testbed.spec.paths import GPU_PROFILES as PROFILE_DIR
     text = (PROFILE_DIR / "PROVENANCE.md").read_text()
     rows = re.findall(r"^\| `([^`]+\.json)` \|.*\| ([0-9a-f]{64}) \|$", text, re.M)
     assert {name for name, _ in rows} == {p.name for p in PROFILE_DIR.glob("*.json")}
@@ -378,7 +378,7 @@ def test_transport_sockets_run_the_chosen_congestion_control(cc):
     are allowed to everyone here."""
     import os
 
-    from geodc.host.tcpcc import congestion_control_of
+    from testbed.host.tcpcc import congestion_control_of
 
     allowed = open("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read().split()
     if cc not in open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split():

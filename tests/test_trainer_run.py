@@ -13,15 +13,15 @@ import json
 
 import pytest
 
-from geodc.spec.errors import TestbedError
-from geodc.emulation.procs import LocalSpawner
-from geodc.spec.training import TrainConfig
-from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
-from geodc.run.launch import launch
-from geodc.emulation.procs import free_base_port
-from geodc.analysis.metrics import compute_metrics
-from geodc.hostproc.trainer.reference import reference_losses
-from geodc.rules.schedule import schedule_table
+from testbed.spec.errors import TestbedError
+from testbed.emulation.procs import LocalSpawner
+from testbed.spec.training import TrainConfig
+from testbed.plans.workers import HostInfo, WorkerSetup, plan_workers
+from testbed.run.launch import launch
+from testbed.emulation.procs import free_base_port
+from testbed.analysis.metrics import compute_metrics
+from trainer.reference import reference_losses
+from testbed.rules.schedule import schedule_table
 from tests.tolerance import assert_within
 
 MODEL = {"n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}

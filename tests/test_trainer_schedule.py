@@ -1,4 +1,4 @@
-"""Schedule tables, the bubble formula and the compute-only timeline (geodc.rules.pipeline's
+"""Schedule tables, the bubble formula and the compute-only timeline (testbed.rules.pipeline's
 simulator in its simplest case), checked against the dependency rule written as a plain loop.
 Pure; no processes."""
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geodc.rules.pipeline import compute_only
-from geodc.rules.schedule import bubble_fraction, parse_action, schedule_table
+from testbed.rules.pipeline import compute_only
+from testbed.rules.schedule import bubble_fraction, parse_action, schedule_table
 
 simulate = compute_only
 

@@ -1,4 +1,4 @@
-"""Channel.close() never cuts a half-sent message silently (geodc/hostproc/trainer/transport.py), on loopback
+"""Channel.close() never cuts a half-sent message silently (trainer/transport.py), on loopback
 with real sockets: a peer that stops reading makes close() raise ConnectionError naming the
 peer, the message, its wire bytes written of its total and the queued messages never sent, and
 still release the sockets and threads; a close after everything was sent stays quiet.
@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from geodc.hostproc.trainer.transport import HEADER, KIND_ACT, KIND_GRAD, Listener, connect, stripe_plan
+from trainer.transport import HEADER, KIND_ACT, KIND_GRAD, Listener, connect, stripe_plan
 
 pytestmark = pytest.mark.loopback
 

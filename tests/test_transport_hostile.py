@@ -1,8 +1,8 @@
-"""A hostile peer of the stage-to-stage transport (geodc/hostproc/trainer/transport.py) and its neighbours, on
+"""A hostile peer of the stage-to-stage transport (trainer/transport.py) and its neighbours, on
 loopback with real sockets: a frame header claiming 16 GiB, partial messages that never end, a
 message the channel does not expect, more messages than a run can have unread, a hello that
 trickles in while the real peer waits, a hello claiming a huge name, and the listening addresses
-of the gloo store (geodc/hostproc/trainer/dp.py) and the slot client's sink (geodc/hostproc/trainer/slotclient.py). Memory is
+of the gloo store (trainer/dp.py) and the slot client's sink (trainer/slotclient.py). Memory is
 measured in a child process under RLIMIT_AS (VmHWM before and after), so a receiver that
 allocates what a header claims fails there fast instead of taking this machine's memory. The
 hypothesis fuzzers feed headers and hellos of any bytes and any integers: every one gives
@@ -25,8 +25,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geodc.hostproc.trainer import transport
-from geodc.hostproc.trainer.transport import (HEADER, KIND_ACT, KIND_GRAD, MAGIC, MAX_DIMS, Expect, Expected,
+from trainer import transport
+from trainer.transport import (HEADER, KIND_ACT, KIND_GRAD, MAGIC, MAX_DIMS, Expect, Expected,
                                FrameError, Listener, connect, hello_frame, parse_hello)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,8 +46,8 @@ def header(*, kind=KIND_ACT, code=0, ndim=1, it=0, mb=0, payload=0, pad=0, shape
 
 CHILD = r"""
 import json, resource, socket, sys
-from geodc.hostproc.trainer import transport
-from geodc.hostproc.trainer.transport import HEADER, KIND_ACT, MAGIC, Listener, hello_frame
+from trainer import transport
+from trainer.transport import HEADER, KIND_ACT, MAGIC, Listener, hello_frame
 import torch
 
 def status(key):
@@ -340,7 +340,7 @@ def free_port() -> int:
 
 STORE = """
 import sys, time
-from geodc.hostproc.trainer.dp import init_stage_group
+from trainer.dp import init_stage_group
 init_stage_group("127.0.0.1", "127.0.0.1", int(sys.argv[1]), 0, 1, 10)
 print("ready", flush=True)
 time.sleep(30)
@@ -352,7 +352,7 @@ time.sleep(30)
 def test_servers_listen_on_the_address_their_peer_uses(what):
     port = free_port()
     argv = ([sys.executable, "-c", STORE, str(port)] if what == "gloo store" else
-            [sys.executable, "-m", "geodc.hostproc.trainer.slotclient", "sink", "--ip", "127.0.0.1", "--port",
+            [sys.executable, "-m", "trainer.slotclient", "sink", "--ip", "127.0.0.1", "--port",
              str(port)])
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -367,9 +367,9 @@ def test_servers_listen_on_the_address_their_peer_uses(what):
 
 @pytest.mark.unit
 def test_each_worker_expects_what_its_neighbours_send(tmp_path):
-    from geodc.spec.training import TrainConfig
-    from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
-    from geodc.hostproc.trainer.worker import StageWorker
+    from testbed.spec.training import TrainConfig
+    from testbed.plans.workers import HostInfo, WorkerSetup, plan_workers
+    from trainer.worker import StageWorker
     model = {"n_layer": 3, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64}
     cfg = TrainConfig.from_dict({
         "model": model, "stages": 3, "micro_batches": 2, "micro_batch_size": 2,

@@ -1,4 +1,4 @@
-"""The stage-to-stage transport striped over K TCP connections (geodc/hostproc/trainer/transport.py), on
+"""The stage-to-stage transport striped over K TCP connections (trainer/transport.py), on
 loopback with real sockets and real tensors: exact reassembly for K 1..8, stripes arriving in any
 order on any connection, a connection lost mid-message, bad headers, the gate, the hello checks,
 and K per boundary in the launcher's plan."""
@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 import torch
 
-from geodc.hostproc.trainer.transport import (HEADER, KIND_ACT, KIND_GRAD, MAGIC, MAX_DIMS, MIN_STRIPE_BYTES,
+from trainer.transport import (HEADER, KIND_ACT, KIND_GRAD, MAGIC, MAX_DIMS, MIN_STRIPE_BYTES,
                                FrameError, Listener, _DTYPE_CODE, connect, hello_frame,
                                stripe_plan)
 
@@ -470,9 +470,9 @@ def test_connect_with_another_k_is_refused_by_name():
 
 @pytest.mark.unit
 def test_plan_workers_sets_k_per_boundary(tmp_path):
-    from geodc.spec.training import TrainConfig
-    from geodc.plans.workers import HostInfo, WorkerSetup, plan_workers
-    from geodc.spec.links import LinkDir
+    from testbed.spec.training import TrainConfig
+    from testbed.plans.workers import HostInfo, WorkerSetup, plan_workers
+    from testbed.spec.links import LinkDir
     cfg = TrainConfig.from_dict({"model": {"n_layer": 3, "n_embd": 32, "n_head": 2,
                                            "seq_len": 16, "vocab_size": 64},
                                  "stages": 3, "micro_batches": 2})

@@ -1,4 +1,4 @@
-"""The shared vocabulary (geodc.spec.timescale, geodc.spec.links): conversions bit for bit the
+"""The shared vocabulary (testbed.spec.timescale, testbed.spec.links): conversions bit for bit the
 expressions they replace, link directions round-trip through their string form."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from geodc.spec.links import LinkDir, both, hops
-from geodc.spec.timescale import TimeScale
+from testbed.spec.links import LinkDir, both, hops
+from testbed.spec.timescale import TimeScale
 
 pytestmark = pytest.mark.unit
 
@@ -68,12 +68,12 @@ def test_time_scale_of_takes_the_object_or_the_number() -> None:
 
 
 # ---- no vocabulary by hand --------------------------------------------------------------------
-# The scans below read geodc/ and bench/. LEGACY_* would name files still written the old way by
+# The scans below read testbed/, trainer/, prefill/, traffic/ and bench/. LEGACY_* would name files still written the old way by
 # hand (none are left);
 # a file listed there may hold no more than its count.
 
 REPO = Path(__file__).resolve().parent.parent
-SCANNED = ("geodc", "bench")
+SCANNED = ("testbed", "trainer", "prefill", "traffic", "bench")
 
 LEGACY_LINK_IDS: set[str] = set()
 
@@ -160,19 +160,19 @@ def _time_arithmetic(tree: ast.Module) -> list[int]:
 
 
 def test_no_link_id_is_built_by_hand() -> None:
-    """"a->b" is LinkDir's (str(LinkDir(a, b)), geodc.spec.links) and nobody else's."""
+    """"a->b" is LinkDir's (str(LinkDir(a, b)), testbed.spec.links) and nobody else's."""
     found = {f"{name}:{line}" for name, tree in _sources()
-             if name != "geodc/spec/links.py" and name not in LEGACY_LINK_IDS
+             if name != "testbed/spec/links.py" and name not in LEGACY_LINK_IDS
              for line in _hand_built_link_ids(tree)}
-    assert not found, f"link ids built by hand (use geodc.spec.links.LinkDir): {sorted(found)}"
+    assert not found, f"link ids built by hand (use testbed.spec.links.LinkDir): {sorted(found)}"
 
 
 def test_no_time_scale_arithmetic_by_hand() -> None:
-    """Configured <-> emulated <-> real is TimeScale's (geodc.spec.timescale) and nobody
+    """Configured <-> emulated <-> real is TimeScale's (testbed.spec.timescale) and nobody
     else's; the legacy files hold no more than they did."""
     counts = {}
     for name, tree in _sources():
-        if name != "geodc/spec/timescale.py":
+        if name != "testbed/spec/timescale.py":
             lines = _time_arithmetic(tree)
             if len(lines) > LEGACY_TIME_ARITHMETIC.get(name, 0):
                 counts[name] = sorted(lines)

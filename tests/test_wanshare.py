@@ -1,6 +1,6 @@
-"""Temporal sharing of a WAN link (Atlas): the HTB tree and its switch (geodc.emulation.wanshare), the
-arbiter and its clients (geodc.features.temporal.arbiter, geodc.hostproc.trainer.slotclient), checked on the wire with a scapy
-capture (geodc.hostproc.traffic.capture).
+"""Temporal sharing of a WAN link (Atlas): the HTB tree and its switch (testbed.emulation.wanshare), the
+arbiter and its clients (testbed.features.temporal.arbiter, trainer.slotclient), checked on the wire with a scapy
+capture (traffic.capture).
 
 Pure tests first (plans, grant order, spec); then, as root, one network: DCs sa and sb with two
 hosts each, one 100 Mbit/s, 20 ms WAN link. Pipeline 0 is sa-h1/sb-h1, pipeline 1 sa-h2/sb-h2.
@@ -19,20 +19,20 @@ import types
 
 import pytest
 
-from geodc.features.temporal import arbiter
+from testbed.features.temporal import arbiter
 
-from geodc.emulation import shaping, wanshare
-from geodc.features.temporal.arbiter import ArbiterSpec, LinkSpec, PlanCursor
-from geodc.run.calibrate import measure_goodput, start_iperf_server
-from geodc.emulation.network import Network
-from geodc.spec.scenario import load_scenario
-from geodc.plans.topo import make_plan
+from testbed.emulation import shaping, wanshare
+from testbed.features.temporal.arbiter import ArbiterSpec, LinkSpec, PlanCursor
+from testbed.run.calibrate import measure_goodput, start_iperf_server
+from testbed.emulation.network import Network
+from testbed.spec.scenario import load_scenario
+from testbed.plans.topo import make_plan
 from tests.realtime_here import refusal
 from tests.scenarios import write_scenario
 from tests.tolerance import retried
-from geodc.hostproc.trainer.slotclient import SlotClient
-from geodc.hostproc.traffic import capture
-from geodc.emulation.tools import iperf
+from trainer.slotclient import SlotClient
+from traffic import capture
+from testbed.emulation.tools import iperf
 
 PY = sys.executable
 RATE_MBIT, DELAY_MS = 100, 20
@@ -135,7 +135,7 @@ def test_specs_for_network(tmp_path):
 
 # ---- the arbiter's protocol and grant rule, in-process, without root -------------------------
 class FakeShare:
-    """Stands in for geodc.emulation.wanshare: records switches; a class 'sends' what the test says."""
+    """Stands in for testbed.emulation.wanshare: records switches; a class 'sends' what the test says."""
 
     link_layer_bytes = staticmethod(wanshare.link_layer_bytes)
 
@@ -443,7 +443,7 @@ def wait_output(proc, text: str, timeout_s: float = 20) -> None:
 
 
 def plain_tree(net: Network) -> None:
-    """Put geodc.emulation.shaping's tree back on every WAN end (as Network built it)."""
+    """Put testbed.emulation.shaping's tree back on every WAN end (as Network built it)."""
     for w in net.plan.wan:
         for end in w.ends():
             with net._ipr(end.gateway) as ipr:
@@ -468,7 +468,7 @@ def arbiter_specs(net: Network, gateways=("sa-gw", "sb-gw")) -> dict[str, Arbite
 
 
 def start_sinks(net: Network, hosts) -> list:
-    sinks = [net.spawn(h, [PY, "-m", "geodc.hostproc.trainer.slotclient", "sink", "--ip", net.host_ip(h),
+    sinks = [net.spawn(h, [PY, "-m", "trainer.slotclient", "sink", "--ip", net.host_ip(h),
                            "--port", str(SINK_PORT)],
                        net.run_dir / "logs" / f"{h}-sink.log") for h in hosts]
     for s in sinks:
@@ -492,7 +492,7 @@ def test_slot_switch_moves_the_link(ws):
         assert got["pipelines"][0]["rate_bps"] == 94_900_000 and got["pipelines"][1]["rate_bps"] == 100_000
         assert {p["limit"] for p in got["pipelines"].values()} == {link.queue_bytes}
         # activate() timed where the arbiter runs it: in the gateway, 200 switches
-        code = ("import json; from pyroute2 import IPRoute; from geodc.emulation import wanshare\n"
+        code = ("import json; from pyroute2 import IPRoute; from testbed.emulation import wanshare\n"
                 f"with IPRoute() as ipr: print(json.dumps(wanshare.time_activate(ipr, {intf!r}, 200)))")
         timing = json.loads(ws.run("sa-gw", [PY, "-c", code], timeout_s=60).strip().splitlines()[-1])
         print(f"\nactivate(): median {timing['median_ms']:.2f} ms, p90 {timing['p90_ms']:.2f} ms, "
@@ -566,7 +566,7 @@ def test_arbiter_grants_one_transfer_at_a_time(ws):
     try:
         procs += arbiter.start_arbiters(ws, specs).values()
         cap_path = ws.run_dir / "wanshare-b.cap"
-        cap = ws.spawn("sa-gw", [PY, "-m", "geodc.hostproc.traffic.capture", "--iface", "sa-gw-eth1", "--out",
+        cap = ws.spawn("sa-gw", [PY, "-m", "traffic.capture", "--iface", "sa-gw-eth1", "--out",
                                  str(cap_path)], ws.run_dir / "logs" / "sa-gw-capture.log")
         procs.append(cap)
         wait_output(cap, "ready")
@@ -576,7 +576,7 @@ def test_arbiter_grants_one_transfer_at_a_time(ws):
                             ("sb-h1", "sa-h1", 0), ("sb-h2", "sa-h2", 1)):
             dc, other = src[:2], dst[:2]
             gw_ip = ws.plan.gateway_ips[dc]
-            senders.append(ws.spawn(src, [PY, "-m", "geodc.hostproc.trainer.slotclient", "send", "--arbiter", gw_ip,
+            senders.append(ws.spawn(src, [PY, "-m", "trainer.slotclient", "send", "--arbiter", gw_ip,
                                           "--port", str(PORT), "--link", f"{dc}->{other}",
                                           "--pipeline", str(d), "--dst", f"{ws.host_ip(dst)}:{SINK_PORT}",
                                           "--random", "12:10000:300000", "--seed", str(len(senders) + 1),
@@ -630,13 +630,13 @@ def test_client_that_disconnects_mid_slot_frees_the_link(ws):
         procs += arbiter.start_arbiters(ws, specs).values()
         procs += start_sinks(ws, ["sb-h1", "sb-h2"])
         base = ["--arbiter", "10.1.0.254", "--port", str(PORT), "--link", "sa->sb"]
-        holder = ws.spawn("sa-h1", [PY, "-m", "geodc.hostproc.trainer.slotclient", "send", *base, "--pipeline", "0",
+        holder = ws.spawn("sa-h1", [PY, "-m", "trainer.slotclient", "send", *base, "--pipeline", "0",
                                     "--dst", f"{ws.host_ip('sb-h1')}:{SINK_PORT}", "--sizes", "4000000",
                                     "--gap-ms", "300", "--abort-after-grant"],
                           ws.run_dir / "logs" / "sa-h1-holder.log")
         procs.append(holder)
         wait_output(holder, '"granted"')
-        waiter = ws.spawn("sa-h2", [PY, "-m", "geodc.hostproc.trainer.slotclient", "send", *base, "--pipeline", "1",
+        waiter = ws.spawn("sa-h2", [PY, "-m", "trainer.slotclient", "send", *base, "--pipeline", "1",
                                     "--dst", f"{ws.host_ip('sb-h2')}:{SINK_PORT}", "--sizes", "200000"],
                           ws.run_dir / "logs" / "sa-h2-waiter.log")
         procs.append(waiter)
@@ -699,7 +699,7 @@ def test_capture_does_not_slow_the_link_and_sees_every_byte(ws):
             cap = None
             path = ws.run_dir / f"overhead-{k}.cap"
             if with_cap:
-                cap = ws.spawn("sa-gw", [PY, "-m", "geodc.hostproc.traffic.capture", "--iface", "sa-gw-eth1",
+                cap = ws.spawn("sa-gw", [PY, "-m", "traffic.capture", "--iface", "sa-gw-eth1",
                                          "--out", str(path)],
                                ws.run_dir / "logs" / f"sa-gw-capture-{k}.log")
                 wait_output(cap, "ready")

@@ -14,15 +14,15 @@ import os
 
 import pytest
 
-from geodc.emulation import wanstats
-from geodc.emulation.machine import CpuTimes
-from geodc.run.calibrate import measure_goodput
-from geodc.emulation.network import Network
-from geodc.spec.scenario import load_scenario
+from testbed.emulation import wanstats
+from testbed.emulation.machine import CpuTimes
+from testbed.run.calibrate import measure_goodput
+from testbed.emulation.network import Network
+from testbed.spec.scenario import load_scenario
 from tests.realtime_here import expected, refusal
 from tests.tolerance import retried
 from tests.scenarios import two_dc, write_scenario
-from geodc.emulation.tools import ping
+from testbed.emulation.tools import ping
 
 pytestmark = pytest.mark.network
 
@@ -81,7 +81,7 @@ def test_delay_lines_run_at_realtime_priority(w):
     assert w.cpu_idle == "poll", w.cpu_idle   # idle CPUs poll while the delay lines keep time
     for dl in w.delaylines:
         cmdline = open(f"/proc/{dl.proc.pid}/cmdline", "rb").read()
-        assert b"geodc.emulation.delayline" in cmdline  # the pid we signal is the delay line itself
+        assert b"testbed.emulation.delayline" in cmdline  # the pid we signal is the delay line itself
         for tid in os.listdir(f"/proc/{dl.proc.pid}/task"):
             assert os.sched_getscheduler(int(tid)) & ~os.SCHED_RESET_ON_FORK == policy
             assert os.sched_getparam(int(tid)).sched_priority == prio
@@ -248,8 +248,8 @@ class _FakeProc:
 
 
 def test_ready_line_gives_the_realtime_status():
-    from geodc.spec.errors import TestbedError
-    from geodc.emulation.network import _wait_ready
+    from testbed.spec.errors import TestbedError
+    from testbed.emulation.network import _wait_ready
     assert _wait_ready(_FakeProc("READY rt=fifo:50 1:10:0:0:1024\n"), 1) == "fifo:50"
     assert _wait_ready(_FakeProc("x\nREADY rt=refused:EPERM 1:10:0:0:1024\n"), 1) == "refused:EPERM"
     with pytest.raises(TestbedError):  # half a line: not ready yet

@@ -1,4 +1,4 @@
-"""The what-if (geodc.predict.whatif, `run_testbed.py whatif`) and predict's counts: every row
+"""The what-if (testbed.predict.whatif, `run_testbed.py whatif`) and predict's counts: every row
 changes exactly one setting of the scenario, the paper's claims sit beside the columns they
 compare to, the reasons follow the figures (cases built so that they must differ); `predict`
 says what its speedups are against and what its counts are counted of. Small scenarios only
@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from geodc.cli.planview import load_training
-from geodc.cli.whatif import SPEEDUP_HEAD, UTIL_HEAD, whatif_text
-from geodc.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_payload_bytes
-from geodc.plans.placement import place_for_system
-from geodc.predict.variants import variants
-from geodc.predict.whatif import PAPER_GPU_UTILIZATION, PAPER_SPEEDUP, whatif
-from geodc.spec.scenario import load_scenario, parse_scenario
-from geodc.spec.systems import get_system
+from testbed.cli.planview import load_training
+from testbed.cli.whatif import SPEEDUP_HEAD, UTIL_HEAD, whatif_text
+from testbed.features.temporal.plan import WIRE_BYTES_PER_PAYLOAD_BYTE, message_payload_bytes
+from testbed.plans.placement import place_for_system
+from testbed.predict.variants import variants
+from testbed.predict.whatif import PAPER_GPU_UTILIZATION, PAPER_SPEEDUP, whatif
+from testbed.spec.scenario import load_scenario, parse_scenario
+from testbed.spec.systems import get_system
 
 pytestmark = pytest.mark.unit
 
@@ -246,7 +246,7 @@ def test_predict_says_what_speedups_are_against_and_counts_of_what(tmp_path, cap
 def test_the_request_rate_row_keeps_training_figures_a_prediction_gives_again(small):
     """The request-rate row reuses the as-given row's training figures (only BubbleTea's
     requests changed): each system predicted afresh on that row's scenario gives the same."""
-    from geodc.predict.whatif import _system
+    from testbed.predict.whatif import _system
     row = next(r for r in small.rows if r.key == "request_rate")
     assert row.systems is small.rows[0].systems
     sc = parse_scenario(row.doc, path="small.yaml")
@@ -285,8 +285,8 @@ def test_the_deadline_row_is_the_highest_rate_tried_that_keeps_the_deadline(smal
     """BubbleTea at the deadline: not saturated and at most 1% of the decided requests past
     the TTFT, at a rate between the row as given and the saturation row; the next rate tried
     above it (in its label) does not keep the deadline."""
-    from geodc.predict.variants import request_rate_variant
-    from geodc.predict.whatif import _row, meets_deadline
+    from testbed.predict.variants import request_rate_variant
+    from testbed.predict.whatif import _row, meets_deadline
     rows = {r.key: r for r in small.rows}
     given, sat, at = rows["as_given"], rows["request_rate"], rows["deadline_rate"]
     assert meets_deadline(at.bubbletea) and not meets_deadline(sat.bubbletea)

@@ -1,5 +1,0 @@
-"""The names of the spans a worker records (geodc.host.spans writes them): one list, read by the
-figures, the predictor and the plots alike."""
-
-COMPUTE_SPANS = ("F", "B", "OPT")
-COMM_SPANS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "ALLREDUCE")
