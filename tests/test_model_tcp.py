@@ -81,6 +81,24 @@ def test_a_state_seen_before_sends_as_it_did_then():
             [c.cwnd for c in forgets.conns], rel=1e-9)
 
 
+def test_a_copied_connection_has_every_field_and_its_own_chunks():
+    """_Connection.copy and Channel.copy set their fields one by one (no __init__): every
+    field, none shared but the numbers (and the channel's memo)."""
+    from dataclasses import fields
+    from testbed.rules.tcpchannel import _Connection
+    ch = Channel(spec(loss=0.01), loss_events=True)
+    for now in (0.0, 5.0, 700.0):
+        ch.send(now, 2_000_000)
+    for c in ch.conns:
+        twin = c.copy()
+        for f in fields(_Connection):
+            assert getattr(twin, f.name) == getattr(c, f.name), f.name
+        assert twin.chunks is not c.chunks
+    twin = ch.copy()        # the channel: every attribute, its own connections
+    assert vars(twin).keys() == vars(ch).keys()
+    assert all(twin.conns[i] is not c for i, c in enumerate(ch.conns))
+
+
 def two_dcs(*, hosts: int, delay_ms: float, rate_mbit: float, systems: list[str],
             replicas: int, micro_batches: int, micro_batch: int, schedule: str, n_layer: int,
             iterations: int = 3, **extra) -> dict:

@@ -77,6 +77,7 @@ timed on their own: testbed.predict.bubbletea).
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
@@ -370,9 +371,12 @@ def as_spans(result: SimResult) -> list[dict]:
 
 def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
             iterations: int | None = None,
-            progress: Callable[[str], None] | None = None) -> Prediction:
+            progress: Callable[[str], None] | None = None,
+            simulated: dict[bytes, tuple[SimResult, Steady]] | None = None) -> Prediction:
     """Simulate `iterations` (default: the run's; past a steady state, testbed.predict.steady)
-    and read the figures as a run's metrics; progress(text): told what is being simulated."""
+    and read the figures as a run's metrics; progress(text): told what is being simulated.
+    simulated: the simulations already made, by model (`simulate_once`), shared by the caller's
+    predictions (whatif's request-rate rows change BubbleTea's requests, not the training)."""
     from testbed.rules.figures import metrics_from_records
     from testbed.rules.bubbles import MIN_HISTORY, WARMUP_ITERATIONS
     n = max(3, iterations or cfg.iterations)
@@ -381,7 +385,7 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
     placement = place_for_system(scenario, cfg, system)
     classes = simulated_for(scenario, cfg, system, placement)
     model = build(scenario, cfg, system, placement, classes)
-    result, steady = simulate_steady(model, n, progress)
+    result, steady = simulate_once(model, n, progress, simulated)
     segments = TRAIN_SEGMENTS
     while result.trains_unalike and model.replicas < placement.replicas:
         # members wait unlike their head (testbed.rules.pipeline): the fold in twice the parts,
@@ -389,7 +393,7 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
         segments *= 2
         finer = build(scenario, cfg, system, placement,
                       simulated_replicas(placement, segments))
-        finer_result, finer_steady = simulate_steady(finer, n, progress)
+        finer_result, finer_steady = simulate_once(finer, n, progress, simulated)
         agree = math.isclose(_ms_per_iteration(finer_result, finer_steady),
                              _ms_per_iteration(result, steady), rel_tol=FOLD_AGREE)
         model, result, steady = finer, finer_result, finer_steady
@@ -400,7 +404,7 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
         # queues drop: the fold is approximate there (module docstring), so every replica
         classes = [Simulated(r, 1) for r in range(placement.replicas)]
         model = build(scenario, cfg, system, placement, classes)
-        result, steady = simulate_steady(model, n, progress)
+        result, steady = simulate_once(model, n, progress, simulated)
     plan = {"config": dict(cfg.to_dict(), replicas=model.replicas), "workers": [
         {"stage": s, "replica": r, "host": f"s{s}r{r}", "dc": ""}
         for s in range(cfg.stages) for r in range(model.replicas)]}
@@ -435,6 +439,26 @@ def predict(scenario: "Scenario", cfg: "TrainConfig", system: "System",
                       bubbletea=_bubbletea(scenario, cfg, system, placement, classes, result,
                                            model, steady.simulated)
                       if system.fill_bubbles else None)
+
+
+SIMULATED_KEPT = 8      # simulations a `simulated` cache keeps (the latest)
+
+
+def simulate_once(model: PipelineModel, n: int, progress: Callable[[str], None] | None,
+                  simulated: dict[bytes, tuple[SimResult, Steady]] | None
+                  ) -> tuple[SimResult, Steady]:
+    """simulate_steady(model, n), or what it gave for an equal model before (the simulation
+    is a pure function of the model: the same figures, not recomputed). The cache is keyed by
+    the pickled model and n, so only an equal model hits; the caller's results are read, never
+    changed."""
+    if simulated is None:
+        return simulate_steady(model, n, progress)
+    key = pickle.dumps((model, n))
+    if key not in simulated:
+        while len(simulated) >= SIMULATED_KEPT:
+            del simulated[next(iter(simulated))]        # the oldest
+        simulated[key] = simulate_steady(model, n, progress)
+    return simulated[key]
 
 
 def group_of(classes: list[Simulated], c: int) -> int:

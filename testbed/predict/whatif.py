@@ -18,7 +18,9 @@ significant figures: a rate past saturation, where the GPU utilization stops gro
 deadline row is BubbleTea at the highest offered rate found whose requests meet the TTFT
 deadline (at most 1% past it: its p99), between the row as given and the saturation row
 (`deadline_row`): the GPU utilization a deployment that keeps its deadline gets. The row as
-given also predicts atlas-concurrent, for the gain's waterfall (Row.waterfall).
+given also predicts atlas-concurrent, for the gain's waterfall (Row.waterfall). The request-rate
+rows change only the requests, so each process simulates BubbleTea's training once for them
+(`_SIMULATED`, testbed.predict.predict.simulate_once: an equal model's figures, not recomputed).
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ def whatif(scenario: "Scenario", progress: Callable[[str], None] | None = None,
         raise ScenarioError("training.compute", "the model needs profile mode (measured op "
                             "times are not known before a run)", "set compute: profile")
     t0 = time.perf_counter()
+    _SIMULATED.clear()
     doc = dict(scenario.raw)
     with_bt = scenario.bubbletea is not None
     todo = [as_given(doc), *variants(doc)]
@@ -344,8 +347,14 @@ def _system(sc: "Scenario", cfg, name: str) -> SystemFigures:
                          bound=binding(found, p.iteration_time_s))
 
 
+# the training simulations of BubbleTea's predictions in this process, by model: the
+# request-rate rows change only the requests, so they simulate the training once
+# (testbed.predict.predict.simulate_once); emptied at each `whatif`
+_SIMULATED: dict = {}
+
+
 def _bubbletea(sc: "Scenario", cfg) -> BubbleTeaFigures:
-    bt = predict(sc, cfg, get_system(BUBBLETEA)).bubbletea
+    bt = predict(sc, cfg, get_system(BUBBLETEA), simulated=_SIMULATED).bubbletea
     pf = bt["prefill"]
     return BubbleTeaFigures(
         gpu_utilization=bt["gpu_utilization"], training_only=bt["training_only"],

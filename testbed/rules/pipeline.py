@@ -79,9 +79,9 @@ its messages hold the link weight times in turn, arriving with the last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from heapq import heappop
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from typing import Callable, NamedTuple, Sequence
 
 from testbed.rules.schedule import format_table, parse_action
 from testbed.rules.serial_links import FifoTrains, TemporalSlots
@@ -122,8 +122,8 @@ class PipelineModel:
     op_extra_ms: dict[tuple[int, int, int, str], float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
+class Op(NamedTuple):
+    """One op a worker ran (a named tuple: the simulator makes millions)."""
     stage: int
     replica: int
     iteration: int
@@ -151,6 +151,8 @@ class SimResult:
     # caller folds in more parts
     trains_unalike: bool = False
 
+
+_op = tuple.__new__        # _op(Op, fields): an Op without the named tuple's __new__ (a lambda)
 
 TRAIN_PASSES = 8           # at most, until the trains' spacing settles
 TRAIN_SETTLED = 1e-4       # a train's last member moving less, relative to the run, is settled
@@ -219,6 +221,7 @@ class Simulation:
         self.channels: dict[tuple, Channel] = {}     # (kind, s, r): that route's connections
         self.events = EventQueue()
         self.push = self.events.push
+        self.heap, self.ticket = self.events.heap, self.events.ticket   # (try_start pushes)
         self.on_op_end = self.op_end       # bound once: pushed at every op
         self.links = link_disciplines(m, self.events, self.arrive, self.trains)
 
@@ -306,11 +309,12 @@ class Simulation:
             solo = route.solo(now - self.last_sent.get(id(route), float("-inf")))
             self.last_sent[id(route)] = now
         if solo != route.solo_ms:
-            route = replace(route, solo_ms=solo)
-        link_bits = self.link_bits
+            route = route.timed(solo)
         for l in route.links:
-            link_bits.setdefault(l, {}).setdefault(it, 0.0)
-            link_bits[l][it] += route.wire_bytes * 8 * w
+            per_it = self.link_bits.get(l)
+            if per_it is None:
+                per_it = self.link_bits[l] = {}
+            per_it[it] = per_it.get(it, 0.0) + route.wire_bytes * 8 * w
         if link is None:
             self.push(now + route.solo_ms, self.arrive, (key,))
         else:
@@ -343,11 +347,12 @@ class Simulation:
     def try_start(self, now: float, workers: list[tuple[int, int]]) -> None:
         """Start the next op of each of `workers` (those the event concerns) if it can."""
         m, it_of, pos, running, trains = self.m, self.it_of, self.pos, self.running, self.trains
+        iterations, ready, heap, ticket = self.iterations, self.ready, self.heap, self.ticket
         for w in workers:
             it = it_of[w]
-            if it >= self.iterations or w in running:
+            if it >= iterations or w in running:
                 continue
-            nxt = self.ready(w)
+            nxt = ready(w)
             if nxt is None or nxt[1] > now + EPS:
                 continue
             s, r = w
@@ -356,21 +361,22 @@ class Simulation:
                 dur = m.allreduce_ms[s] if name == "ALLREDUCE" else m.opt_ms[s]
                 if m.op_extra_ms and name == "OPT":
                     dur += m.op_extra_ms.get((s, r, it, name), 0.0)
-                op = Op(s, r, it, name, None, now, now + dur)
+                op = _op(Op, (s, r, it, name, None, now, now + dur))
             else:
                 kind, mb = self.action[name]
                 dur = m.forward_ms[s] if kind == "F" else m.backward_ms[s]
                 if m.op_extra_ms:
                     dur += m.op_extra_ms.get((s, r, it, name), 0.0)
-                op = Op(s, r, it, kind, mb, now, now + dur)
-            if dur > 0 or name not in ("ALLREDUCE",):
+                op = _op(Op, (s, r, it, kind, mb, now, now + dur))
+            if dur > 0 or name != "ALLREDUCE":
                 self.ops.append(op)
-            self.free[w] = op.end_ms
+            end = op.end_ms
+            self.free[w] = end
             running.add(w)
             if trains.on:
                 trains.started[(s, r, it, pos[w])] = now
                 trains.latest[w] = (it, pos[w])
-            self.push(op.end_ms, self.on_op_end, (s, r, it, name))
+            heappush(heap, (end, ticket(), self.on_op_end, (s, r, it, name)))  # events.push
 
 
 # ---- the compute-only case ----------------------------------------------------------------------

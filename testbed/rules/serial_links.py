@@ -73,7 +73,9 @@ class SerialLinks(LinkDiscipline):
         before = None
         if channel is not None and self.times_channels:     # they send when it is served
             before = channel.copy() if behind is not None else None
-            route = replace(route, solo_ms=channel.send(start, route.payload_bytes))
+            solo = channel.send(start, route.payload_bytes)
+            if solo != route.solo_ms:
+                route = route.timed(solo)
         one_ms = self.message_ms(route, link)
         self.clock[link] = start + hold * one_ms
         if behind is not None:          # a train's head: its middle follows it
@@ -376,7 +378,8 @@ class MemberHolds:
     message on the channel finished sending (`previous`: that train's holds; without it, as
     long as the head's were). Where every chunk has been acknowledged (idle a round trip or
     more) the hold depends on the idle time only through how often tcp_cwnd_restart halves the
-    windows, so one hold is computed per count; a shorter idle time is computed as it is. Where
+    windows, so one hold is computed per count (from the channel's memo where it answers:
+    Channel.settled_send, else on a copy); a shorter idle time is computed as it is. Where
     a member waits for its own acknowledgements and its head does not, or the other way round,
     the slots are told (`TemporalSlots.trains_unalike`: which members wait then depends on
     their order, which the fold does not know, so the fold does not hold there); a train whose
@@ -473,8 +476,13 @@ class MemberHolds:
         else:
             cls = ("in flight", round(idle, 6))
         if cls not in self.held:
-            twin = self.before.copy()
             t = self.last_sent + idle
-            hold = twin.send(t, self.payload) - self.one_way_ms
-            self.held[cls] = (hold, max(c.last_sent_ms for c in twin.conns) - t)
+            seen = self.before.settled_send(t, self.payload)     # (without a copy)
+            if seen is not None:
+                solo, last = seen
+            else:
+                twin = self.before.copy()
+                solo = twin.send(t, self.payload)
+                last = max(c.last_sent_ms for c in twin.conns)
+            self.held[cls] = (solo - self.one_way_ms, last - t)
         return self.held[cls]

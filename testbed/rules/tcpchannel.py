@@ -40,14 +40,20 @@ last of a group's g connections up to g - 1 chunks' time early).
 
 A fresh channel with warm connections gives testbed.predict.transfer.transfer_ms's time, and one
 restarting slow start its slow-start time (tests/test_model_tcp.py checks both).
+
+Speed (the simulator sends millions of messages at paper scale): a message sent with nothing in
+flight, in a state the channel has seen, goes as it went then (`memo`, exact: the state is the
+key); `settled_send` says what a copy's send would give where the memo answers it, without the
+copy (testbed.rules.serial_links.MemberHolds asks it per idle class); the acknowledgement loops are
+written out in `send` and `_next_chunk`, the innermost loops of the model.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, fields
-from operator import attrgetter, itemgetter
+from dataclasses import dataclass
+from operator import itemgetter
 
 from testbed.rules.stripes import stripe_count
 from testbed.rules.tcploss import CUBIC_BETA, CUBIC_C, MODELLED, recovery_ms, window_under_loss
@@ -98,13 +104,18 @@ class _Connection:
     recovered_ms: float = -math.inf     # before this, a loss is in the same window as the last
 
     def copy(self) -> "_Connection":
-        """An independent connection in this one's state (its own chunks)."""
-        twin = _Connection(*_FIELDS(self))       # every field, in declaration order
-        twin.chunks = deque(self.chunks)
+        """An independent connection in this one's state (its own chunks). Field by field
+        without __init__ (the simulator copies millions): a new field goes here too
+        (tests/test_model_tcp.py checks that every field is copied)."""
+        twin = _new(_Connection)
+        twin.cwnd, twin.chunks = self.cwnd, deque(self.chunks)
+        twin.last_sent_ms, twin.flight_max = self.last_sent_ms, self.flight_max
+        twin.ssthresh, twin.debt, twin.w_max = self.ssthresh, self.debt, self.w_max
+        twin.epoch_ms, twin.recovered_ms = self.epoch_ms, self.recovered_ms
         return twin
 
 
-_FIELDS = attrgetter(*(f.name for f in fields(_Connection)))
+_new = object.__new__
 _SIZE = itemgetter(1)
 
 
@@ -116,6 +127,7 @@ class Channel:
     def __init__(self, spec: ChannelSpec, warm: bool = True, loss_events: bool = False):
         self.spec = spec
         self.cap = 2 * spec.window_bytes
+        self.initial_bytes = min(spec.window_bytes, INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES)
         first = self.cap if warm else self.initial_bytes
         self.events = (loss_events and spec.loss > 0
                        and spec.congestion_control in MODELLED)
@@ -135,23 +147,13 @@ class Channel:
         # channel's copies)
         self.memo: dict[tuple, tuple[float, list, float]] = {}
 
-    def acked(self, c: _Connection, t: float) -> float:
-        """Drop c's chunks acknowledged by t, growing its window; the bytes still in flight."""
-        chunks = c.chunks
-        if not chunks:
-            return 0.0
-        rtt = self.spec.rtt_ms
-        while chunks and chunks[0][0] + rtt <= t + EPS:
-            start, size = chunks.popleft()
-            self._grow(c, size, start + rtt)
-        return sum(map(_SIZE, chunks))
-
     def _grow(self, c: _Connection, size: float, at: float) -> None:
         """Below ssthresh, slow start: the window grows by the bytes acknowledged while it is
         below twice the most it had in flight (Linux grows only a window that limits:
         tcp_is_cwnd_limited), at most to the cap. Above it (after a loss), congestion
         avoidance while the window is full: Reno one segment per window acknowledged, CUBIC
-        towards the larger of its cubic and its Reno-friendly window (RFC 9438) at `at`."""
+        towards the larger of its cubic and its Reno-friendly window (RFC 9438) at `at`. A
+        window at the cap stays (the callers skip the call then)."""
         if c.cwnd < c.ssthresh:
             limit = min(self.cap, 2 * c.flight_max)
             if c.cwnd < limit:
@@ -216,27 +218,21 @@ class Channel:
         for c in self.conns[n - max(1, round(hit * n)):]:
             self._reduce(c, sent_ms)
 
-    @property
-    def initial_bytes(self) -> float:
-        return min(self.spec.window_bytes, INITIAL_WINDOW_SEGMENTS * TCP_MSS_BYTES)
 
     def copy(self) -> "Channel":
         """An independent channel in this one's state (a folded train's members start from
         their head's)."""
         twin = Channel.__new__(Channel)
-        (twin.spec, twin.cap, twin.ms_per_byte, twin.most, twin.memo, twin.events,
-         twin.reduced, twin.first_round_bytes) = (
-            self.spec, self.cap, self.ms_per_byte, self.most, self.memo, self.events,
-            self.reduced, self.first_round_bytes)
+        (twin.spec, twin.cap, twin.initial_bytes, twin.ms_per_byte, twin.most, twin.memo,
+         twin.events, twin.reduced, twin.first_round_bytes) = (
+            self.spec, self.cap, self.initial_bytes, self.ms_per_byte, self.most, self.memo,
+            self.events, self.reduced, self.first_round_bytes)
         twin.conns = [c.copy() for c in self.conns]
         return twin
 
     def idle_ms(self, now: float) -> float:
         """How long the channel's most recently used connection has sat idle at `now`."""
         return now - max(c.last_sent_ms for c in self.conns)
-
-    def window(self, c: _Connection) -> float:
-        return min(self.most, c.cwnd)
 
     def send(self, now: float, payload_bytes: float) -> float:
         """Send a message at `now`: its solo time (first byte sent to last byte arrived), with
@@ -248,9 +244,19 @@ class Channel:
         groups = min(k, GROUPS)
         conns = self.conns[:groups]
         each_ms = self.ms_per_byte * k / groups     # a group's chunk: its connections' in turn
-        for c in conns:
-            self._restart_if_idle(c, now)
-        settled = not (self.events or self.reduced) and all(not c.chunks for c in conns)
+        rtt, most, cap = spec.rtt_ms, self.most, self.cap
+        restarts, rto = spec.slow_start_after_idle, spec.rto_ms
+        settled = not (self.events or self.reduced)
+        for c in conns:                 # what was acknowledged by now, then idle restarts
+            chunks = c.chunks
+            while chunks and chunks[0][0] + rtt <= now + EPS:     # acknowledged
+                start, size = chunks.popleft()
+                if c.cwnd < cap:        # (`_grow` leaves a window at the cap as it is)
+                    self._grow(c, size, start + rtt)
+            if chunks:
+                settled = False
+            elif restarts and now - c.last_sent_ms > rto or math.isfinite(c.epoch_ms):
+                self._restart_if_idle(c, now)       # (else it leaves c as it is)
         if settled:                     # nothing in flight: as the last time in this state
             key = (payload_bytes, tuple((c.cwnd, c.flight_max) for c in conns))
             seen = self.memo.get(key)
@@ -258,20 +264,29 @@ class Channel:
                 solo, after, self.first_round_bytes = seen
                 for c, (cwnd, flight_max, chunks, last) in zip(conns, after):
                     c.cwnd, c.flight_max, c.last_sent_ms = cwnd, flight_max, now + last
-                    c.chunks.extend((now + t, size) for t, size in chunks)
+                    for t, size in chunks:
+                        c.chunks.append((now + t, size))
                 return solo
         left = [payload_bytes / k] * groups
         free = now                      # this message's own queue at the bottleneck
-        first_round = sum(self._room(c, now, left[0]) or 0.0 for c in conns) * k / groups
-        while any(x > EPS for x in left):
+        rooms = []              # what each sends now without waiting (as `_next_chunk` at now)
+        for c in conns:
+            window = min(most, c.cwnd)
+            room = window - sum(map(_SIZE, c.chunks))
+            rooms.append(min(left[0], max(room, EPS))
+                         if room >= min(left[0], window) - EPS or not c.chunks else 0.0)
+        first_round = sum(rooms) * k / groups
+        events = self.events
+        while max(left) > EPS:          # a round: each connection with bytes left sends a chunk
             for i, c in enumerate(conns):
                 if left[i] <= EPS:
                     continue
-                start, size = self._next_chunk(c, max(now, free), left[i])
+                start, size = self._next_chunk(c, free, left[i])
                 start = max(start, free)
-                c.chunks.append((start, size))
-                c.flight_max = max(c.flight_max, sum(map(_SIZE, c.chunks)))
-                if self.events:
+                chunks = c.chunks
+                chunks.append((start, size))
+                c.flight_max = max(c.flight_max, sum(map(_SIZE, chunks)))
+                if events:
                     self._lose(c, start, size, each_ms)
                 free = start + size * each_ms
                 c.last_sent_ms = free
@@ -285,34 +300,60 @@ class Channel:
                                       c.last_sent_ms - now) for c in conns], first_round)
         return solo
 
-    def _room(self, c: _Connection, t: float, left: float) -> float | None:
-        """What connection c sends of `left` at t without waiting for acknowledgements: where
-        its window has room for a full chunk (a window's worth, or what is left), or nothing
-        is in flight, that chunk; else None (it waits)."""
-        in_flight = self.acked(c, t)
-        window = self.window(c)
-        room = window - in_flight
-        if room >= min(left, window) - EPS or not c.chunks:
-            return min(left, max(room, EPS))
-        return None
+    def settled_send(self, now: float, payload_bytes: float) -> tuple[float, float] | None:
+        """What `send(now, payload_bytes)` on a copy of this channel would give, without the
+        copy, where the memo answers it: (the solo time, when the copy's connections last
+        sent, the latest); None where it would not (a chunk still in flight at `now`, a window
+        an acknowledgement grows, loss events, a reduced window, or a state not seen before:
+        then copy and send). Changes nothing."""
+        if payload_bytes <= 0 or self.events or self.reduced:
+            return None
+        spec = self.spec
+        k = stripe_count(int(payload_bytes), spec.connections)
+        groups = min(k, GROUPS)
+        conns = self.conns[:groups]
+        rtt, cap, restarts, rto = spec.rtt_ms, self.cap, spec.slow_start_after_idle, spec.rto_ms
+        state = []                      # each connection's (window, most in flight) after
+        for c in conns:                 # its acknowledgements and idle restart, as `send`
+            if c.chunks and (c.cwnd < cap or any(start + rtt > now + EPS
+                                                 for start, _ in c.chunks)):
+                return None
+            if math.isfinite(c.epoch_ms):
+                return None
+            cwnd, gap = c.cwnd, now - c.last_sent_ms
+            if restarts and gap > rto:  # as `_restart_if_idle`
+                cwnd = max(min(self.initial_bytes, cwnd), cwnd / 2 ** halvings(gap, rto))
+            state.append((cwnd, c.flight_max))
+        seen = self.memo.get((payload_bytes, tuple(state)))
+        if seen is None:
+            return None
+        solo, after, _ = seen
+        sent = [now + last for _, _, _, last in after]
+        sent += [c.last_sent_ms for c in self.conns[groups:]]
+        return solo, max(sent)
 
     def _next_chunk(self, c: _Connection, t: float, left: float) -> tuple[float, float]:
-        """When connection c may next send and how much: at t if its window has room
-        (`_room`), else when the acknowledgements of its oldest chunks make room."""
-        rtt = self.spec.rtt_ms
+        """When connection c may next send and how much of `left`: at t, after dropping the
+        chunks acknowledged by then (growing its window), where its window has room for a full
+        chunk (a window's worth, or what is left) or nothing is in flight; else when the
+        acknowledgements of its oldest chunks make room."""
+        rtt, most, cap, chunks = self.spec.rtt_ms, self.most, self.cap, c.chunks
         while True:
-            size = self._room(c, t, left)
-            if size is not None:
-                return t, size
-            t = c.chunks[0][0] + rtt
+            while chunks and chunks[0][0] + rtt <= t + EPS:     # acknowledged
+                start, size = chunks.popleft()
+                if c.cwnd < cap:        # (`_grow` leaves a window at the cap as it is)
+                    self._grow(c, size, start + rtt)
+            window = min(most, c.cwnd)
+            room = window - sum(map(_SIZE, chunks))
+            if room >= min(left, window) - EPS or not chunks:
+                return t, min(left, max(room, EPS))
+            t = chunks[0][0] + rtt
 
     def _restart_if_idle(self, c: _Connection, now: float) -> None:
-        """Linux's tcp_cwnd_restart: idle (nothing in flight) longer than the RTO, the window
-        halves once per RTO of the gap past the first, never below the initial window."""
+        """Linux's tcp_cwnd_restart for c, with nothing in flight at `now`: idle longer than
+        the RTO, the window halves once per RTO of the gap past the first, never below the
+        initial window."""
         spec = self.spec
-        self.acked(c, now)
-        if c.chunks:
-            return
         gap = now - c.last_sent_ms
         if math.isfinite(c.epoch_ms) and gap > 0:
             c.epoch_ms += gap           # CUBIC's epoch skips idle time (bictcp_cwnd_event)

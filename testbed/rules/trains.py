@@ -59,15 +59,17 @@ class Trains:
         head's, over the members behind the head), and how far the last member of a train
         moved between the spacing used and the one found (ms, the most over trains)."""
         train_gaps, shift = {}, 0.0
-        for key, t in self.sent_at.items():
-            r = key[2]
-            if r in self.tail_of and self.tail_of[r][1] > 1:
-                tail, n = self.tail_of[r]
-                t_tail = self.sent_at.get((*key[:2], tail, *key[3:]))
-                if t_tail is not None:
-                    train_gaps[key] = max(0.0, (t_tail - t) / n)
-                    if key in self.used_gaps:
-                        shift = max(shift, abs(train_gaps[key] - self.used_gaps[key]) * n)
+        behind = {r: t for r, t in self.tail_of.items() if t[1] > 1}     # heads of trains
+        sent_at, used_gaps = self.sent_at, self.used_gaps
+        for key, t in sent_at.items():
+            if key[2] not in behind:
+                continue
+            tail, n = behind[key[2]]
+            t_tail = sent_at.get((*key[:2], tail, *key[3:]))
+            if t_tail is not None:
+                train_gaps[key] = max(0.0, (t_tail - t) / n)
+                if key in used_gaps:
+                    shift = max(shift, abs(train_gaps[key] - used_gaps[key]) * n)
         return train_gaps, shift
 
 

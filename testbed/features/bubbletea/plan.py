@@ -85,12 +85,13 @@ def make_requests(cfg: "BubbleTeaConfig", compute: str, dcs: dict[str, int]) -> 
     context = context_tokens(cfg, compute)
     kept, refused = loadmod.fit_context(reqs, max_context_tokens=context, rule=cfg.context_rule)
     total = sum(dcs.values())
+    share = {dc: dcs[dc] / total for dc in dcs}
     credit = {dc: 0.0 for dc in dcs}
     per_dc: dict[str, list[dict]] = {dc: [] for dc in dcs}
     for r in kept:
         for dc in dcs:
-            credit[dc] += dcs[dc] / total
-        dc = max(dcs, key=lambda d: credit[d])
+            credit[dc] += share[dc]
+        dc = max(dcs, key=credit.__getitem__)
         credit[dc] -= 1.0
         per_dc[dc].append({"id": f"r{r.index}", "arrival_s": r.arrival_s,
                            "target_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
