@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from abc import abstractmethod
 import math
-from dataclasses import replace
 from heapq import heappop, heappush
 from typing import Any, Callable, Mapping
 
