@@ -30,6 +30,17 @@ def runs() -> list[Run]:
                                     if p.is_dir() and p.name != "tables"]))
 
 
+def _slower(m: dict, factor: float) -> dict:
+    """A system's block with its iteration time (and its repeats' times) factor times longer."""
+    out = dict(m, iteration_time_s=m["iteration_time_s"] * factor)
+    times = (m.get("repeats") or {}).get("iteration_time_s")
+    if times:
+        scaled = {k: ([v * factor for v in x] if k == "values" else x * factor)
+                  for k, x in times.items()}
+        out["repeats"] = dict(m["repeats"], iteration_time_s=scaled)
+    return out
+
+
 def twin(runs: list[Run], name: str, factor: float) -> list[Run]:
     """sweep_delay's runs as another scenario's: same delays, other speedups (multitcp and
     atlas `factor` times slower)."""
@@ -37,8 +48,7 @@ def twin(runs: list[Run], name: str, factor: float) -> list[Run]:
     for r in runs:
         if scenario_of(r) != "sweep_delay":
             continue
-        systems = {n: dict(m, iteration_time_s=m["iteration_time_s"] * (1 if n == "baseline"
-                                                                         else factor))
+        systems = {n: _slower(m, 1 if n == "baseline" else factor)
                    for n, m in r.metrics["systems"].items()}
         out.append(replace(r, name=f"{name}/{r.name}", scenario=dict(r.scenario, name=name),
                            metrics=dict(r.metrics, systems=systems)))
@@ -82,6 +92,7 @@ def test_a_line_never_joins_two_scenarios(runs):
 def test_a_figure_per_scenario_titled_with_it_and_a_colour_per_system(runs):
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
+    from matplotlib.container import ErrorbarContainer
 
     from testbed.analysis.reproduce_plots import SYSTEM_COLOURS, colour_of, line_figure_plan
 
@@ -94,13 +105,17 @@ def test_a_figure_per_scenario_titled_with_it_and_a_colour_per_system(runs):
     for _, draw, scenario, by_panel in plan:
         fig = draw(scenario, by_panel)
         assert fig._suptitle.get_text().startswith(f"{scenario}: ")
-        drawn = [line for ax in fig.axes for line in ax.get_lines() if line.get_label()[0] != "_"]
+        # plain lines, and lines with error bars (repeated runs: the label is the container's)
+        drawn = [(line.get_label(), line) for ax in fig.axes for line in ax.get_lines()
+                 if line.get_label()[0] != "_"]
+        drawn += [(c.get_label(), c.lines[0]) for ax in fig.axes for c in ax.containers
+                  if isinstance(c, ErrorbarContainer) and c.get_label()[0] != "_"]
         assert len(drawn) >= len(next(iter(by_panel.values())))
-        for line in drawn:
-            system = line.get_label().split(" ")[0]
-            assert to_hex(line.get_color()) == colour_of(system), line.get_label()
+        for label, line in drawn:
+            system = label.split(" ")[0]
+            assert to_hex(line.get_color()) == colour_of(system), label
             xs = list(line.get_xdata())
-            assert xs == sorted(xs) and len(xs) == len(set(xs)), (scenario, line.get_label())
+            assert xs == sorted(xs) and len(xs) == len(set(xs)), (scenario, label)
         plt.close(fig)
 
 

@@ -52,9 +52,9 @@ def test_the_docs_tables_are_reproduce_s():
 
 
 def test_schema_1_and_its_schema_2_equivalent_give_the_same_tables(tmp_path):
-    """The references are schema 1 (a system's compute-only schedule under `predicted`); the
-    same runs written as schema 2 (`compute_only`) reproduce to the same bytes, and both load
-    as schema 2."""
+    """A schema 1 run (a system's compute-only schedule under `predicted`) reproduces to the
+    same bytes as the same run in schema 2 (`compute_only`), the references' own, and both
+    load as schema 2."""
     import json
     import shutil
 
@@ -70,12 +70,12 @@ def test_schema_1_and_its_schema_2_equivalent_give_the_same_tables(tmp_path):
             dst.mkdir(parents=True)
             shutil.copy(src / "scenario.resolved.yaml", dst)
             doc = json.loads((src / "metrics.json").read_text())
-            assert doc["schema_version"] == 1
-            assert all("predicted" in m and "compute_only" not in m
+            assert doc["schema_version"] == 2
+            assert all("compute_only" in m and "predicted" not in m
                        for m in doc["systems"].values())
-            if version == 2:
-                doc["schema_version"] = 2
-                doc["systems"] = {n: {("compute_only" if k == "predicted" else k): v
+            if version == 1:        # as a schema 1 run wrote it
+                doc["schema_version"] = 1
+                doc["systems"] = {n: {("predicted" if k == "compute_only" else k): v
                                       for k, v in m.items()} for n, m in doc["systems"].items()}
             (dst / "metrics.json").write_text(json.dumps(doc))
     out = {}

@@ -60,7 +60,7 @@ EXAMPLES = {
     "list": ["python run_testbed.py list", "python run_testbed.py list | grep model"],
     "show": ["python run_testbed.py show two_dc", "python run_testbed.py show atlas_paper --json"],
     "reproduce": ["python run_testbed.py reproduce results/two_dc-* --out /tmp/tables",
-                  "python run_testbed.py reproduce results/reference/*-fa257b3 --no-figures"],
+                  "python run_testbed.py reproduce results/reference/atlas_bubbletea-* --no-figures"],
     "cleanup": ["sudo python run_testbed.py cleanup",
                 "sudo python run_testbed.py cleanup --cluster cluster.yaml"],
 }
