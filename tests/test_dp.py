@@ -47,14 +47,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pair(prio: str) -> list[dict]:
-    """Both ranks' reports. Tried twice: the port free_port found can be taken before rank 0's
-    store binds it (the second try's failure is reported with both ranks' errors)."""
+def run_ranks(script: str, world: int, *args: str) -> list[dict]:
+    """Every rank's report (script runs with argv rank, port, *args). Tried twice: the port
+    free_port found can be taken before rank 0's store binds it (the second try's failure is
+    reported with every rank's errors)."""
     for attempt in (1, 2):
         port = free_port()
-        procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(port), prio],
+        procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(port), *args],
                                   cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for r in (0, 1)]
+                                  text=True) for r in range(world)]
         try:
             results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
         finally:
@@ -66,6 +67,11 @@ def run_pair(prio: str) -> list[dict]:
             break
     assert all(rc == 0 for _, _, rc in results), [err[-2000:] for _, err, _ in results]
     return [json.loads(out.strip().splitlines()[-1]) for out, _, _ in results]
+
+
+def run_pair(prio: str) -> list[dict]:
+    """Both ranks' reports of WORKER at I/O priority prio ("none": normal)."""
+    return run_ranks(WORKER, 2, prio)
 
 
 @pytest.mark.network
@@ -112,24 +118,8 @@ print(json.dumps({"grad": p.grad.tolist(), "bytes": n, "local": hier.local is no
 
 
 def run_group(world: int, groups: list[list[int]], k: int) -> list[dict]:
-    """Every rank's report of one hierarchical all-reduce (tried twice, as run_pair)."""
-    for attempt in (1, 2):
-        port = free_port()
-        procs = [subprocess.Popen([sys.executable, "-c", HIERARCHICAL, str(r), str(port),
-                                   str(world), json.dumps(groups), str(k)],
-                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for r in range(world)]
-        try:
-            results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if all(rc == 0 for _, _, rc in results) or attempt == 2:
-            break
-    assert all(rc == 0 for _, _, rc in results), [err[-2000:] for _, err, _ in results]
-    return [json.loads(out.strip().splitlines()[-1]) for out, _, _ in results]
+    """Every rank's report of one hierarchical all-reduce."""
+    return run_ranks(HIERARCHICAL, world, str(world), json.dumps(groups), str(k))
 
 
 @pytest.mark.loopback
